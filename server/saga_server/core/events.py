@@ -1,0 +1,157 @@
+"""Hint events as the workflow core sees them, and the `HintSink` contract.
+
+The wire format (protobuf, `proto/saga/v1/hints.proto`) is translated into these
+plain dataclasses by the hint service, so nothing below the transport knows about
+gRPC. Times are seconds on the *server's* clock (the sink's injected clock), taken
+when the event was received: client clocks are not trusted for scheduling.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence, Union
+
+
+class ToolOutcome(enum.Enum):
+    OK = "ok"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+
+class SessionOutcome(enum.Enum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowNode:
+    name: str
+    kind: str = "llm"  # "llm", "tool" or "end"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowStructure:
+    """A workflow's declared shape: which node may follow which."""
+
+    nodes: tuple[WorkflowNode, ...] = ()
+    edges: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStart:
+    session_id: str
+    time: float
+    tenant: str = ""
+    workflow: str = ""
+    deadline_s: float | None = None  # seconds after `time`; None: no deadline
+    structure: WorkflowStructure | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LlmCallStart:
+    session_id: str
+    time: float
+    step: int = 0
+    node: str = ""
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LlmCallEnd:
+    session_id: str
+    time: float
+    step: int = 0
+    node: str = ""
+    request_id: str = ""
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStart:
+    session_id: str
+    time: float
+    tool: str
+    call_id: str = ""
+    category: str = ""
+    expected_duration_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallEnd:
+    session_id: str
+    time: float
+    tool: str = ""
+    call_id: str = ""
+    outcome: ToolOutcome = ToolOutcome.OK
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEnd:
+    session_id: str
+    time: float
+    outcome: SessionOutcome = SessionOutcome.COMPLETED
+
+
+HintEvent = Union[SessionStart, LlmCallStart, LlmCallEnd, ToolCallStart, ToolCallEnd, SessionEnd]
+
+
+class HintRejected(ValueError):
+    """An event that is well-formed on the wire but makes no sense for the session
+    (a tool end without a start, an event for an ended session, no room for a new
+    session). The sink's state is unchanged when this is raised."""
+
+
+@dataclass(frozen=True, slots=True)
+class OpenTool:
+    tool: str
+    call_id: str
+    started_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One event in a session's recent history, for status displays and tests."""
+
+    time: float
+    kind: str  # "session_start", "llm_call_start", ... (the event class, snake_case)
+    detail: str = ""  # node name for LLM calls, tool name for tool calls
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSnapshot:
+    session_id: str
+    tenant: str
+    workflow: str
+    state: str  # "idle", "llm", "tool" or "ended"
+    started_at: float
+    last_event_at: float
+    steps: int
+    tool_calls: int
+    current_node: str = ""
+    deadline_at: float | None = None
+    open_tools: tuple[OpenTool, ...] = ()
+    history: tuple[HistoryEntry, ...] = ()
+    # Predictions and engine facts a richer sink may add (reuse probability,
+    # predicted resume time, pinned blocks...): name -> value.
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+class HintSink(Protocol):
+    """Where validated hints go. Implemented by the in-memory `SessionRegistry` and
+    by the workflow core; called by the hint service (any thread, serialised by the
+    caller is *not* assumed: implementations lock what they share).
+
+    `accept` either applies the whole event or raises `HintRejected` and changes
+    nothing; any other exception is a bug in the sink. Reads return copies.
+    """
+
+    def accept(self, event: HintEvent) -> None: ...
+
+    def session(self, session_id: str) -> SessionSnapshot | None: ...
+
+    def sessions(self, limit: int = 100) -> Sequence[SessionSnapshot]: ...
+
+    def stats(self) -> Mapping[str, float]: ...
