@@ -1,0 +1,47 @@
+"""SAGA's engine-agnostic workflow core (standard library only).
+
+`WorkflowCore` is the facade engines, the simulator and the hint service call;
+the policy modules behind it (`aeg`, `eviction`, `pinning`, `prefetch`,
+`fairshare`) each document their rule once and can be used on their own.
+"""
+
+from .aeg import AEG, END, Prediction
+from .categories import CATEGORIES, guess_category
+from .eviction import EvictionConfig, PriorityIndex, block_key, wa_lru_key
+from .events import (
+    HintEvent,
+    HintRejected,
+    HintSink,
+    LlmCallEnd,
+    LlmCallStart,
+    SessionEnd,
+    SessionOutcome,
+    SessionSnapshot,
+    SessionStart,
+    ToolCallEnd,
+    ToolCallStart,
+    ToolOutcome,
+    WorkflowNode,
+    WorkflowStructure,
+)
+from .fairshare import FairShare, FairShareConfig
+from .pinning import PinBudget, PinConfig, PinDecision, decide_pin
+from .prefetch import PrefetchAction, PrefetchCandidate, PrefetchConfig, plan_prefetch
+from .quantiles import LogHistogram
+from .registry import SessionRegistry
+from .workflow import CoreConfig, WorkflowCore
+
+__all__ = [
+    # facade
+    "WorkflowCore", "CoreConfig", "Prediction", "PinDecision", "PrefetchCandidate", "PrefetchAction",
+    # hint contract
+    "HintEvent", "HintRejected", "HintSink", "SessionSnapshot", "SessionStart", "SessionEnd",
+    "LlmCallStart", "LlmCallEnd", "ToolCallStart", "ToolCallEnd", "ToolOutcome", "SessionOutcome",
+    "WorkflowNode", "WorkflowStructure", "SessionRegistry",
+    # building blocks
+    "AEG", "END", "LogHistogram", "CATEGORIES", "guess_category",
+    "EvictionConfig", "wa_lru_key", "block_key", "PriorityIndex",
+    "PinConfig", "decide_pin", "PinBudget",
+    "PrefetchConfig", "plan_prefetch",
+    "FairShare", "FairShareConfig",
+]

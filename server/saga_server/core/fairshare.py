@@ -1,0 +1,116 @@
+"""Agent Fair Share (AFS): task-level fairness between tenants.
+
+Rule. Each tenant i has a virtual queue Q_i of owed service (tokens), updated on
+every unit of service s delivered to anyone (Lyapunov-style, clamped at zero):
+
+    Q_i <- max(0, Q_i + s * w_i / W - s * [i was served])
+
+over the *active* tenants (those with requests asking for priority in the last
+`active_window_s`; W = sum of their weights). A request of tenant i in task k
+gets the drift-plus-penalty score
+
+    score = Q_i / queue_scale_tokens + V * min(u_k, urgency_cap)
+    u_k   = remaining expected work of the task (seconds, from the AEG)
+            / time left to its deadline (0 without a deadline; the cap once late)
+
+and the engine serves the highest score first; `priority` returns -score so
+that LOWER = sooner, like vLLM's request.priority.
+
+Bound. Urgency contributes at most V * urgency_cap; so once a backlogged
+tenant's owed service exceeds another's by queue_scale_tokens * V * urgency_cap
+tokens, its requests outrank all of the other's. Owed service of each backlogged
+tenant therefore stays within B = queue_scale_tokens * V * urgency_cap + L (L the
+largest service quantum recorded) of the least-owed one's, whatever the mix of
+task lengths: cumulative service deviates from the weighted fair share by at most
+B tokens, so task completion times deviate from fair-share completion by at most
+B tokens' worth of service time, independent of how heterogeneous the tenants'
+demands are (their heterogeneity enters only through the capped urgency).
+Within that bound urgency orders work: a task that will miss its deadline at its
+current pace goes ahead of one with slack (the "both tenants meet deadlines that
+FCFS misses" case).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FairShareConfig", "FairShare", "urgency"]
+
+
+@dataclass(frozen=True, slots=True)
+class FairShareConfig:
+    v: float = 1.0
+    queue_scale_tokens: float = 8192.0
+    urgency_cap: float = 10.0
+    active_window_s: float = 60.0
+    weights: tuple[tuple[str, float], ...] = ()  # (tenant, weight); others weigh 1
+
+    def __post_init__(self) -> None:
+        if self.v < 0 or self.queue_scale_tokens <= 0 or self.urgency_cap <= 0 or self.active_window_s <= 0:
+            raise ValueError("v >= 0 and queue_scale_tokens, urgency_cap, active_window_s > 0 required")
+        if any(w <= 0 for _, w in self.weights):
+            raise ValueError("tenant weights must be > 0")
+
+
+def urgency(remaining_s: float, deadline_at: float | None, now: float, cap: float) -> float:
+    if deadline_at is None:
+        return 0.0
+    left = deadline_at - now
+    if left <= 0.0:
+        return cap
+    u = remaining_s / left
+    return u if u < cap else cap
+
+
+class FairShare:
+    """Virtual queues and scores (not thread-safe: the facade serialises)."""
+
+    __slots__ = ("cfg", "_w", "_q", "_seen", "served")
+
+    def __init__(self, cfg: FairShareConfig | None = None) -> None:
+        self.cfg = cfg or FairShareConfig()
+        self._w = dict(self.cfg.weights)
+        self._q: dict[str, float] = {}
+        self._seen: dict[str, float] = {}
+        self.served: dict[str, float] = {}
+
+    def owed(self, tenant: str) -> float:
+        return self._q.get(tenant, 0.0)
+
+    def touch(self, tenant: str, now: float) -> None:
+        self._seen[tenant] = now
+        if tenant not in self._q:
+            self._q[tenant] = 0.0
+
+    def active(self, now: float) -> list[str]:
+        window = self.cfg.active_window_s
+        gone = [t for t, at in self._seen.items() if now - at > window]
+        for t in gone:  # idle tenants neither bank credit nor keep memory
+            del self._seen[t]
+            self._q.pop(t, None)
+        return list(self._seen)
+
+    def record_service(self, tenant: str, tokens: float, now: float) -> None:
+        if tokens < 0:
+            raise ValueError(f"service tokens must be >= 0, got {tokens!r}")
+        self.touch(tenant, now)
+        self.served[tenant] = self.served.get(tenant, 0.0) + tokens
+        if len(self.served) > 4096:  # bounded: forget the least-served counter
+            self.served.pop(min(self.served, key=self.served.__getitem__))
+        act = self.active(now)
+        w = self._w
+        total_w = sum(w.get(t, 1.0) for t in act)
+        q = self._q
+        for t in act:
+            owed = q[t] + tokens * w.get(t, 1.0) / total_w
+            if t == tenant:
+                owed -= tokens
+            q[t] = owed if owed > 0.0 else 0.0
+
+    def score(self, tenant: str, u: float) -> float:
+        c = self.cfg
+        return self._q.get(tenant, 0.0) / c.queue_scale_tokens + c.v * (u if u < c.urgency_cap else c.urgency_cap)
+
+    def priority(self, tenant: str, u: float, now: float) -> float:
+        self.touch(tenant, now)
+        return -self.score(tenant, u)

@@ -1,0 +1,176 @@
+"""Streaming duration distribution: a deterministic log-bucket histogram.
+
+Tool durations span five decades (0.2 s greps, 60 s test runs), so buckets grow
+geometrically: relative error per quantile is bounded by the bucket ratio
+(default 1.15, i.e. within ~7% after geometric interpolation) at any scale, with
+a fixed ~120 floats of memory per estimator and O(1) updates. Counts decay by
+half once their total passes `max_weight`, so the estimator follows drift in a
+workload without growing, and the result depends only on the order of samples
+(no sampling, no RNG).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+
+__all__ = ["LogHistogram"]
+
+
+class LogHistogram:
+    """Quantiles, mean and conditional ("given it already ran `elapsed`") tails.
+
+    Bucket 0 holds [0, lo); bucket i >= 1 holds [lo*r^(i-1), lo*r^i); the last
+    bucket also takes everything above `hi`. Quantiles interpolate geometrically
+    inside a bucket and are clamped to the smallest/largest value seen.
+    """
+
+    __slots__ = (
+        "_lo", "_logr", "_r", "_n", "_counts", "_total", "_sum", "_min", "_max",
+        "_max_weight", "_cum", "_tail_sum", "_dirty", "samples",
+    )
+
+    def __init__(self, lo: float = 1e-3, hi: float = 4 * 3600.0, ratio: float = 1.15,
+                 max_weight: float = 4096.0) -> None:
+        if not (0 < lo < hi) or ratio <= 1.0 or max_weight < 2:
+            raise ValueError("need 0 < lo < hi, ratio > 1 and max_weight >= 2")
+        self._lo = lo
+        self._r = ratio
+        self._logr = math.log(ratio)
+        self._n = int(math.ceil(math.log(hi / lo) / self._logr)) + 2
+        self._counts = [0.0] * self._n
+        self._total = 0.0
+        self._sum = 0.0
+        self._min = math.inf
+        self._max = 0.0
+        self._max_weight = max_weight
+        self._cum: list[float] = []
+        self._tail_sum: list[float] = []
+        self._dirty = True
+        self.samples = 0  # samples ever added (not decayed): "how much evidence"
+
+    # -- updates ----------------------------------------------------------------
+
+    def add(self, x: float) -> None:
+        if not x >= 0.0 or x == math.inf:  # also rejects NaN
+            raise ValueError(f"duration must be finite and >= 0, got {x!r}")
+        self._counts[self._index(x)] += 1.0
+        self._total += 1.0
+        self._sum += x
+        self.samples += 1
+        if x < self._min:
+            self._min = x
+        if x > self._max:
+            self._max = x
+        if self._total > self._max_weight:
+            self._counts = [c * 0.5 for c in self._counts]
+            self._total *= 0.5
+            self._sum *= 0.5
+        self._dirty = True
+
+    # -- reads ------------------------------------------------------------------
+
+    @property
+    def weight(self) -> float:
+        return self._total
+
+    def mean(self) -> float:
+        return self._sum / self._total if self._total else math.nan
+
+    def quantile(self, q: float) -> float:
+        return self.quantile_above(q, 0.0)
+
+    def cdf(self, x: float) -> float:
+        if not self._total:
+            return math.nan
+        self._refresh()
+        return self._cdf(x)
+
+    def quantile_above(self, q: float, elapsed: float) -> float:
+        """The q-quantile of the *total* duration D given D > elapsed (>= elapsed)."""
+        if not self._total:
+            return math.nan
+        self._refresh()
+        lo_f = self._cdf(elapsed) if elapsed > 0 else 0.0
+        if lo_f >= 1.0:
+            # Already past everything we have seen: the best guess is "about now".
+            return elapsed
+        target = (lo_f + min(max(q, 0.0), 1.0) * (1.0 - lo_f)) * self._total
+        x = self._inverse(target)
+        return max(x, elapsed)
+
+    def mean_above(self, elapsed: float) -> float:
+        """E[D | D > elapsed], from bucket representatives (exact mean if elapsed <= 0)."""
+        if not self._total:
+            return math.nan
+        if elapsed <= 0:
+            return self.mean()
+        self._refresh()
+        i = self._index(elapsed)
+        # Mass in i's upper part is taken at the midpoint of [elapsed, upper edge].
+        below = self._cum[i - 1] if i else 0.0
+        c = self._counts[i]
+        lo_e, hi_e = self._edges(i)
+        frac_above = 1.0 if hi_e <= lo_e else max(0.0, (hi_e - elapsed) / (hi_e - lo_e))
+        mass_i = c * frac_above
+        rest = self._total - below - c
+        mass = mass_i + rest
+        if mass <= 1e-12:
+            return elapsed
+        tail = self._tail_sum[i + 1] if i + 1 < self._n else 0.0
+        s = mass_i * 0.5 * (elapsed + min(hi_e, self._max if self._max > elapsed else hi_e)) + tail
+        return max(s / mass, elapsed)
+
+    # -- internals --------------------------------------------------------------
+
+    def _index(self, x: float) -> int:
+        if x < self._lo:
+            return 0
+        i = int(math.log(x / self._lo) / self._logr) + 1
+        return i if i < self._n else self._n - 1
+
+    def _edges(self, i: int) -> tuple[float, float]:
+        if i == 0:
+            return 0.0, self._lo
+        lo_e = self._lo * self._r ** (i - 1)
+        return lo_e, lo_e * self._r
+
+    def _refresh(self) -> None:
+        if not self._dirty:
+            return
+        cum, acc = [], 0.0
+        for c in self._counts:
+            acc += c
+            cum.append(acc)
+        self._cum = cum
+        tail, acc = [0.0] * (self._n + 1), 0.0
+        for i in range(self._n - 1, -1, -1):
+            c = self._counts[i]
+            if c:
+                lo_e, hi_e = self._edges(i)
+                rep = min(max(math.sqrt(lo_e * hi_e) if lo_e > 0 else hi_e * 0.5, self._min), self._max)
+                acc += c * rep
+            tail[i] = acc
+        self._tail_sum = tail
+        self._dirty = False
+
+    def _cdf(self, x: float) -> float:
+        i = self._index(x)
+        below = self._cum[i - 1] if i else 0.0
+        lo_e, hi_e = self._edges(i)
+        frac = 1.0 if x >= hi_e else max(0.0, (x - lo_e) / (hi_e - lo_e))
+        return min(1.0, (below + self._counts[i] * frac) / self._total)
+
+    def _inverse(self, target: float) -> float:
+        i = bisect_left(self._cum, target)
+        if i >= self._n:
+            i = self._n - 1
+        below = self._cum[i - 1] if i else 0.0
+        c = self._counts[i]
+        frac = 0.0 if c <= 0 else min(max((target - below) / c, 0.0), 1.0)
+        lo_e, hi_e = self._edges(i)
+        if i == 0:
+            x = hi_e * frac
+        else:
+            x = lo_e * (self._r ** frac)
+        return min(max(x, self._min), self._max)
