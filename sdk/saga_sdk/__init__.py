@@ -13,17 +13,21 @@ live in `saga_sdk.integrations` (optional extras).
 from .client import ClientStats, HintClient, get_client, set_client
 from .config import SagaConfig
 from .context import SessionContext, current_session, new_session_id, session_scope
+from .reader import HintReader, SagaUnavailable, UnknownSession
 
 __all__ = [
     "ClientStats",
     "HintClient",
+    "HintReader",
     "SagaConfig",
+    "SagaUnavailable",
     "SessionContext",
     "current_session",
     "get_client",
     "new_session_id",
     "session_scope",
     "set_client",
+    "UnknownSession",
 ]
 
 __version__ = "0.1.0"

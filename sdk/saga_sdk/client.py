@@ -314,6 +314,9 @@ class HintClient:
             log.warning(msg, *args, **kwargs)
 
     def _after_fork_in_child(self) -> None:
+        # A new identity too: the child's batch sequence restarts at 1, and the
+        # server would take its batches for resends of the parent's.
+        self.client_id = uuid.uuid4().hex
         self._reset_state()
 
 

@@ -1,0 +1,69 @@
+"""Read what a SAGA hint service knows: sessions and server stats.
+
+Unlike `HintClient`, reads are synchronous and raise `SagaUnavailable` when the
+service cannot answer: they are for dashboards, tests and `saga status`, never for
+an agent's hot path.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import grpc
+
+from ._proto import hints_pb2 as pb
+from ._proto import hints_pb2_grpc
+from .config import SagaConfig
+
+__all__ = ["HintReader", "SagaUnavailable", "UnknownSession"]
+
+
+class SagaUnavailable(RuntimeError):
+    """The hint service did not answer (down, wrong endpoint, wrong API key)."""
+
+
+class UnknownSession(KeyError):
+    pass
+
+
+class HintReader:
+    def __init__(self, endpoint: str | None = None, *, api_key: str | None = None, timeout: float = 2.0) -> None:
+        config = SagaConfig.from_env()
+        self.endpoint = endpoint or config.endpoint
+        key = api_key if api_key is not None else config.api_key
+        self._metadata = (("authorization", f"Bearer {key}"),) if key else ()
+        self._timeout = timeout
+        self._channel = grpc.insecure_channel(self.endpoint)
+        self._stub = hints_pb2_grpc.WorkflowHintsStub(self._channel)
+
+    def session(self, session_id: str) -> "pb.SessionState":
+        try:
+            return self._call(self._stub.GetSession, pb.GetSessionRequest(session_id=session_id))
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise UnknownSession(session_id) from None
+            raise SagaUnavailable(f"{self.endpoint}: {exc.code().name} {exc.details()}") from None
+
+    def sessions(self, limit: int = 100) -> list["pb.SessionState"]:
+        return list(self._checked(self._stub.ListSessions, pb.ListSessionsRequest(limit=limit)).sessions)
+
+    def stats(self) -> Mapping[str, float]:
+        return dict(self._checked(self._stub.GetStats, pb.GetStatsRequest()).stats)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "HintReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, method, request):
+        return method(request, timeout=self._timeout, metadata=self._metadata)
+
+    def _checked(self, method, request):
+        try:
+            return self._call(method, request)
+        except grpc.RpcError as exc:
+            raise SagaUnavailable(f"{self.endpoint}: {exc.code().name} {exc.details()}") from None

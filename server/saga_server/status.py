@@ -1,0 +1,72 @@
+"""`saga status`: a compact view of what a running SAGA server knows.
+
+Reads the hint service (sessions, hint counters, the core's stats) and, when an
+OpenAI URL is given, the SAGA metrics on that server's `/metrics`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+from saga_sdk import HintReader, SagaUnavailable
+
+__all__ = ["main", "render"]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="saga status", description=__doc__.splitlines()[0])
+    parser.add_argument("--hints", default=os.environ.get("SAGA_ENDPOINT", "127.0.0.1:50051"),
+                        help="hint service host:port (default: $SAGA_ENDPOINT or 127.0.0.1:50051)")
+    parser.add_argument("--url", default=os.environ.get("SAGA_SERVER_URL"),
+                        help="saga serve base URL, e.g. http://127.0.0.1:8000, to include /metrics")
+    parser.add_argument("--sessions", type=int, default=20, help="most sessions to list")
+    args = parser.parse_args(argv)
+    try:
+        with HintReader(args.hints) as reader:
+            stats, sessions = reader.stats(), reader.sessions(args.sessions)
+    except SagaUnavailable as exc:
+        print(f"saga status: hint service not reachable: {exc}", file=sys.stderr)
+        return 1
+    metrics = {}
+    if args.url:
+        try:
+            from .serve.status import fetch_metrics
+        except ImportError:
+            fetch_metrics = None
+        if fetch_metrics is not None:
+            try:
+                metrics = fetch_metrics(args.url)
+            except Exception as exc:  # status is best effort beyond the hint service
+                print(f"(metrics from {args.url} unavailable: {exc})", file=sys.stderr)
+    print(render(stats, sessions, metrics))
+    return 0
+
+
+def render(stats, sessions, metrics=None) -> str:
+    lines = [f"hint service: {int(stats.get('sessions_live', 0))} live sessions, "
+             f"{int(stats.get('open_tool_calls', 0))} open tool calls, "
+             f"{int(stats.get('hints_events_accepted', 0))} events accepted, "
+             f"{int(stats.get('hints_events_invalid', 0) + stats.get('hints_events_refused', 0))} refused"]
+    other = {k: v for k, v in sorted(stats.items()) if not k.startswith("hints_")}
+    if other:
+        lines.append("  " + "  ".join(f"{k}={_num(v)}" for k, v in other.items()))
+    if metrics:
+        lines.append("engine metrics:")
+        lines += [f"  {k} = {_num(v)}" for k, v in sorted(metrics.items())]
+    if sessions:
+        header = f"{'session':<28} {'tenant':<10} {'state':<6} {'steps':>5} {'tools':>5} {'idle s':>7}  node / open tools"
+        lines += ["", header, "-" * len(header)]
+        for s in sessions:
+            open_tools = ",".join(t.tool for t in s.open_tools)
+            lines.append(f"{s.session_id[:28]:<28} {s.tenant[:10]:<10} {s.state:<6} {s.steps:>5} "
+                         f"{s.tool_calls:>5} {s.idle_s:>7.1f}  {s.current_node}{' / ' + open_tools if open_tools else ''}")
+    return "\n".join(lines)
+
+
+def _num(v: float) -> str:
+    if isinstance(v, float) and (math.isnan(v) or not v.is_integer()):
+        return f"{v:.3g}"
+    return str(int(v))

@@ -1,0 +1,20 @@
+"""Shared fixtures for the fast tier: real gRPC servers on loopback, no engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from saga_server.core.registry import SessionRegistry
+from saga_server.rpc import HintServer
+
+
+@pytest.fixture
+def registry() -> SessionRegistry:
+    return SessionRegistry(max_sessions=1000)
+
+
+@pytest.fixture
+def hint_server(registry):
+    server = HintServer(registry, "127.0.0.1:0").start()
+    yield server
+    server.stop(grace=None)

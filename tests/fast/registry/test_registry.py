@@ -1,0 +1,83 @@
+"""SessionRegistry: bounded bookkeeping of what agents said they are doing."""
+
+from __future__ import annotations
+
+import pytest
+
+from saga_server.core.events import (HintRejected, LlmCallEnd, LlmCallStart, SessionEnd, SessionStart,
+                                     ToolCallEnd, ToolCallStart)
+from saga_server.core.registry import SessionRegistry
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_parallel_tool_calls_are_tracked_by_call_id():
+    reg = SessionRegistry()
+    reg.accept(SessionStart("s", 0.0, tenant="t"))
+    reg.accept(LlmCallStart("s", 1.0, step=1, node="agent"))
+    reg.accept(LlmCallEnd("s", 2.0, step=1))
+    reg.accept(ToolCallStart("s", 2.0, tool="search", call_id="a"))
+    reg.accept(ToolCallStart("s", 2.0, tool="search", call_id="b"))
+    reg.accept(ToolCallEnd("s", 3.0, call_id="a"))
+    snap = reg.session("s")
+    assert (snap.state, [t.call_id for t in snap.open_tools], snap.tool_calls) == ("tool", ["b"], 2)
+    reg.accept(ToolCallEnd("s", 4.0, call_id="b"))
+    assert reg.session("s").state == "idle"
+    with pytest.raises(HintRejected, match="already open"):
+        reg.accept(ToolCallStart("s", 5.0, tool="x", call_id="c"))
+        reg.accept(ToolCallStart("s", 5.0, tool="x", call_id="c"))
+
+
+def test_events_without_a_start_create_the_session_but_ends_do_not():
+    reg = SessionRegistry()
+    reg.accept(LlmCallStart("late", 1.0, step=3))
+    assert reg.session("late").steps == 1
+    with pytest.raises(HintRejected):
+        reg.accept(SessionEnd("never-seen", 1.0))
+    assert reg.session("never-seen") is None
+
+
+def test_history_is_bounded_and_keeps_the_newest():
+    reg = SessionRegistry(history_limit=4)
+    for step in range(10):
+        reg.accept(LlmCallStart("s", float(step), step=step, node=f"n{step}"))
+    assert [h.detail for h in reg.session("s").history] == ["n6", "n7", "n8", "n9"]
+
+
+def test_ended_sessions_can_restart_and_expire_sooner():
+    clock = Clock()
+    reg = SessionRegistry(idle_ttl_s=100, ended_ttl_s=10, clock=clock)
+    reg.accept(SessionStart("done", 0.0))
+    reg.accept(SessionEnd("done", 0.0))
+    reg.accept(SessionStart("idle", 0.0))
+    with pytest.raises(HintRejected, match="already started"):
+        reg.accept(SessionStart("idle", 1.0))
+    clock.now = 11.0
+    assert reg.expire() == ["done"]
+    assert reg.session("idle") is not None
+    reg.accept(SessionStart("done", 11.0))  # a new run under an old id starts afresh
+    assert reg.session("done").state == "idle"
+
+
+def test_full_registry_makes_room_from_ended_sessions_first():
+    reg = SessionRegistry(max_sessions=2)
+    reg.accept(SessionStart("a", 0.0))
+    reg.accept(SessionEnd("a", 0.0))
+    reg.accept(SessionStart("b", 0.0))
+    reg.accept(SessionStart("c", 0.0))  # "a" ended: it makes room
+    assert reg.session("a") is None and reg.session("c") is not None
+    with pytest.raises(HintRejected, match="too many sessions"):
+        reg.accept(SessionStart("d", 0.0))
+    assert reg.stats()["events_rejected"] == 1
+
+
+def test_deadline_is_absolute_on_the_server_clock():
+    reg = SessionRegistry()
+    reg.accept(SessionStart("s", 100.0, deadline_s=30.0))
+    assert reg.session("s").deadline_at == 130.0

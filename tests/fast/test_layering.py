@@ -1,0 +1,56 @@
+"""Imports point down only (see DESIGN.md). A stray import fails here, not in review."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STDLIB = set(sys.stdlib_module_names)
+
+
+def imported_modules(package_dir: Path):
+    """(file, absolute module name) for every import under package_dir."""
+    for path in sorted(package_dir.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield path, alias.name
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                yield path, node.module
+
+
+def offenders(package_dir: Path, allowed) -> list[str]:
+    return [f"{path.relative_to(ROOT)} imports {name}"
+            for path, name in imported_modules(package_dir) if not allowed(name)]
+
+
+def test_core_imports_only_the_standard_library():
+    core = ROOT / "server" / "saga_server" / "core"
+    assert list(core.glob("*.py")), "core package not found"
+    assert offenders(core, lambda m: m.split(".")[0] in STDLIB or m.startswith("saga_server.core")) == []
+
+
+def test_sdk_never_imports_the_server():
+    sdk = ROOT / "sdk" / "saga_sdk"
+    assert offenders(sdk, lambda m: not m.startswith("saga_server")) == []
+
+
+@pytest.mark.parametrize("package", ["engines/sim", "bench"])
+def test_simulator_imports_no_engine_or_transport(package):
+    folder = ROOT / "server" / "saga_server" / package
+    if not folder.exists():
+        pytest.skip(f"{package} not in this build")
+    banned = ("vllm", "torch", "grpc", "google.protobuf", "saga_server.engines.vllm", "saga_server.rpc",
+              "httpx", "ray")
+    assert offenders(folder, lambda m: not m.startswith(banned)) == []
+
+
+def test_the_checker_catches_a_bad_import(tmp_path):
+    (tmp_path / "bad.py").write_text("import vllm\nfrom saga_server.rpc import HintServer\n")
+    found = [name for _, name in imported_modules(tmp_path)]
+    assert found == ["vllm", "saga_server.rpc"]
