@@ -1,0 +1,2 @@
+"""Framework integrations, each an optional extra with a guarded import:
+`saga_sdk.integrations.langchain`, `.autogen`, `.openai` (the OpenAI SDK patch)."""
