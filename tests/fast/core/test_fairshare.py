@@ -1,0 +1,215 @@
+"""Agent Fair Share: the documented bound, and task deadlines on synthetic tenants."""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from saga_server.core import (
+    FairShare,
+    FairShareConfig,
+    LlmCallEnd,
+    LlmCallStart,
+    SessionEnd,
+    SessionStart,
+    ToolCallEnd,
+    ToolCallStart,
+    WorkflowCore,
+)
+from saga_server.core.fairshare import urgency
+
+# A tiny single-server agent-task simulator: one server runs LLM steps one at a
+# time (non-preemptive); between a task's steps a tool runs off the server. The
+# waiting queue is ordered by FCFS (request ready time) or by the core's
+# `request_priority` (ties: FCFS). The real WorkflowCore sees every step as hints.
+
+
+@dataclass(frozen=True)
+class Task:
+    sid: str
+    tenant: str
+    arrive: float
+    steps: int
+    service_s: float  # server time per LLM step
+    tool_s: float  # tool time between steps
+    deadline_s: float | None  # relative to arrival
+    tokens: int = 1000  # service recorded per step
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def simulate(tasks: list[Task], policy: str, core: WorkflowCore, clock: Clock) -> dict[str, float]:
+    """Runs the tasks; returns sid -> completion time (absolute)."""
+    by_id = {t.sid: t for t in tasks}
+    done_steps = {t.sid: 0 for t in tasks}
+    events: list[tuple[float, int, str, str]] = []
+    seq = 0
+    for t in tasks:
+        seq += 1
+        heapq.heappush(events, (t.arrive, seq, "arrive", t.sid))
+    waiting: list[tuple[float, int, str]] = []  # (ready time, seq, sid)
+    busy_until = None
+    finished: dict[str, float] = {}
+    while events:
+        now, _, kind, sid = heapq.heappop(events)
+        clock.t = max(clock.t, now)
+        task = by_id[sid]
+        if kind == "arrive":
+            core.accept(SessionStart(sid, now, tenant=task.tenant, workflow=task.tenant,
+                                     deadline_s=task.deadline_s))
+            seq += 1
+            waiting.append((now, seq, sid))
+        elif kind == "ready":
+            core.accept(ToolCallEnd(sid, now, "tool", call_id=str(done_steps[sid])))
+            seq += 1
+            waiting.append((now, seq, sid))
+        elif kind == "done":
+            busy_until = None
+            done_steps[sid] += 1
+            core.accept(LlmCallEnd(sid, now, prompt_tokens=task.tokens, output_tokens=10))
+            core.record_service(task.tenant, task.tokens, sid)
+            if done_steps[sid] >= task.steps:
+                core.accept(SessionEnd(sid, now))
+                finished[sid] = now
+            else:
+                core.accept(ToolCallStart(sid, now, "tool", call_id=str(done_steps[sid]), category="run"))
+                seq += 1
+                heapq.heappush(events, (now + task.tool_s, seq, "ready", sid))
+        if busy_until is None and waiting and (not events or events[0][0] > now):
+            if policy == "fcfs":
+                pick = min(waiting)
+            else:
+                pick = min(waiting, key=lambda w: (core.request_priority(w[2]), w[0], w[1]))
+            waiting.remove(pick)
+            psid = pick[2]
+            core.accept(LlmCallStart(psid, now, step=done_steps[psid]))
+            busy_until = now + by_id[psid].service_s
+            seq += 1
+            heapq.heappush(events, (busy_until, seq, "done", psid))
+    return finished
+
+
+
+def _warm(core: WorkflowCore, clock: Clock, kinds: list[tuple[str, int]]) -> None:
+    """Completed tasks of each kind first, so the AEG knows their length."""
+    warm = [Task(f"warm-{tenant}-{i}", tenant, clock.t, steps, 1.0, 1.0, 1e4)
+            for tenant, steps in kinds for i in range(2)]
+    simulate(warm, "fcfs", core, clock)
+
+
+def _deadline_scenario(start: float) -> list[Task]:
+    # Heavy: six 30-step tasks at once, deadlines staggered (feasible one after
+    # another). Light: a 3-step task every 20 s with a 15 s deadline.
+    heavy = [Task(f"h{i}", "heavy", start, 30, 1.0, 1.0, deadline_s=45.0 * (i + 1) + 20) for i in range(6)]
+    light = [Task(f"l{j}", "light", start + 5.0 + 20 * j, 3, 1.0, 1.0, deadline_s=15.0) for j in range(12)]
+    return heavy + light
+
+
+def _misses(policy: str) -> dict[str, int]:
+    clock = Clock()
+    core = WorkflowCore(clock=clock)
+    _warm(core, clock, [("heavy", 30), ("light", 3)])
+    tasks = _deadline_scenario(clock.t + 10.0)
+    finished = simulate(tasks, policy, core, clock)
+    assert set(finished) == {t.sid for t in tasks}
+    miss = {"heavy": 0, "light": 0}
+    for t in tasks:
+        miss[t.tenant] += finished[t.sid] > t.arrive + t.deadline_s
+    return miss
+
+
+def test_both_tenants_meet_deadlines_that_fcfs_misses() -> None:
+    fcfs = _misses("fcfs")
+    afs = _misses("afs")
+    assert fcfs["heavy"] > 0 and fcfs["light"] > 0  # the scenario is hard for FCFS
+    assert afs == {"heavy": 0, "light": 0}
+
+
+def test_light_tenant_gets_its_share_without_deadlines() -> None:
+    """No deadlines: only the virtual queues act. A light tenant's short tasks,
+    behind a heavy tenant's eight long ones, finish far sooner than under FCFS,
+    and the heavy tenant loses at most the light tenant's own work."""
+    results = {}
+    for policy in ("fcfs", "afs"):
+        clock = Clock()
+        core = WorkflowCore(clock=clock)
+        heavy = [Task(f"h{i}", "heavy", 0.0, 40, 1.0, 1.0, deadline_s=None) for i in range(8)]
+        light = [Task(f"l{j}", "light", 10.0 + 30 * j, 4, 1.0, 1.0, deadline_s=None) for j in range(6)]
+        fin = simulate(heavy + light, policy, core, clock)
+        light_ct = sum(fin[t.sid] - t.arrive for t in light) / len(light)
+        heavy_last = max(fin[t.sid] for t in heavy)
+        results[policy] = (light_ct, heavy_last)
+    assert results["afs"][0] < 0.6 * results["fcfs"][0]
+    assert results["afs"][1] <= results["fcfs"][1] + 6 * 4 * 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(2, 4),
+    rounds=st.lists(
+        st.tuples(st.lists(st.floats(0, 20, allow_nan=False), min_size=4, max_size=4), st.integers(1, 4000)),
+        min_size=1, max_size=200),
+)
+def test_owed_service_gap_stays_within_documented_bound(n, rounds) -> None:
+    cfg = FairShareConfig(v=1.0, queue_scale_tokens=1000.0, urgency_cap=5.0, active_window_s=1e9)
+    fs = FairShare(cfg)
+    tenants = [f"t{i}" for i in range(n)]
+    largest = 0
+    for t in tenants:
+        fs.touch(t, 0.0)
+    for k, (urgencies, tokens) in enumerate(rounds):
+        scores = {t: fs.score(t, urgencies[i]) for i, t in enumerate(tenants)}
+        served = max(tenants, key=lambda t: (scores[t], t))
+        fs.record_service(served, tokens, float(k))
+        largest = max(largest, tokens)
+        owed = [fs.owed(t) for t in tenants]
+        bound = cfg.queue_scale_tokens * cfg.v * cfg.urgency_cap + largest
+        assert max(owed) - min(owed) <= bound + 1e-6
+        assert min(owed) >= 0.0
+
+
+def test_served_tenant_owes_less_and_idle_tenants_bank_nothing() -> None:
+    fs = FairShare(FairShareConfig(active_window_s=10.0))
+    fs.touch("a", 0.0)
+    fs.touch("b", 0.0)
+    fs.record_service("a", 1000, 1.0)
+    assert fs.owed("b") == pytest.approx(500.0) and fs.owed("a") == 0.0
+    assert fs.priority("b", 0.0, 2.0) < fs.priority("a", 0.0, 2.0)  # b is owed: goes first
+    fs.touch("a", 30.0)
+    fs.record_service("a", 1000, 30.0)  # b went idle 28 s ago: it neither accrues nor is kept
+    assert fs.owed("b") == 0.0 and "b" not in fs.active(30.0)
+
+
+def test_urgency_rule() -> None:
+    assert urgency(10.0, None, 0.0, 5.0) == 0.0
+    assert urgency(10.0, 20.0, 0.0, 5.0) == pytest.approx(0.5)
+    assert urgency(10.0, 1.0, 2.0, 5.0) == 5.0  # late: capped
+    assert urgency(100.0, 20.0, 0.0, 5.0) == 5.0
+
+
+def test_bad_config_and_input_rejected() -> None:
+    with pytest.raises(ValueError):
+        FairShareConfig(queue_scale_tokens=0)
+    with pytest.raises(ValueError):
+        FairShareConfig(weights=(("a", 0.0),))
+    with pytest.raises(ValueError):
+        FairShare().record_service("a", -1, 0.0)
+
+
+def test_weights_split_owed_service() -> None:
+    fs = FairShare(FairShareConfig(weights=(("gold", 3.0),)))
+    fs.touch("gold", 0.0)
+    fs.touch("free", 0.0)
+    fs.record_service("other", 0, 0.0)
+    fs.record_service("other", 4000, 0.0)  # a third tenant took all service
+    assert fs.owed("gold") == pytest.approx(3 * fs.owed("free"))
