@@ -338,7 +338,7 @@ class AEG:
         gone: list[str] = []
         while self._sessions and len(gone) < budget:
             sid, tr = next(iter(self._sessions.items()))
-            if now - tr.last_event < self.session_idle_s and len(self._sessions) <= self.max_sessions:
+            if now - tr.last_event < self.session_idle_s:
                 break
             if not tr.ended:
                 self._finish(tr, now)
@@ -546,7 +546,7 @@ class AEG:
     def _node(self, g: _Graph, name: str) -> _Node:
         node = g.nodes.get(name)
         if node is None:
-            if len(g.nodes) >= self.max_nodes:
+            if len(g.nodes) >= self.max_nodes - 1:  # the last slot is the shared overflow node
                 name = _OVERFLOW
                 node = g.nodes.get(name)
             if node is None:
@@ -578,8 +578,11 @@ class AEG:
 
     def _new_track(self, sid: str, t: float, tenant: str, workflow: str, hinted: bool) -> SessionTrack:
         self._sessions.pop(sid, None)
-        if len(self._sessions) >= self.max_sessions:
-            self.expire(t, budget=max(1, len(self._sessions) - self.max_sessions + 1))
+        while len(self._sessions) >= self.max_sessions:  # full: the least recently active goes
+            old_sid, old = self._sessions.popitem(last=False)
+            if not old.ended:
+                self._finish(old, t)
+            self.counters["sessions_expired"] += 1
         tr = SessionTrack(sid, workflow or tenant or "default", tenant, t, t, hinted=hinted)
         self._sessions[sid] = tr
         return tr

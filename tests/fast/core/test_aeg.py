@@ -1,0 +1,241 @@
+"""AEG: convergence on synthetic Markov workflows, inference without hints, bounds."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from saga_server.core import (
+    AEG,
+    LlmCallEnd,
+    LlmCallStart,
+    SessionEnd,
+    SessionStart,
+    ToolCallEnd,
+    ToolCallStart,
+    WorkflowCore,
+    WorkflowNode,
+    WorkflowStructure,
+)
+
+# A workflow with named LLM nodes. At a node the agent picks a tool; after
+# (node, tool) it moves to the next node or ends. Tool durations: log-normal.
+TOOLS = {"plan": {"search": 0.7, "read": 0.3},
+         "code": {"edit": 0.6, "run": 0.4},
+         "verify": {"test": 0.8, "git": 0.2}}
+NEXT = {("plan", "search"): {"code": 0.8, "plan": 0.2},
+        ("plan", "read"): {"code": 1.0},
+        ("code", "edit"): {"verify": 0.7, "code": 0.3},
+        ("code", "run"): {"code": 0.5, "verify": 0.5},
+        ("verify", "test"): {"$end": 0.3, "code": 0.7},
+        ("verify", "git"): {"$end": 1.0}}
+MEDIAN_S = {"search": 0.2, "read": 0.25, "edit": 0.3, "run": 1.0, "test": 5.0, "git": 0.3}
+
+
+def _pick(rng: random.Random, dist: dict[str, float]) -> str:
+    r, acc = rng.random(), 0.0
+    for k, p in dist.items():
+        acc += p
+        if r < acc:
+            return k
+    return k
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _run_markov(core: WorkflowCore, clock: Clock, rng: random.Random, sessions: int, named: bool):
+    """Drives sessions through the chain; scores predictions made before each outcome.
+    Returns per-session lists of (hit_tool, best_tool, hit_next, best_next, covered_p90)."""
+    scores = []
+    for s in range(sessions):
+        sid = f"s{s}"
+        core.accept(SessionStart(sid, clock.t, tenant="t", workflow="markov"))
+        node = "plan"
+        rec = []
+        for _ in range(200):
+            core.accept(LlmCallStart(sid, clock.t, node=node if named else ""))
+            guess_tool = core.predict(sid).next_tool_category
+            tool = _pick(rng, TOOLS[node])
+            clock.t += 1.0
+            core.accept(LlmCallEnd(sid, clock.t, prompt_tokens=1000, output_tokens=50))
+            core.accept(ToolCallStart(sid, clock.t, tool, call_id="c", category=tool))
+            pred = core.predict(sid)
+            dur = MEDIAN_S[tool] * math.exp(0.5 * rng.gauss(0.0, 1.0))
+            nxt = _pick(rng, NEXT[(node, tool)])
+            clock.t += dur
+            core.accept(ToolCallEnd(sid, clock.t, tool, call_id="c"))
+            cont = {k: v for k, v in NEXT[(node, tool)].items() if k != "$end"}
+            best_next = max(cont.values()) / sum(cont.values()) if cont else None
+            rec.append((guess_tool == tool, max(TOOLS[node].values()),
+                        None if nxt == "$end" else pred.next_node == nxt,
+                        None if nxt == "$end" else best_next, dur <= pred.resume_p90_s))
+            if nxt == "$end":
+                break
+            node = nxt
+        core.accept(SessionEnd(sid, clock.t))
+        clock.t += 1.0
+        scores.append(rec)
+    return scores
+
+
+def test_named_markov_workflow_converges_to_the_best_possible_predictions() -> None:
+    clock = Clock()
+    core = WorkflowCore(clock=clock, seed=1)
+    scores = _run_markov(core, clock, random.Random(7), 500, named=True)
+    late = [r for rec in scores[100:] for r in rec]
+    tool_acc = sum(r[0] for r in late) / len(late)
+    tool_best = sum(r[1] for r in late) / len(late)
+    nxt = [r for r in late if r[2] is not None]
+    next_acc = sum(r[2] for r in nxt) / len(nxt)
+    next_best = sum(r[3] for r in nxt) / len(nxt)
+    coverage = sum(r[4] for r in late) / len(late)
+    assert tool_acc >= tool_best - 0.05, (tool_acc, tool_best)
+    assert next_acc >= next_best - 0.05, (next_acc, next_best)
+    assert 0.85 <= coverage <= 0.95, coverage
+    # p_continue on the edges that may end approaches the chain's 0.7 and 0.0.
+    clock.t += 10
+    core.accept(SessionStart("probe", clock.t, workflow="markov"))
+    core.accept(LlmCallStart("probe", clock.t, node="verify"))
+    core.accept(ToolCallStart("probe", clock.t, "test", call_id="a", category="test"))
+    assert core.predict("probe").p_continue == pytest.approx(0.7, abs=0.07)
+    core.accept(ToolCallEnd("probe", clock.t, "test", call_id="a"))
+    core.accept(LlmCallStart("probe", clock.t, node="verify"))
+    core.accept(ToolCallStart("probe", clock.t, "git", call_id="b", category="git"))
+    assert core.predict("probe").p_continue < 0.1
+
+
+def test_inferred_nodes_learn_a_tool_markov_chain() -> None:
+    """No node names: nodes are "after:<tool>", a first-order chain over tools."""
+    chain = {"search": {"read": 0.7, "edit": 0.3}, "read": {"edit": 0.6, "search": 0.4},
+             "edit": {"test": 0.8, "edit": 0.2}, "test": {"edit": 0.5, "submit": 0.5}}
+    clock, rng = Clock(), random.Random(3)
+    core = WorkflowCore(clock=clock)
+    hits = best = n = 0
+    for s in range(300):
+        sid = f"x{s}"
+        core.accept(SessionStart(sid, clock.t, workflow="infer"))
+        tool = "search"
+        for step in range(100):
+            core.accept(LlmCallStart(sid, clock.t))
+            guess = core.predict(sid).next_tool_category
+            if step > 0 and s >= 50:
+                hits += guess == tool
+                best += max(chain[prev].values())
+                n += 1
+            core.accept(ToolCallStart(sid, clock.t, "bash", call_id=str(step), category=tool))
+            clock.t += 0.3
+            core.accept(ToolCallEnd(sid, clock.t, "bash", call_id=str(step)))
+            if tool == "submit":
+                break
+            prev, tool = tool, _pick(rng, chain[tool])
+        core.accept(SessionEnd(sid, clock.t))
+    assert hits / n >= best / n - 0.05, (hits / n, best / n)
+
+
+def test_engine_events_alone_build_an_inferred_graph() -> None:
+    """Without hints: short answers are followed by a ~2 s gap and another request;
+    a long answer ends the session (it goes quiet and expires)."""
+    clock = Clock()
+    core = WorkflowCore(clock=clock)
+    idle = core.config.session_idle_s
+    for s in range(40):
+        sid = f"e{s}"
+        for step in range(5):
+            core.on_request_arrival(sid, 1000 + 100 * step, tenant="acme")
+            clock.t += 1.0
+            final = step == 4
+            core.on_request_finished(sid, 1000 + 100 * step, 900 if final else 20)
+            clock.t += 2.0 if not final else 0.0
+        clock.t += 5.0
+    clock.t += idle + 1  # the quiet sessions expire: recorded as ended
+    core.on_request_arrival("probe", 1000, tenant="acme")
+    clock.t += 1.0
+    core.on_request_finished("probe", 1000, 20)
+    short = core.predict("probe")
+    assert short.p_continue > 0.8
+    assert short.resume_p50_s == pytest.approx(2.0, rel=0.2)
+    assert short.prompt_growth_tokens == pytest.approx(100 - 20, abs=5)
+    core.on_request_arrival("probe2", 1000, tenant="acme")
+    for step in range(4):
+        core.on_request_finished("probe2", 1000, 20)
+        clock.t += 2.0
+        core.on_request_arrival("probe2", 1100, tenant="acme")
+    core.on_request_finished("probe2", 1100, 900)
+    assert core.predict("probe2").p_continue < 0.3
+
+
+def test_declared_structure_guides_predictions_before_any_data() -> None:
+    clock = Clock()
+    core = WorkflowCore(clock=clock)
+    structure = WorkflowStructure(
+        nodes=(WorkflowNode("agent"), WorkflowNode("lookup", "tool"), WorkflowNode("answer"),
+               WorkflowNode("done", "end")),
+        edges=(("agent", "lookup"), ("lookup", "answer"), ("answer", "done")))
+    core.accept(SessionStart("d", 0.0, workflow="declared", structure=structure))
+    core.accept(LlmCallStart("d", 0.0, node="agent"))
+    core.accept(ToolCallStart("d", 0.0, "lookup", call_id="1"))
+    assert core.predict("d").next_node == "answer"
+
+
+def test_tool_duration_fallbacks_category_then_hint_then_global() -> None:
+    aeg = AEG(min_samples=4)
+    for i in range(10):  # another workflow teaches the "test" category
+        aeg.tool_start(f"a{i}", 0.0, "pytest", category="test")
+        aeg.tool_end(f"a{i}", 30.0, "pytest")
+    d = aeg.tool_distribution("fresh", "tox", "test")
+    assert d.quantile(0.5) == pytest.approx(30.0, rel=0.1)
+    hinted = aeg.tool_distribution("fresh", "mystery", "other", expected_s=4.0)
+    assert hinted.mean_above(0.0) == pytest.approx(4.0)
+    prior = aeg.tool_distribution("fresh", "mystery", "other")
+    assert 0.0 < prior.quantile(0.5) < 30.0
+
+
+def test_memory_is_bounded_and_idle_sessions_expire() -> None:
+    aeg = AEG(max_workflows=3, max_nodes=4, max_sessions=5, session_idle_s=10.0)
+    for i in range(20):
+        aeg.session_start(f"s{i}", float(i), workflow=f"w{i}")
+        for n in range(10):
+            aeg.llm_start(f"s{i}", float(i), node=f"n{n}")
+    assert len(aeg) <= 5
+    assert len(aeg.workflows()) <= 3
+    assert all(len(g.nodes) <= 4 for g in aeg._graphs.values())
+    gone = aeg.expire(100.0, budget=100)
+    assert len(gone) == 5 and len(aeg) == 0
+    assert aeg.counters["sessions_expired"] >= 5
+
+
+def test_ended_and_unknown_sessions() -> None:
+    aeg = AEG()
+    aeg.session_start("s", 0.0)
+    aeg.llm_start("s", 0.0)
+    aeg.session_end("s", 1.0)
+    p = aeg.predict("s", 2.0)
+    assert p.p_continue == 0.0 and p.resume_mean_s == math.inf
+    assert aeg.reuse("s", 2.0) == (0.0, math.inf)
+    assert aeg.reuse("nobody", 2.0) is None
+    prior = aeg.predict("nobody", 2.0)
+    assert prior.p_continue == aeg.prior_p_continue and prior.resume_p90_s > prior.resume_p50_s > 0
+
+
+def test_resume_time_conditions_on_elapsed_tool_time() -> None:
+    aeg = AEG(min_samples=4)
+    rng = random.Random(0)
+    for i in range(200):
+        aeg.tool_start(f"a{i}", 0.0, "bash", category="run")
+        aeg.tool_end(f"a{i}", rng.expovariate(1.0) + (20.0 if i % 3 == 0 else 0.0), "bash")
+    aeg.session_start("s", 100.0)
+    aeg.llm_start("s", 100.0)
+    aeg.tool_start("s", 100.5, "bash", category="run")
+    fresh = aeg.predict("s", 100.5)
+    later = aeg.predict("s", 105.5)  # past the short mode: only the ~20 s mode is left
+    assert fresh.resume_p50_s < 5.0
+    assert later.resume_p50_s > 10.0
+    assert later.resume_mean_s > 0.0
