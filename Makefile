@@ -1,0 +1,29 @@
+# The two commands a newcomer needs (see README):
+#   make serve   set up (first time: a few minutes) and run saga serve on the embedded default model
+#   make test    set up and run every test (fast tier + real tier against one real saga serve)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup serve test test-fast test-real bench-hints proto clean-model
+
+setup:
+	scripts/setup.sh
+
+serve: setup
+	$(VENV)/bin/saga serve
+
+test: setup
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest tests/fast $(PYTEST_ARGS)
+
+test-real: setup
+	$(PY) -m pytest tests/real $(PYTEST_ARGS)
+
+bench-hints: setup
+	$(PY) benchmarks/hints_bench.py
+
+proto:
+	$(PY) scripts/gen_proto.py
