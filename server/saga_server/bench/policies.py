@@ -1,0 +1,43 @@
+"""Policies by name: the baselines, SAGA, its ablations and the two references.
+
+`make_policy(name)` returns a fresh policy (policies hold per-run state). Ablations:
+`saga-only-<m>` is `apc-lru` plus the one SAGA mechanism `m`; `saga-no-<m>` is full
+SAGA without it (mechanisms: walru, ttl, prefetch, afs, steal).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from saga_server.engines.sim import ApcLru, Belady, ContinuumTtl, Infinite, KvFlow, SimPolicy, Vanilla
+from saga_server.engines.sim.saga_policy import MECHANISMS, SagaPolicy
+
+__all__ = ["POLICIES", "DEFAULT_POLICIES", "ABLATIONS", "make_policy", "policy_names"]
+
+POLICIES: dict[str, Callable[[], SimPolicy]] = {
+    "vanilla": Vanilla,
+    "apc-lru": ApcLru,
+    "continuum-ttl": ContinuumTtl,
+    "kvflow": KvFlow,
+    "saga": SagaPolicy,
+    "infinite": Infinite,
+    "belady": Belady,
+}
+for _m in MECHANISMS:
+    POLICIES[f"saga-only-{_m}"] = (lambda m: lambda: SagaPolicy((m,), name=f"saga-only-{m}"))(_m)
+    POLICIES[f"saga-no-{_m}"] = (lambda m: lambda: SagaPolicy(
+        tuple(x for x in MECHANISMS if x != m), name=f"saga-no-{m}"))(_m)
+
+DEFAULT_POLICIES = ("vanilla", "apc-lru", "continuum-ttl", "kvflow", "saga", "infinite", "belady")
+ABLATIONS = tuple(f"saga-only-{m}" for m in MECHANISMS) + tuple(f"saga-no-{m}" for m in MECHANISMS)
+
+
+def policy_names() -> list[str]:
+    return list(POLICIES)
+
+
+def make_policy(name: str) -> SimPolicy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None

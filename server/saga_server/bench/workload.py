@@ -1,0 +1,133 @@
+"""Workloads from `saga-trace/1` files: tasks, tenants, arrivals, deadlines.
+
+- A trace task becomes a `TaskSpec`: its steps' prompt/output tokens, the prefix
+  reused from the previous step, and the tools run after each step.
+- Tool durations come from the trace. Where the trace has none (tau-bench), they are
+  drawn per replayed task from a log-normal *fallback* for the tool's category
+  (median, sigma); a step with no tool before the next step (a simulated user's turn)
+  waits a draw from the `user` fallback.
+- A replayed task is a distinct session: tasks are drawn from the trace in seeded
+  shuffled rounds (each task once per round), so >= 1,000 sessions can come from 99
+  tasks.
+- Tenants mix traces by weight; each tenant has a deadline multiple of a task's
+  unloaded time (alone on a worker with a perfect cache).
+- Arrivals: Poisson at `rate_per_s` tasks per second, or closed-loop at a fixed
+  concurrency (the simulator starts a task whenever one ends).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from saga_server.engines.sim import StepSpec, TaskInstance, TaskSpec, ToolSpec
+
+__all__ = ["FALLBACK_DURATIONS", "TenantSpec", "load_trace", "materialize", "build_instances"]
+
+# category -> (median seconds, log-normal sigma). `api` and `user` fit tau-bench
+# (fast JSON APIs; a simulated user writing a reply); the rest mirror the medians of
+# the SWE-bench traces, used only where a duration is missing.
+FALLBACK_DURATIONS: dict[str, tuple[float, float]] = {
+    "api": (0.3, 0.6),
+    "user": (3.0, 0.6),
+    "search": (0.22, 0.4),
+    "read": (0.21, 0.4),
+    "edit": (0.25, 0.5),
+    "run": (0.34, 1.0),
+    "test": (0.48, 1.5),
+    "install": (4.3, 1.2),
+    "git": (0.23, 0.4),
+    "submit": (0.3, 0.5),
+    "other": (0.24, 0.5),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSpec:
+    name: str
+    trace: str
+    weight: float = 1.0
+    deadline_factor: float | None = None
+
+
+def load_trace(path: str | Path) -> list[dict[str, Any]]:
+    """Raw task dicts of a `saga-trace/1` file (one task per line)."""
+    tasks = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            t = json.loads(line)
+            if t.get("format") != "saga-trace/1":
+                raise ValueError(f"{path}:{n}: not a saga-trace/1 task")
+            if t["steps"]:
+                tasks.append(t)
+    if not tasks:
+        raise ValueError(f"{path}: no tasks")
+    return tasks
+
+
+def _draw(category: str, rng: random.Random, fallback: Mapping[str, tuple[float, float]]) -> float:
+    median, sigma = fallback.get(category, fallback.get("other", (0.3, 0.5)))
+    return median * math.exp(sigma * rng.gauss(0.0, 1.0))
+
+
+def materialize(raw: Mapping[str, Any], rng: random.Random,
+                fallback: Mapping[str, tuple[float, float]] = FALLBACK_DURATIONS) -> TaskSpec:
+    """A `TaskSpec` from a raw trace task, drawing missing durations from `rng`."""
+    steps = []
+    raw_steps = raw["steps"]
+    for i, st in enumerate(raw_steps):
+        tools = []
+        for tool in st.get("tools") or ():
+            d = tool.get("duration_s")
+            cat = tool.get("category") or "other"
+            if d is None:
+                tools.append(ToolSpec(tool["name"], cat, _draw(cat, rng, fallback), False))
+            else:
+                tools.append(ToolSpec(tool["name"], cat, float(d)))
+        idle = 0.0
+        if not tools and i + 1 < len(raw_steps):
+            idle = _draw("user", rng, fallback)
+        prompt = int(st["prompt_tokens"])
+        steps.append(StepSpec(prompt, max(int(st["output_tokens"]), 1),
+                              min(int(st.get("reused_prefix_tokens") or 0), prompt),
+                              tuple(tools), idle))
+    return TaskSpec(str(raw.get("task_id", "")), str(raw.get("run", "")),
+                    int(raw.get("shared_prefix_tokens") or 0), tuple(steps))
+
+
+def build_instances(tenants: Sequence[TenantSpec], n_tasks: int, seed: int = 0,
+                    rate_per_s: float | None = None,
+                    fallback: Mapping[str, tuple[float, float]] = FALLBACK_DURATIONS,
+                    traces: dict[str, list] | None = None) -> list[TaskInstance]:
+    """`n_tasks` sessions: tenant by weight, task in shuffled rounds, seeded; with
+    `rate_per_s`, Poisson arrival times, else none (closed loop)."""
+    rng = random.Random(seed)
+    traces = {} if traces is None else traces
+    pools: dict[str, list] = {}
+    for t in tenants:
+        if t.trace not in traces:
+            traces[t.trace] = load_trace(t.trace)
+        pools[t.name] = []
+    weights = [t.weight for t in tenants]
+    out = []
+    now = 0.0
+    for k in range(n_tasks):
+        ten = tenants[0] if len(tenants) == 1 else rng.choices(tenants, weights)[0]
+        pool = pools[ten.name]
+        if not pool:
+            pool.extend(range(len(traces[ten.trace])))
+            rng.shuffle(pool)
+        raw = traces[ten.trace][pool.pop()]
+        spec = materialize(raw, rng, fallback)
+        arrival = None
+        if rate_per_s is not None:
+            now += rng.expovariate(rate_per_s)
+            arrival = now
+        out.append(TaskInstance(f"{ten.name}-{k:05d}", spec, ten.name, arrival, ten.deadline_factor))
+    return out

@@ -1,0 +1,179 @@
+"""Scheduling policies the simulator can run, and the contract they follow.
+
+A policy is bound to the simulator's clock (`bind`), then decides four things; the simulator applies them exactly where a vLLM
+scheduler would:
+
+1. `key(session, now)`: the eviction key of a session's cached prefix (lower = evicted
+   first), asked whenever the session changes state (request queued, request done and
+   tool started, tool ended, session ended, pin expired).
+2. `pin_ttl(session, now, pressure)`: seconds to pin the prefix when a tool starts
+   (0: no pin). A pinned prefix is evicted only when no unpinned one is left.
+3. `plan_prefetch(worker_id, candidates, free_tokens, now)`: for sessions in a tool
+   whose KV sits partly in the host tier, which to bring back and when.
+4. `queue_priority(session, now)`: the order of a worker's waiting queue (lower first).
+
+Flags say which machinery it uses: `caches` (prefix caching at all), `host_tier`
+(offload evicted tails to CPU memory and load them back on a hit), `steals` (the
+router may move a waiting session to an idle worker), `unbounded` (infinite GPU KV).
+Hint hooks (`on_*`) see what an SDK would send; baselines ignore most of them.
+
+Sessions are `saga_server.engines.sim.cluster.Session` objects; policies read
+`session_id`, `tenant`, `started_at`, `last_access`, `state`, `next_use`,
+`tool_names`, `kv_tokens` and nothing else. Only `Belady` reads `next_use` (the
+future, known offline).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Callable, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cluster import Request, Session
+
+__all__ = [
+    "PrefetchRequest",
+    "SimPolicy",
+    "Vanilla",
+    "ApcLru",
+    "Infinite",
+    "ContinuumTtl",
+    "KvFlow",
+    "Belady",
+]
+
+# (session_id, kv_tokens to load, load_time_s) in; (session_id, start_at) out.
+PrefetchRequest = tuple[str, int, float]
+
+
+class SimPolicy:
+    name = "base"
+    caches = True
+    host_tier = False
+    steals = False
+    unbounded = False
+
+    def bind(self, clock: Callable[[], float], seed: int) -> None:
+        """Called once by the simulator before the run: its clock and seed."""
+
+    def queue_priority(self, s: "Session", now: float) -> float:
+        return now  # FCFS by arrival at the worker
+
+    def key(self, s: "Session", now: float) -> float:
+        return s.last_access  # LRU
+
+    def pin_ttl(self, s: "Session", now: float, pressure: float) -> float:
+        return 0.0
+
+    def plan_prefetch(self, worker_id: int, candidates: Sequence[PrefetchRequest],
+                      free_tokens: int, now: float) -> list[tuple[str, float]]:
+        return []
+
+    # Hints, in the order an SDK sends them.
+    def on_session_start(self, s: "Session", now: float) -> None: ...
+    def on_llm_start(self, s: "Session", now: float) -> None: ...
+    def on_llm_end(self, s: "Session", r: "Request", now: float) -> None: ...
+    def on_tool_start(self, s: "Session", now: float) -> None: ...
+    def on_tool_end(self, s: "Session", now: float) -> None: ...
+    def on_session_end(self, s: "Session", now: float) -> None: ...
+
+
+class Vanilla(SimPolicy):
+    """No prefix cache: every call prefills its whole prompt."""
+
+    name = "vanilla"
+    caches = False
+
+
+class ApcLru(SimPolicy):
+    """vLLM automatic prefix caching: a finished request's blocks join the free queue,
+    least recently used reused first. Sessions keep their LRU position while queued and
+    after they end (vLLM does not know either)."""
+
+    name = "apc-lru"
+
+
+class Infinite(ApcLru):
+    """Unbounded KV memory: nothing is ever evicted; the lower bound on time."""
+
+    name = "infinite"
+    unbounded = True
+
+
+class ContinuumTtl(SimPolicy):
+    """Continuum (Li et al. 2025): when a tool starts, pin the session's KV for the
+    moving average of that tool's observed durations; schedule whole programs FCFS (a
+    session's requests keep the session's arrival order). No pin before a tool has been
+    seen once."""
+
+    name = "continuum-ttl"
+
+    def __init__(self, alpha: float = 0.2, ttl_cap_s: float = 60.0) -> None:
+        self.alpha = alpha
+        self.ttl_cap_s = ttl_cap_s
+        self._avg: dict[str, float] = {}
+        self._tool_started: dict[str, float] = {}
+
+    def queue_priority(self, s: "Session", now: float) -> float:
+        return s.started_at
+
+    def pin_ttl(self, s: "Session", now: float, pressure: float) -> float:
+        est = [self._avg[n] for n in s.tool_names if n in self._avg]
+        return min(max(est), self.ttl_cap_s) if est else 0.0
+
+    def on_tool_start(self, s: "Session", now: float) -> None:
+        self._tool_started[s.session_id] = now
+
+    def on_tool_end(self, s: "Session", now: float) -> None:
+        t0 = self._tool_started.pop(s.session_id, None)
+        if t0 is None:
+            return
+        d = now - t0
+        for n in s.tool_names:
+            old = self._avg.get(n)
+            self._avg[n] = d if old is None else old + self.alpha * (d - old)
+
+
+class KvFlow(SimPolicy):
+    """KVFlow (Pan et al. 2025): evict by steps-to-execution, then LRU, and prefetch
+    offloaded KV of the agents due next. For a single-agent tool loop the step graph
+    gives: running or queued = 0 steps, in a tool = 1 step, ended = never. Offloaded
+    tails go to the host tier; a session's prefetch starts as soon as its tool starts,
+    into free memory only (KVFlow has no tool-duration model to time it)."""
+
+    name = "kvflow"
+    host_tier = True
+    _STEP = 1e9  # seconds; larger than any simulated time
+
+    def key(self, s: "Session", now: float) -> float:
+        if s.state == "ended":
+            return -math.inf
+        steps = 1 if s.state == "tool" else 0
+        return s.last_access - steps * self._STEP
+
+    def plan_prefetch(self, worker_id, candidates, free_tokens, now):
+        out, room = [], free_tokens
+        for sid, tokens, _ in candidates:
+            if tokens <= room:
+                out.append((sid, now))
+                room -= tokens
+        return out
+
+
+class Belady(SimPolicy):
+    """Offline optimum for prefix-structured KV: with the future known, evict from the
+    tail of the cached prefix whose next use is farthest (a session that never comes
+    back: first). The next use of a session in a tool is the tool's end (from the
+    trace); of a queued session, its arrival (it is about to run). For unit-size items
+    this is Belady's MIN, provably optimal; a prefix is a run of blocks that share one
+    next-use time and are used together, so MIN applies block by block and tail-first
+    order keeps the survivors a valid prefix. Under continuous batching the future
+    arrival times depend on the schedule, so here it is the (strong) offline reference,
+    not a proven bound on time."""
+
+    name = "belady"
+
+    def key(self, s: "Session", now: float) -> float:
+        if s.state == "ended":
+            return -math.inf
+        return -s.next_use

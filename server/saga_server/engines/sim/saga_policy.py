@@ -1,0 +1,103 @@
+"""SAGA in the simulator: every decision comes from `saga_server.core.WorkflowCore`,
+the same object the vLLM plugin calls, fed the hints an SDK would send (session
+start, LLM call start/end, tool start/end with the trace's tool name and category,
+session end) and the engine events (request arrival/finish) on simulated time.
+
+Each mechanism can be switched off for ablations; switched off, the simulator falls
+back to what `apc-lru` does there (LRU key, no pin, no host tier, FCFS, no stealing).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from saga_server.core import (
+    CoreConfig,
+    LlmCallEnd,
+    LlmCallStart,
+    PrefetchCandidate,
+    SessionEnd,
+    SessionStart,
+    ToolCallEnd,
+    ToolCallStart,
+    WorkflowCore,
+)
+
+from .policy import PrefetchRequest, SimPolicy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cluster import Request, Session
+
+__all__ = ["SagaPolicy", "MECHANISMS"]
+
+MECHANISMS = ("walru", "ttl", "prefetch", "afs", "steal")
+
+
+class SagaPolicy(SimPolicy):
+    def __init__(self, mechanisms: Sequence[str] = MECHANISMS, name: str = "saga",
+                 config: CoreConfig | None = None) -> None:
+        unknown = set(mechanisms) - set(MECHANISMS)
+        if unknown:
+            raise ValueError(f"unknown SAGA mechanisms: {sorted(unknown)}")
+        self.name = name
+        self.mechanisms = frozenset(mechanisms)
+        self.host_tier = "prefetch" in self.mechanisms
+        self.steals = "steal" in self.mechanisms
+        self._config = config
+        self.core: WorkflowCore | None = None
+
+    def bind(self, clock: Callable[[], float], seed: int) -> None:
+        self.core = WorkflowCore(self._config, clock=clock, seed=seed)
+
+    # --- decisions ------------------------------------------------------
+    def key(self, s: "Session", now: float) -> float:
+        if "walru" not in self.mechanisms:
+            return s.last_access
+        return self.core.eviction_priority(s.session_id, s.kv_tokens, s.last_access)
+
+    def pin_ttl(self, s: "Session", now: float, pressure: float) -> float:
+        if "ttl" not in self.mechanisms:
+            return 0.0
+        d = self.core.pin_decision(s.session_id, s.kv_tokens, min(max(pressure, 0.0), 1.0))
+        return d.ttl_s if d.pin else 0.0
+
+    def plan_prefetch(self, worker_id: int, candidates: Sequence[PrefetchRequest],
+                      free_tokens: int, now: float) -> list[tuple[str, float]]:
+        if "prefetch" not in self.mechanisms:
+            return []
+        cands = [PrefetchCandidate(sid, tokens, load_s) for sid, tokens, load_s in candidates]
+        return [(a.session_id, a.start_at) for a in self.core.plan_prefetch(cands, free_tokens)]
+
+    def queue_priority(self, s: "Session", now: float) -> float:
+        if "afs" not in self.mechanisms:
+            return now
+        return self.core.request_priority(s.session_id, s.tenant)
+
+    # --- hints and engine events -------------------------------------------
+    def on_session_start(self, s: "Session", now: float) -> None:
+        self.core.accept(SessionStart(s.session_id, now, tenant=s.tenant, workflow=s.tenant,
+                                      deadline_s=s.deadline_s))
+
+    def on_llm_start(self, s: "Session", now: float) -> None:
+        self.core.accept(LlmCallStart(s.session_id, now, step=s.step))
+        self.core.on_request_arrival(s.session_id, s.task.steps[s.step].prompt_tokens, s.tenant)
+
+    def on_llm_end(self, s: "Session", r: "Request", now: float) -> None:
+        self.core.accept(LlmCallEnd(s.session_id, now, step=s.step, prompt_tokens=r.prompt,
+                                    output_tokens=r.output))
+        self.core.on_request_finished(s.session_id, r.prompt, r.output)
+        if "afs" in self.mechanisms:
+            self.core.record_service(s.tenant, r.prompt + r.output, s.session_id)
+
+    def on_tool_start(self, s: "Session", now: float) -> None:
+        for i, tool in enumerate(s.task.steps[s.step].tools):
+            self.core.accept(ToolCallStart(s.session_id, now, tool.name, call_id=f"{s.step}.{i}",
+                                           category=tool.category))
+
+    def on_tool_end(self, s: "Session", now: float) -> None:
+        # Called before the session moves to its next step: s.step is the tool's step.
+        for i, tool in enumerate(s.task.steps[s.step].tools):
+            self.core.accept(ToolCallEnd(s.session_id, now, tool.name, call_id=f"{s.step}.{i}"))
+
+    def on_session_end(self, s: "Session", now: float) -> None:
+        self.core.accept(SessionEnd(s.session_id, now))
