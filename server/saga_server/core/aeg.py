@@ -218,6 +218,14 @@ class AEG:
 
     def llm_start(self, sid: str, t: float, *, node: str = "", tenant: str = "",
                   hinted: bool = True) -> SessionTrack:
+        tr = self._sessions.get(sid)
+        if hinted and tr is not None and not tr.hinted and not tr.ended and tr.in_llm:
+            # The engine saw this call's request before its hint: same step, now hinted.
+            self._ensure(sid, t, tenant, hinted)
+            if node and node != tr.node:
+                tr.node = self._node(self._graph(tr.workflow), node).name
+            self._touch(tr, t)
+            return tr
         tr = self._ensure(sid, t, tenant, hinted)
         g = self._graph(tr.workflow)
         if tr.steps == 0:

@@ -155,6 +155,9 @@ class WorkflowCore:
             return wa_lru_key(self._clock(), last_access, kv_tokens, reuse, self.config.eviction)
 
     def pin_decision(self, session_id: str, kv_tokens: int, memory_pressure: float) -> PinDecision:
+        if not 0.0 <= memory_pressure <= 1.0:
+            raise ValueError(f"memory_pressure must be in [0, 1], got {memory_pressure!r}")
+        _check_tokens(kv_tokens=kv_tokens)
         with self._lock:
             now = self._clock()
             tr = self.aeg.track(session_id)

@@ -1,0 +1,142 @@
+"""The WorkflowCore facade: HintSink contract, engine-only use, determinism."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+import saga_server.core as core_pkg
+from saga_server.core import (
+    CoreConfig,
+    HintRejected,
+    HintSink,
+    LlmCallEnd,
+    LlmCallStart,
+    PrefetchCandidate,
+    SessionEnd,
+    SessionStart,
+    ToolCallEnd,
+    ToolCallStart,
+    WorkflowCore,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_public_api_is_curated() -> None:
+    facade = {"WorkflowCore", "CoreConfig", "PinDecision", "Prediction", "PrefetchCandidate", "PrefetchAction"}
+    assert facade <= set(core_pkg.__all__)
+    assert all(hasattr(core_pkg, name) for name in core_pkg.__all__)
+    core = WorkflowCore()
+    for name in ("accept", "session", "sessions", "stats"):  # the HintSink protocol
+        assert callable(getattr(core, name)) and hasattr(HintSink, name)
+
+
+def test_rejected_hint_changes_nothing() -> None:
+    clock = Clock()
+    core = WorkflowCore(clock=clock)
+    core.accept(SessionStart("s", 0.0, tenant="a"))
+    core.accept(LlmCallStart("s", 0.0))
+    before = (core.predict("s"), core.session("s"))
+    with pytest.raises(HintRejected):
+        core.accept(ToolCallEnd("s", 1.0, "never-started"))
+    with pytest.raises(HintRejected):
+        core.accept(SessionStart("s", 1.0))  # already running
+    assert (core.predict("s"), core.session("s")) == before
+    assert core.stats()["events_rejected"] == 2
+
+
+def test_snapshots_carry_predictions() -> None:
+    clock = Clock()
+    core = WorkflowCore(clock=clock)
+    core.accept(SessionStart("s", 0.0, tenant="a", workflow="w", deadline_s=60.0))
+    core.accept(LlmCallStart("s", 0.0, node="plan"))
+    core.accept(LlmCallEnd("s", 1.0, prompt_tokens=500, output_tokens=20))
+    core.accept(ToolCallStart("s", 1.0, "grep", call_id="1", category="search"))
+    snap = core.session("s")
+    assert snap.state == "tool" and snap.current_node == "plan" and snap.deadline_at == 60.0
+    assert snap.metrics["context_tokens"] == 520.0
+    assert 0.0 < snap.metrics["p_continue"] <= 1.0 and snap.metrics["resume_p90_s"] > 0
+    assert [s.session_id for s in core.sessions(10)] == ["s"]
+    assert core.sessions(10)[0].metrics["p_continue"] == snap.metrics["p_continue"]
+    assert core.session("nobody") is None
+    stats = core.stats()
+    assert stats["aeg_sessions"] == 1 and stats["sessions_in_tool"] == 1
+
+
+def test_request_before_its_hint_is_one_step() -> None:
+    clock = Clock()
+    core = WorkflowCore(clock=clock)
+    core.on_request_arrival("s", 700, tenant="a")
+    core.accept(LlmCallStart("s", 0.0, node="plan"))
+    core.accept(LlmCallEnd("s", 1.0, prompt_tokens=700, output_tokens=30))
+    core.on_request_finished("s", 700, 30)
+    tr = core.aeg.track("s")
+    assert tr.steps == 1 and tr.hinted and tr.node == "plan" and tr.context_tokens == 730
+
+
+def test_invalid_engine_input_is_rejected() -> None:
+    core = WorkflowCore()
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError):
+            core.on_request_arrival("s", bad)
+    with pytest.raises(ValueError):
+        core.record_service("a", -3)
+    with pytest.raises(ValueError):
+        core.pin_decision("s", 100, 2.0)
+    with pytest.raises(ValueError):
+        CoreConfig(max_sessions=0)
+    assert core.aeg.track("s") is None  # nothing half-applied
+
+
+def _drive(seed: int) -> list:
+    """A random mixed workload; returns everything the core answered."""
+    clock, rng = Clock(), random.Random(seed)
+    core = WorkflowCore(clock=clock, seed=seed)
+    out = []
+    tools = [("grep", "search"), ("pytest", "test"), ("cat", "read"), ("pip install", "install")]
+    for s in range(30):
+        sid = f"s{s}"
+        core.accept(SessionStart(sid, clock.t, tenant=f"t{s % 3}", workflow="w", deadline_s=300.0))
+        for step in range(rng.randint(2, 8)):
+            core.accept(LlmCallStart(sid, clock.t))
+            clock.t += rng.uniform(0.5, 3.0)
+            core.accept(LlmCallEnd(sid, clock.t, prompt_tokens=1000 + 200 * step, output_tokens=50))
+            core.record_service(f"t{s % 3}", 1000)
+            tool, cat = rng.choice(tools)
+            core.accept(ToolCallStart(sid, clock.t, tool, call_id=str(step), category=cat))
+            clock.t += rng.uniform(0.0, 0.5)
+            out.append((core.predict(sid), core.pin_decision(sid, 1200, rng.random()),
+                        core.eviction_priority(sid, 1200, clock.t), core.request_priority(sid),
+                        core.plan_prefetch([PrefetchCandidate(sid, 1000, 0.1)], 5000)))
+            clock.t += rng.expovariate(1.0)
+            core.accept(ToolCallEnd(sid, clock.t, tool, call_id=str(step)))
+        core.accept(SessionEnd(sid, clock.t))
+    out.append(core.reclaim_order([f"s{i}" for i in range(30)]))
+    return out
+
+
+def test_deterministic_under_a_seed() -> None:
+    assert _drive(5) == _drive(5)
+
+
+def test_expiry_ends_silent_sessions_in_both_layers() -> None:
+    clock = Clock()
+    core = WorkflowCore(CoreConfig(session_idle_s=10.0), clock=clock)
+    core.accept(SessionStart("s", 0.0))
+    core.accept(LlmCallStart("s", 0.0))
+    clock.t = 50.0
+    core.accept(SessionStart("other", 50.0))
+    assert core.aeg.track("s") is None
+    core.sessions()  # listing expires idle registry records
+    assert core.session("s") is None
+    p = core.predict("s")  # unknown again: the prior
+    assert p.p_continue == core.config.prior_p_continue and not math.isinf(p.resume_mean_s)
