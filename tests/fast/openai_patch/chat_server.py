@@ -1,0 +1,151 @@
+"""A scripted OpenAI-compatible chat-completions server on loopback (fast tier only).
+
+This is the one fake in the fast tier, standing at a seam that cannot run quickly:
+a real `saga serve` takes ~30 s to start, so the fast tests talk to this tiny HTTP
+server instead. It speaks enough of the protocol for the *real* OpenAI SDK and
+`langchain_openai.ChatOpenAI` (`POST /v1/chat/completions`, `/v1/completions`,
+`/v1/responses`, `GET /v1/models`) and records every request's headers and JSON body,
+so a test can assert exactly what the SDK put on the wire. Replies come from a
+script: a function of the request body returning either text or tool calls, so the
+agent loop it drives is deterministic even when requests arrive concurrently. The
+real tier (`tests/real/`) runs the same agents against a real `saga serve`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+__all__ = ["ChatServer", "Recorded", "text", "tool_calls"]
+
+
+@dataclass
+class Recorded:
+    path: str
+    headers: dict[str, str]  # lower-cased names
+    body: dict
+
+
+def text(content: str) -> dict:
+    """A scripted assistant reply with plain text."""
+    return {"content": content}
+
+
+def tool_calls(*calls: tuple[str, dict]) -> dict:
+    """A scripted assistant reply calling the given (tool name, arguments) pairs."""
+    return {"tool_calls": list(calls)}
+
+
+@dataclass
+class ChatServer:
+    """`script(body) -> reply` decides each answer (default: echo the last user text)."""
+
+    script: Callable[[dict], dict] | None = None
+    requests: list[Recorded] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+    def start(self) -> "ChatServer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def chat_requests(self) -> list[Recorded]:
+        with self._lock:
+            return [r for r in self.requests if r.path.endswith("/chat/completions")]
+
+    # -- protocol ----------------------------------------------------------------------
+
+    def _reply(self, path: str, body: dict) -> dict:
+        n = next(self._ids)
+        model = body.get("model", "scripted")
+        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        if path.endswith("/completions") and not path.endswith("/chat/completions"):
+            return {"id": f"cmpl-{n}", "object": "text_completion", "created": 0, "model": model,
+                    "choices": [{"index": 0, "text": "ok", "finish_reason": "stop", "logprobs": None}],
+                    "usage": usage}
+        if path.endswith("/responses"):
+            return {"id": f"resp-{n}", "object": "response", "created_at": 0, "model": model,
+                    "status": "completed", "output": [{
+                        "type": "message", "id": f"msg-{n}", "role": "assistant", "status": "completed",
+                        "content": [{"type": "output_text", "text": "ok", "annotations": []}]}],
+                    "parallel_tool_calls": False, "tool_choice": "auto", "tools": [],
+                    "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15,
+                              "input_tokens_details": {"cached_tokens": 0},
+                              "output_tokens_details": {"reasoning_tokens": 0}}}
+        scripted = (self.script or _echo)(body)
+        message: dict = {"role": "assistant", "content": scripted.get("content")}
+        finish = "stop"
+        if scripted.get("tool_calls"):
+            message["tool_calls"] = [
+                {"id": f"call_{n}_{i}", "type": "function",
+                 "function": {"name": name, "arguments": json.dumps(args)}}
+                for i, (name, args) in enumerate(scripted["tool_calls"])]
+            finish = "tool_calls"
+        return {"id": f"chatcmpl-{n}", "object": "chat.completion", "created": 0, "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                "usage": usage}
+
+    def _handler_class(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # keep pytest output clean
+                pass
+
+            def _send(self, status: int, payload: dict) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/").endswith("/models"):
+                    self._send(200, {"object": "list", "data": [{"id": "scripted", "object": "model",
+                                                                  "created": 0, "owned_by": "test"}]})
+                else:
+                    self._send(404, {"error": {"message": "not found"}})
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    body = json.loads(self.rfile.read(length) or b"{}")
+                except ValueError:
+                    self._send(400, {"error": {"message": "bad json"}})
+                    return
+                with server._lock:
+                    server.requests.append(Recorded(self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+                try:
+                    reply = server._reply(self.path, body)
+                except Exception as exc:  # a broken script shows up as a server error
+                    self._send(500, {"error": {"message": repr(exc)}})
+                    return
+                self._send(200, reply)
+
+        return Handler
+
+
+def _echo(body: dict) -> dict:
+    users = [m for m in body.get("messages", []) if m.get("role") == "user"]
+    content = users[-1].get("content") if users else ""
+    return text(f"echo: {content if isinstance(content, str) else json.dumps(content)}")
