@@ -79,6 +79,7 @@ class TaskRecord:
 @dataclass(slots=True)
 class SimResult:
     policy: str
+    unbounded: bool = False  # infinite KV: utilisation is meaningless
     tasks: list[TaskRecord] = field(default_factory=list)
     makespan_s: float = 0.0
     llm_calls: int = 0
@@ -210,7 +211,7 @@ class Simulator:
         self._pending = deque(i for i in self.instances)
         self._live = 0
         self._done = 0
-        self.result = SimResult(policy=policy.name)
+        self.result = SimResult(policy=policy.name, unbounded=policy.unbounded)
         max_need = max((st.prompt_tokens + st.output_tokens for inst in self.instances
                         for st in inst.task.steps), default=0)
         if not policy.unbounded and -(-max_need // bt) > cap:

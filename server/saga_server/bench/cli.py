@@ -1,0 +1,121 @@
+"""`saga bench`: replay agent traces on a simulated cluster, policies side by side.
+
+Examples:
+    saga bench                                   # small default scenario, seconds
+    saga bench --workers 64 --tasks 1000 --concurrency 1088 --out bench-out/headline
+    saga bench --config scenario.toml --sweep-load 32,64,96
+    saga bench --tenant swe=TRACE:1:4 --tenant tau=TRACE2:3:2 ...   # name=trace:weight:deadline
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from dataclasses import replace
+
+from .policies import ABLATIONS, policy_names
+from .report import format_table, write_report
+from .runner import run_scenario
+from .scenario import Scenario, load_scenario
+from .workload import TenantSpec
+
+__all__ = ["main", "build_parser"]
+
+
+def _floats(s: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in s.split(",") if x.strip())
+
+
+def _tenant(s: str) -> TenantSpec:
+    name, _, rest = s.partition("=")
+    parts = rest.split(":")
+    if not name or not parts[0]:
+        raise argparse.ArgumentTypeError("tenant is name=trace[:weight[:deadline_factor]]")
+    weight = float(parts[1]) if len(parts) > 1 and parts[1] else 1.0
+    deadline = float(parts[2]) if len(parts) > 2 and parts[2] else None
+    return TenantSpec(name, parts[0], weight, deadline)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="saga bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="scenario TOML file; flags override it")
+    p.add_argument("--name")
+    p.add_argument("--trace", help="one saga-trace/1 file as a single tenant")
+    p.add_argument("--tenant", action="append", type=_tenant, default=None,
+                   help="name=trace[:weight[:deadline_factor]] (repeatable)")
+    p.add_argument("--deadline-factor", type=float, help="deadline multiple for --trace")
+    p.add_argument("--tasks", type=int)
+    p.add_argument("--workers", type=int)
+    p.add_argument("--gpu", choices=["a100-80gb", "h100-80gb", "h200-141gb"])
+    p.add_argument("--model", choices=["llama3-8b", "llama3-70b"])
+    p.add_argument("--tp", type=int)
+    p.add_argument("--kv-tokens", type=int, help="KV pool per worker in tokens (default: from memory)")
+    p.add_argument("--concurrency", type=int, help="closed loop: tasks in flight")
+    p.add_argument("--rate", type=float, help="open loop: Poisson task arrivals per second")
+    p.add_argument("--host-tier-factor", type=float, help="host KV capacity / GPU pool")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--policies", help=f"comma list; known: {', '.join(policy_names())}")
+    p.add_argument("--ablations", action="store_true", help="add saga-only-*/saga-no-* runs")
+    p.add_argument("--sweep-load", type=_floats, help="concurrencies (or rates with --rate)")
+    p.add_argument("--sweep-kv", type=_floats, help="KV pool sizes per worker, tokens")
+    p.add_argument("--sweep-policies", help="policies in sweeps (comma list)")
+    p.add_argument("--out", default="bench-out", help="folder for bench.json, report.md, plots")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--list-policies", action="store_true")
+    return p
+
+
+def scenario_from_args(a: argparse.Namespace) -> Scenario:
+    sc = load_scenario(a.config) if a.config else Scenario()
+    changes = {}
+    for field in ("name", "tasks", "workers", "gpu", "model", "tp", "seed", "host_tier_factor"):
+        v = getattr(a, field)
+        if v is not None:
+            changes[field] = v
+    if a.kv_tokens is not None:
+        changes["kv_tokens"] = a.kv_tokens
+    if a.rate is not None:
+        changes["rate"] = a.rate
+    if a.concurrency is not None:
+        changes["concurrency"], changes["rate"] = a.concurrency, None
+    if a.tenant:
+        changes["tenants"] = tuple(a.tenant)
+    elif a.trace:
+        changes["tenants"] = (TenantSpec("default", a.trace, 1.0, a.deadline_factor),)
+    elif a.deadline_factor is not None:
+        changes["tenants"] = tuple(replace(t, deadline_factor=a.deadline_factor) for t in sc.tenants)
+    pols = tuple(x for x in a.policies.split(",") if x) if a.policies else sc.policies
+    if a.ablations:
+        pols = pols + tuple(x for x in ABLATIONS if x not in pols)
+    changes["policies"] = pols
+    if a.sweep_load is not None:
+        changes["sweep_load"] = a.sweep_load
+    if a.sweep_kv is not None:
+        changes["sweep_kv"] = tuple(int(x) for x in a.sweep_kv)
+    if a.sweep_policies:
+        changes["sweep_policies"] = tuple(x for x in a.sweep_policies.split(",") if x)
+    return replace(sc, **changes)
+
+
+def main(argv: list[str]) -> int:
+    a = build_parser().parse_args(argv)
+    if a.list_policies:
+        print("\n".join(policy_names()))
+        return 0
+    try:
+        sc = scenario_from_args(a)
+        unknown = [p for p in sc.policies + sc.sweep_policies if p not in policy_names()]
+        if unknown:
+            raise ValueError(f"unknown policies: {', '.join(unknown)}")
+        res = run_scenario(sc, progress=not a.quiet)
+    except (OSError, ValueError) as exc:
+        print(f"saga bench: {exc}", file=sys.stderr)
+        return 2
+    cmd = "saga bench " + " ".join(shlex.quote(x) for x in argv)
+    path = write_report(res, a.out, plots=not a.no_plots, command=cmd)
+    print(format_table(res.to_json()))
+    print(f"\nreport: {path}")
+    return 0

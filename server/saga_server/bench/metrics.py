@@ -1,0 +1,82 @@
+"""Reported metrics, computed from one run's `SimResult`.
+
+- `tct_*`: task completion time (arrival of the task to the end of its last call), s.
+- `regen_share`: GPU time spent regenerating KV that had been computed before and was
+  evicted (compute time of recomputed prompt tokens) over worker busy time.
+- `mem_util`: time average of useful KV (running requests + cached prefixes of live
+  sessions, pinned or not; ended sessions' leftovers excluded) over the pool.
+- `hit_rate`: reusable prompt tokens served from KV (GPU or host tier) over reusable
+  prompt tokens; `gpu_hit_rate`: from GPU alone.
+- `recompute_share`: reusable prompt tokens that were recomputed.
+- `slo_<tenant>`: share of the tenant's tasks that finished within their deadline.
+- `tasks_per_hour`, `tokens_per_s`: completed tasks and (prompt + output) tokens over
+  the makespan.
+- `belady_ratio`: recomputed tokens under the policy / under `belady` in the same run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any, Mapping
+
+from saga_server.engines.sim import SimResult
+
+__all__ = ["summarize", "percentile", "add_ratios"]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]) of a non-empty list."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    k = max(0, min(len(xs) - 1, math.ceil(q / 100.0 * len(xs)) - 1))
+    return xs[k]
+
+
+def summarize(res: SimResult) -> dict[str, Any]:
+    tct = [t.tct_s for t in res.tasks]
+    span = res.makespan_s or math.nan
+    out: dict[str, Any] = {
+        "policy": res.policy,
+        "tasks": len(res.tasks),
+        "llm_calls": res.llm_calls,
+        "tct_mean_s": sum(tct) / len(tct) if tct else math.nan,
+        "tct_p50_s": percentile(tct, 50),
+        "tct_p99_s": percentile(tct, 99),
+        "makespan_s": res.makespan_s,
+        "regen_share": res.regen_gpu_s / res.busy_gpu_s if res.busy_gpu_s else 0.0,
+        "mem_util": (res.useful_block_s / res.capacity_block_s
+                     if res.capacity_block_s and not res.unbounded else math.nan),
+        "hit_rate": (res.hit_tokens + res.loaded_tokens) / res.reusable_tokens if res.reusable_tokens else math.nan,
+        "gpu_hit_rate": res.hit_tokens / res.reusable_tokens if res.reusable_tokens else math.nan,
+        "recompute_share": res.recomputed_tokens / res.reusable_tokens if res.reusable_tokens else math.nan,
+        "recomputed_tokens": res.recomputed_tokens,
+        "loaded_tokens": res.loaded_tokens,
+        "prefetched_tokens": res.prefetched_tokens,
+        "tasks_per_hour": len(res.tasks) / span * 3600.0,
+        "tokens_per_s": (res.prompt_tokens + res.output_tokens) / span,
+        "steals": res.steals,
+    }
+    by_tenant: dict[str, list] = defaultdict(list)
+    for t in res.tasks:
+        if t.deadline_s is not None:
+            by_tenant[t.tenant].append(t.met_deadline)
+    out["slo"] = {k: sum(v) / len(v) for k, v in sorted(by_tenant.items())}
+    tct_by_tenant: dict[str, list] = defaultdict(list)
+    for t in res.tasks:
+        tct_by_tenant[t.tenant].append(t.tct_s)
+    out["tct_mean_by_tenant_s"] = {k: sum(v) / len(v) for k, v in sorted(tct_by_tenant.items())}
+    return out
+
+
+def add_ratios(summaries: Mapping[str, dict[str, Any]]) -> None:
+    """Add the Belady ratio and TCT relative to `saga` where both are in the run."""
+    bel = summaries.get("belady")
+    saga = summaries.get("saga")
+    for s in summaries.values():
+        if bel is not None:
+            b = bel["recomputed_tokens"]
+            s["belady_ratio"] = s["recomputed_tokens"] / b if b else (math.nan if s["recomputed_tokens"] else 1.0)
+        if saga is not None and saga["tct_mean_s"]:
+            s["tct_over_saga"] = s["tct_mean_s"] / saga["tct_mean_s"]

@@ -1,0 +1,118 @@
+"""A benchmark scenario: workload, cluster, load, policies, sweeps.
+
+From flags (`saga bench --workers 64 ...`) or a small TOML file:
+
+```toml
+[scenario]
+name = "two-tenant"
+tasks = 400
+workers = 8
+gpu = "h100-80gb"          # a100-80gb, h100-80gb, h200-141gb
+model = "llama3-8b"        # llama3-8b, llama3-70b (TP=4 by default)
+concurrency = 160          # closed loop; or rate = 0.5 (Poisson tasks/s)
+kv_tokens = 200000         # per-worker KV pool override (default: from GPU memory)
+policies = ["apc-lru", "saga"]
+sweep_load = [64, 128, 192]  # concurrency (or rates when `rate` is set)
+sweep_kv = [150000, 300000]
+
+[[tenant]]
+name = "swe"
+trace = "/work/shared/traces/swe-mini-dev.jsonl"
+weight = 1
+deadline_factor = 4.0
+
+[[tenant]]
+name = "tau"
+trace = "/work/shared/traces/tau-airline.jsonl"
+weight = 3
+deadline_factor = 2.0
+```
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from saga_server.engines.sim import CostModel, SimConfig, make_cost_model
+
+from .policies import DEFAULT_POLICIES
+from .workload import TenantSpec
+
+__all__ = ["Scenario", "DEFAULT_TRACE", "load_scenario"]
+
+DEFAULT_TRACE = "/work/shared/traces/swe-mini-dev.jsonl"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str = "default"
+    tenants: tuple[TenantSpec, ...] = (TenantSpec("swe", DEFAULT_TRACE),)
+    tasks: int = 48
+    workers: int = 2
+    gpu: str = "h100-80gb"
+    model: str = "llama3-8b"
+    tp: int | None = None
+    kv_tokens: int | None = None
+    concurrency: int | None = 36
+    rate: float | None = None
+    host_tier_factor: float = 4.0
+    seed: int = 0
+    policies: tuple[str, ...] = DEFAULT_POLICIES
+    sweep_load: tuple[float, ...] = ()
+    sweep_kv: tuple[int, ...] = ()
+    sweep_policies: tuple[str, ...] = ("vanilla", "apc-lru", "kvflow", "saga", "infinite")
+
+    def cost_model(self, kv_tokens: int | None = None) -> CostModel:
+        kv = self.kv_tokens if kv_tokens is None else kv_tokens
+        extra = {"kv_capacity_override": kv} if kv is not None else {}
+        return make_cost_model(self.gpu, self.model, self.tp, **extra)
+
+    def sim_config(self, concurrency: int | None = None) -> SimConfig:
+        conc = self.concurrency if concurrency is None else concurrency
+        return SimConfig(workers=self.workers, concurrency=None if self.rate is not None else conc,
+                         host_tier_factor=self.host_tier_factor, seed=self.seed)
+
+    def with_load(self, load: float) -> "Scenario":
+        """The same scenario at another load (a concurrency, or a rate if Poisson)."""
+        if self.rate is not None:
+            return replace(self, rate=float(load))
+        return replace(self, concurrency=int(load))
+
+    def describe(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tenants"}
+        out["tenants"] = [vars_of(t) for t in self.tenants]
+        cm = self.cost_model()
+        out["kv_capacity_tokens_per_worker"] = cm.kv_capacity_tokens
+        out["tp"] = cm.tp
+        return out
+
+
+def vars_of(t: TenantSpec) -> dict[str, Any]:
+    return {"name": t.name, "trace": t.trace, "weight": t.weight, "deadline_factor": t.deadline_factor}
+
+
+def _tuple(v: Any) -> tuple:
+    return tuple(v) if isinstance(v, (list, tuple)) else (v,)
+
+
+def from_mapping(data: Mapping[str, Any], base: Scenario = Scenario()) -> Scenario:
+    sc = dict(data.get("scenario", {}))
+    known = {f.name for f in fields(Scenario)}
+    unknown = set(sc) - known
+    if unknown:
+        raise ValueError(f"unknown scenario keys: {sorted(unknown)}")
+    for k in ("policies", "sweep_load", "sweep_kv", "sweep_policies"):
+        if k in sc:
+            sc[k] = _tuple(sc[k])
+    if "tenant" in data:
+        sc["tenants"] = tuple(TenantSpec(t["name"], t["trace"], float(t.get("weight", 1.0)),
+                                         t.get("deadline_factor")) for t in data["tenant"])
+    return replace(base, **sc)
+
+
+def load_scenario(path: str | Path, base: Scenario = Scenario()) -> Scenario:
+    with open(path, "rb") as f:
+        return from_mapping(tomllib.load(f), base)
