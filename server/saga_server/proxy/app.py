@@ -1,0 +1,323 @@
+"""`SagaProxy`: the ASGI app behind `saga proxy`.
+
+Every request is forwarded to the upstream OpenAI-compatible server with its
+method, path, query, headers (hop-by-hop ones excepted) and body; the upstream's
+status, headers and body come back unchanged, a `text/event-stream` one chunk by
+chunk as it arrives. Chat-completion requests are additionally read on the way:
+`SessionTracker` names their session, the session id is added to the forwarded
+request (`X-Session-ID` header, and the body field `session_id` unless the body
+has one or `inject_body_session_id` is off), and hints go to the hint service
+through a `HintClient`, which never blocks. `/v1/completions` requests that carry
+an explicit session id are tracked the same way (a bare prompt has no messages to
+match).
+
+Failure rules: the agent must not notice SAGA. Anything that goes wrong in
+session inference or hinting is logged once and the request is forwarded as is.
+An upstream error response is returned unchanged; an unreachable or timed-out
+upstream gets a 502/504 with an OpenAI-style JSON error naming the proxy; a client
+that goes away closes the upstream request. Headers are never logged, and only
+session ids, tool names and call ids ever reach hints, never the caller's key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import httpx
+from starlette.responses import JSONResponse, StreamingResponse
+
+from saga_sdk import HintClient
+
+from .answers import JsonAnswer, SseAnswer
+from .sessions import HintEvent, SessionTracker, Turn, explicit_session_id
+
+__all__ = ["ProxyConfig", "SagaProxy"]
+
+log = logging.getLogger("saga_server.proxy")
+
+# Hop-by-hop headers (RFC 9110 7.6.1) and the ones httpx recomputes.
+_REQUEST_DROP = {b"host", b"content-length", b"connection", b"keep-alive", b"proxy-connection", b"te",
+                 b"trailer", b"transfer-encoding", b"upgrade", b"proxy-authorization"}
+_RESPONSE_DROP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
+                  b"transfer-encoding", b"upgrade"}
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    upstream: str                        # the upstream's OpenAI base URL, e.g. http://127.0.0.1:8000/v1
+    inject_body_session_id: bool = True  # off for upstreams that reject unknown body fields
+    max_sessions: int = 10_000
+    idle_ttl_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 600.0
+    max_body_bytes: int = 64 << 20
+    max_connections: int = 1000
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.upstream)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"upstream must be an http(s) URL, e.g. http://127.0.0.1:8000/v1; got {self.upstream!r}")
+
+
+class SagaProxy:
+    """ASGI app; see the module docstring for the contract."""
+
+    def __init__(self, config: ProxyConfig, *, hints: HintClient | None = None,
+                 tracker: SessionTracker | None = None) -> None:
+        self.config = config
+        self.hints = hints if hints is not None else HintClient()
+        self.tracker = tracker or SessionTracker(max_sessions=config.max_sessions, idle_ttl_s=config.idle_ttl_s)
+        parts = urlsplit(config.upstream)
+        prefix = parts.path.rstrip("/")
+        if prefix.endswith("/v1"):
+            prefix = prefix[:-3]
+        # Origin without user info: this string appears in error bodies and logs.
+        self._origin = f"{parts.scheme}://{parts.hostname}{':' + str(parts.port) if parts.port else ''}"
+        self._base = f"{parts.scheme}://{parts.netloc}{prefix}"
+        self._client: httpx.AsyncClient | None = None
+        self._expiry: asyncio.Task | None = None
+        self._logged: set[str] = set()
+        self.errors = {"upstream_unreachable": 0, "upstream_timeout": 0, "stream_broken": 0, "internal": 0}
+
+    # -- ASGI -------------------------------------------------------------------------
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._ensure_client()
+                self._expiry = asyncio.get_running_loop().create_task(self._expire_loop())
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def aclose(self) -> None:
+        """End all sessions, flush hints briefly, close the upstream pool."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        self._emit(self.tracker.close())
+        await asyncio.to_thread(self.hints.flush, 1.0)
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # -- one request --------------------------------------------------------------------
+
+    async def _http(self, scope, receive, send) -> None:
+        body = await self._read_body(receive)
+        if body is None:
+            await _error(413, f"saga proxy: request body over {self.config.max_body_bytes} bytes",
+                         "request_too_large")(scope, receive, send)
+            return
+        method, path = scope["method"], scope["path"]
+        headers = [(k, v) for k, v in scope["headers"] if k not in _REQUEST_DROP]
+        turn = None
+        if method == "POST" and path.endswith("completions"):
+            body, headers, turn = self._observe_request(path, body, headers)
+        target = self._base + scope.get("raw_path", path.encode()).decode("latin-1")
+        if scope.get("query_string"):
+            target += "?" + scope["query_string"].decode("latin-1")
+        client = self._ensure_client()
+        try:
+            upstream = await client.send(client.build_request(method, target, headers=headers, content=body),
+                                         stream=True)
+        except httpx.TimeoutException as exc:
+            await self._upstream_failed(turn, "upstream_timeout", exc)
+            await _error(504, f"saga proxy: upstream {self._origin} timed out ({type(exc).__name__})",
+                         "upstream_timeout")(scope, receive, send)
+            return
+        except httpx.HTTPError as exc:
+            await self._upstream_failed(turn, "upstream_unreachable", exc)
+            await _error(502, f"saga proxy: upstream {self._origin} unreachable ({type(exc).__name__})",
+                         "upstream_unreachable")(scope, receive, send)
+            return
+        response_headers = [(k, v) for k, v in upstream.headers.raw if k.lower() not in _RESPONSE_DROP]
+        is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
+        reader = None
+        if turn is not None and upstream.status_code < 400 and \
+                upstream.headers.get("content-encoding", "identity") == "identity":
+            reader = SseAnswer() if is_sse else JsonAnswer()
+        if is_sse or turn is None:
+            response = StreamingResponse(self._relay(upstream, turn, reader), status_code=upstream.status_code)
+            response.raw_headers = response_headers
+            await response(scope, receive, send)
+            return
+        # A non-streamed answer: small, read whole, sent in one piece.
+        try:
+            data = b"".join([chunk async for chunk in upstream.aiter_raw()])
+        except httpx.HTTPError as exc:
+            await upstream.aclose()
+            await self._upstream_failed(turn, "stream_broken", exc)
+            await _error(502, f"saga proxy: upstream {self._origin} broke off its response "
+                              f"({type(exc).__name__})", "upstream_broken")(scope, receive, send)
+            return
+        await upstream.aclose()
+        await send({"type": "http.response.start", "status": upstream.status_code, "headers": response_headers})
+        await send({"type": "http.response.body", "body": data})
+        self._finish(turn, reader, data if reader is not None else None, upstream.status_code < 400)
+
+    async def _relay(self, upstream: httpx.Response, turn: Turn | None, reader):
+        """Pass the upstream body on chunk by chunk; learn the answer after each
+        chunk has gone out. Runs to its `finally` however the client leaves."""
+        completed = False
+        try:
+            async for chunk in upstream.aiter_raw():
+                yield chunk
+                if reader is not None:
+                    try:
+                        reader.feed(chunk)
+                    except Exception:
+                        self._log_once("reader", "cannot read a streamed answer; not learning from it",
+                                       exc_info=True)
+                        reader = None
+            completed = True
+        except httpx.HTTPError as exc:
+            self.errors["stream_broken"] += 1
+            self._log_once("broken", "upstream broke off a streamed response (%s)", type(exc).__name__)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await upstream.aclose()
+            if turn is not None:
+                if completed and reader is not None and upstream.status_code < 400:
+                    self._finish(turn, reader, None, True)
+                else:
+                    self._emit(self._safe(self.tracker.fail, turn))
+
+    # -- session inference around the request ------------------------------------------
+
+    def _observe_request(self, path: str, body: bytes, headers: list) -> tuple[bytes, list, Turn | None]:
+        try:
+            parsed = json.loads(body) if body else None
+        except ValueError:
+            return body, headers, None  # the upstream answers bad JSON with its own error
+        if not isinstance(parsed, dict):
+            return body, headers, None
+        try:
+            lower = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers}
+            chat = path.endswith("chat/completions")
+            if not chat and not _has_explicit(parsed, lower):
+                return body, headers, None
+            turn, events = self.tracker.begin(parsed, lower)
+        except Exception:
+            self.errors["internal"] += 1
+            self._log_once("begin", "session inference failed; forwarding without a session", exc_info=True)
+            return body, headers, None
+        self._emit(events)
+        sid = turn.session_id.encode("latin-1", "replace")
+        headers = [(k, v) for k, v in headers if k.lower() not in (b"x-session-id", b"accept-encoding")]
+        headers += [(b"x-session-id", sid), (b"accept-encoding", b"identity")]
+        if self.config.inject_body_session_id and "session_id" not in parsed:
+            body = _with_field(body, "session_id", turn.session_id)
+        return body, headers, turn
+
+    def _finish(self, turn: Turn, reader, data: bytes | None, ok: bool) -> None:
+        if not ok or reader is None:
+            self._emit(self._safe(self.tracker.fail, turn))
+            return
+        try:
+            if data is not None:
+                reader.feed(data)
+            answers, usage = reader.result()
+            events = self.tracker.finish(turn, answers, usage)
+        except Exception:
+            self.errors["internal"] += 1
+            self._log_once("finish", "cannot learn from an answer", exc_info=True)
+            events = self._safe(self.tracker.fail, turn)
+        self._emit(events)
+
+    async def _upstream_failed(self, turn: Turn | None, kind: str, exc: Exception) -> None:
+        self.errors[kind] += 1
+        self._log_once(kind, "upstream %s: %s (%s)", self._origin, kind.replace("_", " "), type(exc).__name__)
+        if turn is not None:
+            self._emit(self._safe(self.tracker.fail, turn))
+
+    def _safe(self, fn, *args) -> list[HintEvent]:
+        try:
+            return fn(*args)
+        except Exception:
+            self.errors["internal"] += 1
+            self._log_once(fn.__name__, "session tracker failed", exc_info=True)
+            return []
+
+    def _emit(self, events: list[HintEvent]) -> None:
+        for event in events:
+            try:
+                event.send(self.hints)
+            except Exception:
+                self._log_once("emit", "dropping a hint after an internal error", exc_info=True)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _ensure_client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            c = self.config
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(connect=c.connect_timeout_s, read=c.read_timeout_s,
+                                      write=c.read_timeout_s, pool=c.connect_timeout_s),
+                limits=httpx.Limits(max_connections=c.max_connections, max_keepalive_connections=200),
+                follow_redirects=False, trust_env=False)
+        return self._client
+
+    async def _read_body(self, receive) -> bytes | None:
+        parts, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.config.max_body_bytes:
+                return None
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(parts)
+
+    async def _expire_loop(self) -> None:
+        period = max(0.05, min(30.0, self.config.idle_ttl_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            self._emit(self._safe(self.tracker.expire))
+
+    def _log_once(self, key: str, message: str, *args, exc_info: bool = False) -> None:
+        if key in self._logged:
+            log.debug(message, *args)
+            return
+        self._logged.add(key)
+        log.warning(message, *args, exc_info=exc_info)
+
+
+def _error(status: int, message: str, code: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "saga_proxy_error", "code": code}},
+                        status_code=status)
+
+
+def _has_explicit(body: dict, headers: dict) -> bool:
+    return explicit_session_id(body, headers) is not None
+
+
+def _with_field(body: bytes, name: str, value: Any) -> bytes:
+    """Add a field to a JSON object's raw bytes without re-serialising the rest
+    (the caller's bytes stay as they were, and big bodies cost nothing extra)."""
+    stripped = body.lstrip()
+    if not stripped.startswith(b"{"):
+        return body
+    rest = stripped[1:]
+    field = json.dumps(name).encode() + b":" + json.dumps(value).encode()
+    return b"{" + field + (b"," if rest.lstrip()[:1] != b"}" else b"") + rest

@@ -1,0 +1,78 @@
+"""`saga proxy`: put SAGA in front of any OpenAI-compatible server, no agent change.
+
+    saga proxy --upstream http://127.0.0.1:8000/v1 --port 8100 --hint-endpoint 127.0.0.1:50051
+    export OPENAI_BASE_URL=http://127.0.0.1:8100/v1   # the agent, unchanged, now talks to the proxy
+
+The upstream and the hint endpoint may also come from `SAGA_UPSTREAM` and
+`SAGA_ENDPOINT`. See `saga_server.proxy.app` for what is forwarded and how.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="saga proxy", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--upstream", default=os.environ.get("SAGA_UPSTREAM"),
+                   help="OpenAI base URL of the upstream, e.g. http://127.0.0.1:8000/v1 (env SAGA_UPSTREAM)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--hint-endpoint", default=None,
+                   help="host:port of the hint service (default: SAGA_ENDPOINT or 127.0.0.1:50051)")
+    p.add_argument("--no-hints", action="store_true", help="infer and tag sessions but send no hints")
+    p.add_argument("--no-body-session-id", action="store_true",
+                   help="only add the X-Session-ID header, not the body field session_id "
+                        "(for upstreams that reject unknown fields)")
+    p.add_argument("--max-sessions", type=int, default=10_000)
+    p.add_argument("--idle-ttl-s", type=float, default=600.0, help="a session idle this long ends")
+    p.add_argument("--read-timeout-s", type=float, default=600.0)
+    p.add_argument("--log-level", default="warning")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.upstream:
+        print("saga proxy: --upstream (or SAGA_UPSTREAM) is required", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn
+
+    from saga_sdk import HintClient
+
+    from .app import ProxyConfig, SagaProxy
+
+    try:
+        config = ProxyConfig(upstream=args.upstream, inject_body_session_id=not args.no_body_session_id,
+                             max_sessions=args.max_sessions, idle_ttl_s=args.idle_ttl_s,
+                             read_timeout_s=args.read_timeout_s)
+    except ValueError as exc:
+        print(f"saga proxy: {exc}", file=sys.stderr)
+        return 2
+    overrides = {"enabled": False} if args.no_hints else {}
+    if args.hint_endpoint:
+        overrides["endpoint"] = args.hint_endpoint
+    try:
+        hints = HintClient(**overrides)
+    except (TypeError, ValueError) as exc:
+        print(f"saga proxy: bad hint settings: {exc}", file=sys.stderr)
+        return 2
+    app = SagaProxy(config, hints=hints)
+    hint_note = "off" if args.no_hints else hints.config.endpoint
+    print(f"saga proxy: OpenAI base URL http://{args.host}:{args.port}/v1 -> {app._origin} "
+          f"(hints: {hint_note})", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                lifespan="on", http="httptools")
+    hints.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
