@@ -88,7 +88,7 @@ class SimResult:
     reusable_tokens: int = 0  # prompt tokens a perfect cache would have served
     hit_tokens: int = 0  # served from GPU KV
     loaded_tokens: int = 0  # served from the host tier
-    recomputed_tokens: int = 0  # reusable, neither hit nor loaded: regenerated
+    recomputed_tokens: int = 0  # cacheable (full blocks), neither hit nor loaded: regenerated
     prefilled_tokens: int = 0
     regen_gpu_s: float = 0.0  # compute time of regenerating recomputed tokens
     busy_gpu_s: float = 0.0  # worker time with a non-empty batch
@@ -415,7 +415,10 @@ class Simulator:
             base = s.base if pol.caches else 0
             hit = min(base + hit_b * bt, r.prompt) if (pol.caches and r.reuse) else 0
             loaded = load_b * bt
-            recomputed = max(r.reuse - hit - loaded, 0)
+            # Only full blocks are ever cached: the reused prefix's partial last block
+            # is new work for every policy, not regeneration.
+            cacheable = min(s.base, r.reuse) + own_reuse // bt * bt if pol.caches else r.reuse // bt * bt
+            recomputed = max(cacheable - hit - loaded, 0)
             new = max(r.prompt - hit - loaded, 0)
             r.work = cost.prefill_work(new, hit + loaded)
             res.llm_calls += 1

@@ -1,0 +1,105 @@
+"""PrefixCache and the timeless replay on hand-checkable cases, and Belady's optimality."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from saga_server.engines.sim import HostTier, PrefixCache, replay_accesses
+from saga_server.engines.sim.offline import ORDERS
+
+
+def idle(cache: PrefixCache, sid: str, blocks: int, key: float, pinned: bool = False) -> None:
+    cache.admit(sid, 0, blocks)
+    cache.release(sid, blocks * cache.block_tokens, key, pinned)
+
+
+def test_lru_evicts_the_least_recent_entry_first_and_tail_first():
+    cache = PrefixCache(10, block_tokens=16)
+    idle(cache, "a", 4, key=1.0)
+    idle(cache, "b", 4, key=2.0)
+    assert cache.free_blocks == 2
+    evs = cache.admit("c", 0, 5)  # needs 3 more blocks than free: all from a, the oldest
+    assert [(e.session_id, e.from_blocks, e.to_blocks) for e in evs] == [("a", 4, 1)]
+    assert cache.cached("a") == 1 and cache.cached("b") == 4  # a keeps its head block
+    evs = cache.admit("d", 0, 2)  # takes a's last block, then one from b's tail
+    assert [(e.session_id, e.to_blocks) for e in evs] == [("a", 0), ("b", 3)]
+
+
+def test_pinned_entries_go_only_when_nothing_unpinned_is_left():
+    cache = PrefixCache(8, block_tokens=1)
+    idle(cache, "pinned-old", 4, key=0.0, pinned=True)
+    idle(cache, "new", 4, key=9.0)
+    cache.admit("x", 0, 4)
+    assert cache.cached("pinned-old") == 4 and cache.cached("new") == 0
+    cache.set_key("pinned-old", 0.0, pinned=False)
+    cache.release("x", 4, key=5.0)
+    cache.admit("y", 0, 4)
+    assert cache.cached("pinned-old") == 0 and cache.cached("x") == 4
+
+
+def test_admit_keeps_the_requested_prefix_and_refuses_what_cannot_fit():
+    cache = PrefixCache(10, block_tokens=1)
+    idle(cache, "s", 6, key=1.0)
+    assert cache.can_admit("s", 6, 10)
+    assert not cache.can_admit("s", 6, 11)
+    cache.admit("s", 4, 9)  # the tail beyond the reusable prefix is dropped
+    assert cache.active_blocks == 9 and cache.cached_blocks == 0 and cache.free_blocks == 1
+    cache.admit("t", 0, 1)
+    assert not cache.can_admit("u", 0, 1)  # all the rest is active
+
+
+def test_useful_blocks_exclude_ended_sessions_and_integrate_over_time():
+    now = [0.0]
+    cache = PrefixCache(10, block_tokens=1, clock=lambda: now[0])
+    idle(cache, "a", 4, key=1.0)
+    now[0] = 2.0
+    cache.mark_dead("a", key=-1.0)  # 4 useful blocks for 2 s
+    now[0] = 5.0
+    cache.flush_time()  # then 0 useful blocks for 3 s
+    assert cache.useful_block_seconds == pytest.approx(8.0)
+    assert cache.dead_blocks == 4 and cache.useful_blocks == 0
+
+
+def test_host_tier_drops_least_recently_offloaded_sessions_beyond_capacity():
+    host = HostTier(10)
+    host.offload("a", 4)
+    host.offload("b", 5)
+    host.offload("a", 6)  # a grows and becomes the most recent
+    assert host.end("a") == 6 and host.end("b") == 0
+
+
+def test_replay_lru_on_a_cyclic_pattern_misses_every_time_and_belady_keeps_one():
+    # Three sessions of 4 tokens in turn, capacity 8: LRU always evicts the next one.
+    acc = [(s, 4) for _ in range(4) for s in "abc"]
+    assert replay_accesses(acc, 8, "lru") == 9 * 4  # every revisit is a full miss
+    # Belady evicts the one used farthest ahead: it misses one in two revisits.
+    assert replay_accesses(acc, 8, "belady") < replay_accesses(acc, 8, "lru")
+
+
+def test_replay_counts_partial_hits_of_a_growing_prefix():
+    # a grows from 4 to 6 tokens; b (3 tokens) forces 1 block of a's tail out.
+    acc = [("a", 4), ("b", 3), ("a", 6)]
+    assert replay_accesses(acc, 7, "lru") == 0  # all fit: a's 4 old tokens hit
+    assert replay_accesses(acc, 6, "lru") == 1  # a lost its 4th token: recomputed
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_belady_recomputes_no_more_than_any_online_order(seed):
+    rng = random.Random(seed)
+    sessions = [f"s{i}" for i in range(rng.randint(2, 6))]
+    length = {s: rng.randint(1, 4) for s in sessions}
+    acc = []
+    for _ in range(rng.randint(5, 40)):
+        s = rng.choice(sessions)
+        length[s] += rng.randint(0, 3)  # append-only growth
+        acc.append((s, length[s]))
+    cap = max(t for _, t in acc) + rng.randint(0, 10)
+    best = replay_accesses(acc, cap, "belady")
+    keys = dict(ORDERS)
+    r = random.Random(seed + 1000)
+    keys["random"] = lambda s, i, nxt: r.random()
+    keys["size"] = lambda s, i, nxt: -length[s]
+    for name, key in keys.items():
+        assert best <= replay_accesses(acc, cap, key), name

@@ -1,0 +1,53 @@
+"""`saga bench` end to end on a tiny scenario: report, JSON, plots, TOML, errors."""
+
+from __future__ import annotations
+
+import json
+
+from saga_server.bench.cli import main
+
+from .test_workload import task, write_trace
+
+
+def trace(tmp_path):
+    tasks = [task(f"t{i}", [0.5] * 6) for i in range(4)]
+    for t in tasks:  # grow the prompts so KV matters
+        for k, st in enumerate(t["steps"]):
+            st["prompt_tokens"] = 2000 + 500 * k
+            st["reused_prefix_tokens"] = 0 if k == 0 else 2000 + 500 * (k - 1) + 10
+    return write_trace(tmp_path / "t.jsonl", tasks)
+
+
+def test_bench_writes_json_report_and_plots(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["--trace", trace(tmp_path), "--deadline-factor", "3", "--tasks", "8", "--workers", "2",
+               "--concurrency", "8", "--kv-tokens", "12000", "--policies", "apc-lru,saga,belady",
+               "--sweep-load", "4,8", "--sweep-policies", "apc-lru,saga", "--out", str(out), "--quiet"])
+    assert rc == 0
+    data = json.loads((out / "bench.json").read_text())
+    assert list(data["policies"]) == ["apc-lru", "saga", "belady"]
+    assert data["policies"]["belady"]["belady_ratio"] == 1.0
+    assert set(data["policies"]["saga"]["slo"]) == {"default"}
+    assert {r["load"] for r in data["load_sweep"]} == {4.0, 8.0}
+    for png in ("tct_cdf.png", "regen_share.png", "mem_util.png", "slo.png", "tct_vs_load.png"):
+        assert (out / png).stat().st_size > 1000
+    md = (out / "report.md").read_text()
+    assert "| saga |" in md and "![tct_cdf.png](tct_cdf.png)" in md
+    assert "| apc-lru |" in capsys.readouterr().out
+
+
+def test_bench_reads_a_toml_scenario_and_flags_override_it(tmp_path):
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(f'[scenario]\nname = "toml"\ntasks = 4\nworkers = 1\nconcurrency = 2\n'
+                   f'policies = ["vanilla"]\n\n[[tenant]]\nname = "x"\ntrace = "{trace(tmp_path)}"\n')
+    out = tmp_path / "o"
+    assert main(["--config", str(cfg), "--tasks", "3", "--out", str(out), "--no-plots", "--quiet"]) == 0
+    data = json.loads((out / "bench.json").read_text())
+    assert data["scenario"]["name"] == "toml" and data["scenario"]["tasks"] == 3
+    assert data["policies"]["vanilla"]["tasks"] == 3
+
+
+def test_unknown_policy_or_missing_trace_exit_2(tmp_path, capsys):
+    assert main(["--policies", "nope", "--out", str(tmp_path), "--quiet"]) == 2
+    assert main(["--trace", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path), "--quiet"]) == 2
+    assert "saga bench:" in capsys.readouterr().err
