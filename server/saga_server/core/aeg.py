@@ -395,7 +395,7 @@ class AEG:
             return p, 0.0
         d, t0 = self.resume_dist(tr)
         if d is None:
-            d, t0 = self._idle_dist(tr), tr.last_event
+            d, t0 = self.idle_dist(tr), tr.last_event
         el = now - t0 if now > t0 else 0.0
         return p, d.mean_above(el) - el
 
@@ -457,11 +457,11 @@ class AEG:
             return 0.0, 0.0, 0.0
         d, t0 = self.resume_dist(tr)
         if d is None:
-            d, t0 = self._idle_dist(tr), tr.last_event
+            d, t0 = self.idle_dist(tr), tr.last_event
         el = max(now - t0, 0.0)
         return (d.mean_above(el) - el, d.quantile_above(0.5, el) - el, d.quantile_above(0.9, el) - el)
 
-    def _idle_dist(self, tr: SessionTrack):
+    def idle_dist(self, tr: SessionTrack):
         # Hinted, between a response and its tool call: the tool that usually
         # follows this node is the best guess, then the workflow's usual tool.
         g = self._graphs.get(tr.workflow)
@@ -471,6 +471,10 @@ class AEG:
         counts = node.tools if node is not None and node.tools else g.tools
         key = _argmax(counts, skip="")
         return self._dist(g, key, g.categories.get(key, ""), None)
+
+    def remaining(self, tr: SessionTrack) -> tuple[float, float]:
+        """(expected further LLM steps, expected seconds until the session ends)."""
+        return self._remaining(tr, self._graphs.get(tr.workflow), self.p_continue(tr))
 
     def _remaining(self, tr: SessionTrack, g: _Graph | None, p: float) -> tuple[float, float]:
         if p <= 0.0:

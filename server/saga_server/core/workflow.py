@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
 from .aeg import AEG, Prediction
@@ -104,7 +104,7 @@ class WorkflowCore:
     def sessions(self, limit: int = 100) -> Sequence[SessionSnapshot]:
         with self._lock:
             snaps = self.registry.sessions(limit)
-            return [s if s.session_id not in self.aeg._sessions else _with_metrics(s, self._metrics(s.session_id))
+            return [_with_metrics(s, self._metrics(s.session_id)) if self.aeg.track(s.session_id) else s
                     for s in snaps]
 
     def stats(self) -> Mapping[str, float]:
@@ -120,6 +120,8 @@ class WorkflowCore:
     # -- engine events (no hints needed) ---------------------------------------------
 
     def on_request_arrival(self, session_id: str, prompt_tokens: int, tenant: str = "") -> None:
+        """The engine admitted a request of this session. Without hints this is an
+        LLM step of the inferred graph; with hints it only supplies token counts."""
         _check_tokens(prompt_tokens=prompt_tokens)
         with self._lock:
             now = self._clock()
@@ -136,6 +138,8 @@ class WorkflowCore:
             self.aeg.expire(now)
 
     def on_request_finished(self, session_id: str, prompt_tokens: int, output_tokens: int) -> None:
+        """The engine finished a request. Without hints the session is now in a gap
+        (its pseudo-tool) until its next request."""
         _check_tokens(prompt_tokens=prompt_tokens, output_tokens=output_tokens)
         with self._lock:
             self._counters["requests_finished"] += 1
@@ -146,15 +150,22 @@ class WorkflowCore:
     # -- predictions and policies ------------------------------------------------------
 
     def predict(self, session_id: str) -> Prediction:
+        """What the session does next (field definitions: `aeg`); the prior if unknown."""
         with self._lock:
             return self.aeg.predict(session_id, self._clock())
 
     def eviction_priority(self, session_id: str | None, kv_tokens: int, last_access: float) -> float:
+        """WA-LRU key of cached KV at the current clock (formula: `eviction`); LOWER =
+        evict first. `session_id=None` (or an unknown session) gives plain LRU.
+        Refresh a session's key when it changes state; the caller owns the heap."""
         with self._lock:
             reuse = None if session_id is None else self.aeg.reuse(session_id, self._clock())
             return wa_lru_key(self._clock(), last_access, kv_tokens, reuse, self.config.eviction)
 
     def pin_decision(self, session_id: str, kv_tokens: int, memory_pressure: float) -> PinDecision:
+        """Whether to pin the session's KV now and for how long (rule: `pinning`).
+        Stateless: the engine keeps its pins in a `PinBudget`, which enforces the
+        capacity invariant and releases pins (in `reclaim_order`) on demand."""
         if not 0.0 <= memory_pressure <= 1.0:
             raise ValueError(f"memory_pressure must be in [0, 1], got {memory_pressure!r}")
         _check_tokens(kv_tokens=kv_tokens)
@@ -185,6 +196,7 @@ class WorkflowCore:
             return [sid for _, sid in keyed]
 
     def plan_prefetch(self, candidates: Sequence[PrefetchCandidate], free_tokens: int) -> list[PrefetchAction]:
+        """Which offloaded/evicted prefixes to bring back and when (rule: `prefetch`)."""
         with self._lock:
             now = self._clock()
 
@@ -199,6 +211,9 @@ class WorkflowCore:
             return plan
 
     def request_priority(self, session_id: str, tenant: str = "") -> float:
+        """Agent Fair Share priority of the session's waiting request (rule and
+        bound: `fairshare`); LOWER = schedule sooner, ties stay FCFS. Asking marks
+        the tenant active (backlogged) for the virtual queues."""
         with self._lock:
             now = self._clock()
             tr = self.aeg.track(session_id)
@@ -206,11 +221,12 @@ class WorkflowCore:
             if tr is not None:
                 tenant = tenant or tr.tenant
                 if tr.deadline_at is not None:
-                    _, rem_s = self._remaining_work(tr)
+                    _, rem_s = self.aeg.remaining(tr)
                     u = urgency(rem_s, tr.deadline_at, now, self.config.fairshare.urgency_cap)
             return self.fair.priority(tenant, u, now)
 
     def record_service(self, tenant: str, tokens: int, session_id: str = "") -> None:
+        """Service delivered (prefill + decode tokens); the tenant defaults to the session's."""
         _check_tokens(tokens=tokens)
         with self._lock:
             if not tenant and session_id:
@@ -248,14 +264,9 @@ class WorkflowCore:
             return _zero
         d, t0 = aeg.resume_dist(tr)
         if d is None:
-            d, t0 = aeg._idle_dist(tr), tr.last_event
+            d, t0 = aeg.idle_dist(tr), tr.last_event
         el = now - t0 if now > t0 else 0.0
         return lambda q: d.quantile_above(q, el) - el
-
-    def _remaining_work(self, tr) -> tuple[float, float]:
-        p = self.aeg.p_continue(tr)
-        g = self.aeg._graphs.get(tr.workflow)
-        return self.aeg._remaining(tr, g, p)
 
     def _metrics(self, session_id: str) -> dict[str, float]:
         tr = self.aeg.track(session_id)
@@ -269,8 +280,6 @@ class WorkflowCore:
 
 
 def _with_metrics(snap: SessionSnapshot, metrics: dict[str, float]) -> SessionSnapshot:
-    from dataclasses import replace
-
     return replace(snap, metrics={**snap.metrics, **metrics})
 
 

@@ -140,3 +140,35 @@ def test_expiry_ends_silent_sessions_in_both_layers() -> None:
     assert core.session("s") is None
     p = core.predict("s")  # unknown again: the prior
     assert p.p_continue == core.config.prior_p_continue and not math.isinf(p.resume_mean_s)
+
+
+def test_concurrent_hint_streams_are_all_applied() -> None:
+    import threading
+
+    core = WorkflowCore()
+    errors = []
+
+    def agent(n: int) -> None:
+        try:
+            for s in range(20):
+                sid = f"a{n}-{s}"
+                core.accept(SessionStart(sid, 0.0, tenant=f"t{n}"))
+                for step in range(5):
+                    core.accept(LlmCallStart(sid, float(step)))
+                    core.accept(ToolCallStart(sid, float(step), "grep", call_id=str(step), category="search"))
+                    core.eviction_priority(sid, 1000, 0.0)
+                    core.request_priority(sid)
+                    core.accept(ToolCallEnd(sid, step + 0.5, "grep", call_id=str(step)))
+                core.accept(SessionEnd(sid, 6.0))
+        except Exception as exc:  # surfaced below: a thread's assert would vanish
+            errors.append(exc)
+
+    threads = [threading.Thread(target=agent, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    stats = core.stats()
+    assert stats["events_accepted"] == 4 * 20 * (2 + 3 * 5)
+    assert stats["sessions_ended"] == 80 and stats["aeg_tool_samples"] == 4 * 20 * 5
