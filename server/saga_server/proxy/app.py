@@ -188,8 +188,10 @@ class SagaProxy:
                         reader = None
             completed = True
         except httpx.HTTPError as exc:
+            # Break the client's stream too: ending it cleanly would pass a cut answer off as whole.
             self.errors["stream_broken"] += 1
             self._log_once("broken", "upstream broke off a streamed response (%s)", type(exc).__name__)
+            raise UpstreamBroke(f"upstream {self._origin} broke off its stream ({type(exc).__name__})") from None
         finally:
             with anyio.CancelScope(shield=True):
                 await upstream.aclose()
@@ -301,6 +303,10 @@ class SagaProxy:
             return
         self._logged.add(key)
         log.warning(message, *args, exc_info=exc_info)
+
+
+class UpstreamBroke(Exception):
+    """Raised into the ASGI server to abort a relayed stream the upstream cut short."""
 
 
 def _error(status: int, message: str, code: str) -> JSONResponse:
