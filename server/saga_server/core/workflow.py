@@ -96,16 +96,28 @@ class WorkflowCore:
             self._apply(event)
 
     def session(self, session_id: str) -> SessionSnapshot | None:
+        """Hinted sessions come from the registry; sessions only the engine has seen
+        are shown from the AEG's view (no history). Both carry predictions in `metrics`."""
         with self._lock:
             with self.registry.lock:
                 record = self.registry.record(session_id)
-                return None if record is None else record.snapshot(self._metrics(session_id))
+                if record is not None:
+                    return record.snapshot(self._metrics(session_id))
+            tr = self.aeg.track(session_id)
+            return None if tr is None else self._engine_snapshot(tr)
 
     def sessions(self, limit: int = 100) -> Sequence[SessionSnapshot]:
         with self._lock:
-            snaps = self.registry.sessions(limit)
-            return [_with_metrics(s, self._metrics(s.session_id)) if self.aeg.track(s.session_id) else s
-                    for s in snaps]
+            snaps = [_with_metrics(s, self._metrics(s.session_id)) if self.aeg.track(s.session_id) else s
+                     for s in self.registry.sessions(limit)]
+            known = {s.session_id for s in snaps}
+            for tr in reversed(self.aeg.tracks()):  # most recently active first
+                if len(snaps) >= 2 * max(limit, 0):
+                    break
+                if not tr.hinted and tr.session_id not in known:
+                    snaps.append(self._engine_snapshot(tr))
+            snaps.sort(key=lambda s: s.last_event_at, reverse=True)
+            return snaps[:max(0, limit)]
 
     def stats(self) -> Mapping[str, float]:
         with self._lock:
@@ -267,6 +279,13 @@ class WorkflowCore:
             d, t0 = aeg.idle_dist(tr), tr.last_event
         el = now - t0 if now > t0 else 0.0
         return lambda q: d.quantile_above(q, el) - el
+
+    def _engine_snapshot(self, tr) -> SessionSnapshot:
+        state = "ended" if tr.ended else "llm" if tr.in_llm else "tool" if tr.open_tools else "idle"
+        return SessionSnapshot(session_id=tr.session_id, tenant=tr.tenant, workflow=tr.workflow, state=state,
+                               started_at=tr.started_at, last_event_at=tr.last_event, steps=tr.steps,
+                               tool_calls=0, current_node=tr.node, deadline_at=tr.deadline_at,
+                               metrics=self._metrics(tr.session_id))
 
     def _metrics(self, session_id: str) -> dict[str, float]:
         tr = self.aeg.track(session_id)

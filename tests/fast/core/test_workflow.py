@@ -172,3 +172,16 @@ def test_concurrent_hint_streams_are_all_applied() -> None:
     stats = core.stats()
     assert stats["events_accepted"] == 4 * 20 * (2 + 3 * 5)
     assert stats["sessions_ended"] == 80 and stats["aeg_tool_samples"] == 4 * 20 * 5
+
+
+def test_engine_only_sessions_are_visible() -> None:
+    clock = Clock()
+    core = WorkflowCore(clock=clock)
+    core.accept(SessionStart("hinted", 0.0))
+    clock.t = 1.0
+    core.on_request_arrival("engine", 900, tenant="acme")
+    snap = core.session("engine")
+    assert snap.state == "llm" and snap.tenant == "acme" and snap.steps == 1
+    assert snap.metrics["context_tokens"] == 900.0
+    assert [s.session_id for s in core.sessions(10)] == ["engine", "hinted"]
+    assert [s.session_id for s in core.sessions(1)] == ["engine"]
