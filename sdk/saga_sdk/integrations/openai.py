@@ -74,6 +74,8 @@ def instrument(*, header: bool = True, body: bool = False) -> bool:
     Returns False (and patches nothing) when the `openai` package is not installed.
     """
     global _active
+    if _active and _options["header"] == bool(header) and _options["body"] == bool(body):
+        return True  # already on: the LangChain handler calls this per root run
     with _lock:
         _options["header"], _options["body"] = bool(header), bool(body)
         try:
