@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from saga_server.engines.sim import ApcLru, Belady, ContinuumTtl, Infinite, KvFlow, SimPolicy, Vanilla
+from saga_server.engines.sim import ApcLru, ApcLruOffload, Belady, ContinuumTtl, Infinite, KvFlow, SimPolicy, Vanilla
 from saga_server.engines.sim.saga_policy import MECHANISMS, SagaPolicy
 
 __all__ = ["POLICIES", "DEFAULT_POLICIES", "ABLATIONS", "make_policy", "policy_names"]
@@ -17,6 +17,7 @@ __all__ = ["POLICIES", "DEFAULT_POLICIES", "ABLATIONS", "make_policy", "policy_n
 POLICIES: dict[str, Callable[[], SimPolicy]] = {
     "vanilla": Vanilla,
     "apc-lru": ApcLru,
+    "apc-lru-offload": ApcLruOffload,
     "continuum-ttl": ContinuumTtl,
     "kvflow": KvFlow,
     "saga": SagaPolicy,
@@ -28,7 +29,7 @@ for _m in MECHANISMS:
     POLICIES[f"saga-no-{_m}"] = (lambda m: lambda: SagaPolicy(
         tuple(x for x in MECHANISMS if x != m), name=f"saga-no-{m}"))(_m)
 
-DEFAULT_POLICIES = ("vanilla", "apc-lru", "continuum-ttl", "kvflow", "saga", "infinite", "belady")
+DEFAULT_POLICIES = ("vanilla", "apc-lru", "apc-lru-offload", "continuum-ttl", "kvflow", "saga", "infinite", "belady")
 ABLATIONS = tuple(f"saga-only-{m}" for m in MECHANISMS) + tuple(f"saga-no-{m}" for m in MECHANISMS)
 
 

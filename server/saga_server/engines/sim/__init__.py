@@ -9,11 +9,11 @@ from .cache import Eviction, HostTier, PrefixCache
 from .cluster import SimConfig, SimResult, Simulator, TaskRecord, unloaded_time_s
 from .hardware import GPUS, MODELS, CostModel, GpuSpec, ModelSpec, make_cost_model
 from .offline import replay_accesses
-from .policy import ApcLru, Belady, ContinuumTtl, Infinite, KvFlow, SimPolicy, Vanilla
+from .policy import ApcLru, ApcLruOffload, Belady, ContinuumTtl, Infinite, KvFlow, SimPolicy, Vanilla
 from .tasks import StepSpec, TaskInstance, TaskSpec, ToolSpec
 
 __all__ = [
-    "ApcLru", "Belady", "ContinuumTtl", "CostModel", "Eviction", "GPUS", "GpuSpec",
+    "ApcLru", "ApcLruOffload", "Belady", "ContinuumTtl", "CostModel", "Eviction", "GPUS", "GpuSpec",
     "HostTier", "Infinite", "KvFlow", "MODELS", "ModelSpec", "PrefixCache", "SimConfig",
     "SimPolicy", "SimResult", "Simulator", "StepSpec", "TaskInstance", "TaskRecord",
     "TaskSpec", "ToolSpec", "Vanilla", "make_cost_model", "replay_accesses",

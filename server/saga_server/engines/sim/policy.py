@@ -36,6 +36,7 @@ __all__ = [
     "SimPolicy",
     "Vanilla",
     "ApcLru",
+    "ApcLruOffload",
     "Infinite",
     "ContinuumTtl",
     "KvFlow",
@@ -91,6 +92,15 @@ class ApcLru(SimPolicy):
     after they end (vLLM does not know either)."""
 
     name = "apc-lru"
+
+
+class ApcLruOffload(ApcLru):
+    """`apc-lru` plus a host tier (LMCache-style CPU offload): evicted tails are copied
+    to CPU memory and loaded back when the session's next request is admitted; no
+    prefetch. Separates what a host tier alone buys from what timing it buys."""
+
+    name = "apc-lru-offload"
+    host_tier = True
 
 
 class Infinite(ApcLru):
