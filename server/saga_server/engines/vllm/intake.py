@@ -27,7 +27,8 @@ from typing import Callable, Mapping, Sequence
 
 from saga_server.core import HintEvent, SessionEnd, SessionSnapshot, ToolCallEnd, ToolCallStart
 
-log = logging.getLogger("saga.vllm")
+# Under "vllm." so vLLM's own log handler (and level) shows these lines.
+log = logging.getLogger("vllm.saga")
 
 __all__ = ["EngineHintSink", "start_hint_service", "HINT_ADDR_ENV", "HINT_KEY_ENV"]
 
@@ -40,12 +41,14 @@ class EngineHintSink:
     """A `HintSink` for the hint service: the core plus a queue for the engine."""
 
     def __init__(self, core, engine_stats: Callable[[], Mapping[str, float]] = dict,
-                 max_queue: int = 10_000, on_drop: Callable[[], None] = lambda: None) -> None:
+                 max_queue: int = 10_000, on_drop: Callable[[], None] = lambda: None,
+                 on_accept: Callable[[], None] = lambda: None) -> None:
         self.core = core
         self._engine_stats = engine_stats
         self._queue: collections.deque = collections.deque()
         self._max_queue = max_queue
         self._on_drop = on_drop
+        self._on_accept = on_accept
         self._lock = threading.Lock()
         self.dropped = 0
 
@@ -58,6 +61,10 @@ class EngineHintSink:
                     self.dropped += 1
                     self._on_drop()
                 self._queue.append(event)
+        try:
+            self._on_accept()
+        except Exception:  # gauges are best effort; the hint itself is applied
+            log.exception("hint accept hook failed")
 
     def drain(self, limit: int = 100_000) -> list[HintEvent]:
         """Take queued engine events (called by the scheduler loop)."""

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import os
 
-log = logging.getLogger("saga.vllm")
+# Under "vllm." so vLLM's own log handler (and level) shows these lines.
+log = logging.getLogger("vllm.saga")
 
 __all__ = ["SagaMetrics"]
 

@@ -52,7 +52,8 @@ from .intake import EngineHintSink, start_hint_service
 from .metrics import SagaMetrics
 from .sessions import request_meta
 
-log = logging.getLogger("saga.vllm")
+# Under "vllm." so vLLM's own log handler (and level) shows these lines.
+log = logging.getLogger("vllm.saga")
 
 __all__ = ["SagaScheduler", "SagaAsyncScheduler", "SagaSchedulerMixin", "PREFETCH_PREFIX"]
 
@@ -98,8 +99,10 @@ class SagaSchedulerMixin:
         fraction = float(os.environ.get(PIN_FRACTION_ENV, "0.5"))
         self.saga_holds = SessionHolds(pool, pool.num_gpu_blocks - 1, self.block_size,
                                        max_pin_fraction=fraction, on_release=self._saga_on_release)
+        self._saga_core_gauges_at = -1e18
         self.saga_sink = EngineHintSink(self.saga_core, self.saga_engine_stats,
-                                        on_drop=self._saga_metrics.hints_dropped.inc)
+                                        on_drop=self._saga_metrics.hints_dropped.inc,
+                                        on_accept=self._saga_core_gauges)
         self._saga_req_meta: dict[str, Any] = {}  # request id -> RequestMeta (live requests)
         self._saga_known_tokens: collections.OrderedDict[str, list[int]] = collections.OrderedDict()
         self._saga_prefetch: dict[str, str] = {}  # session -> internal request id in flight or done
@@ -368,6 +371,18 @@ class SagaSchedulerMixin:
         m.held_blocks.set(self.saga_holds.held_blocks)
         m.pinned_blocks.set(self.saga_holds.pinned_blocks)
         m.held_sessions.set(len(self.saga_holds))
+        self._saga_core_gauges()
+
+    def _saga_core_gauges(self, min_interval_s: float = 0.5) -> None:
+        """Session gauges from the core (its stats take a lock: at most every 0.5 s).
+        Also called from the hint thread, so sessions show even when no request runs."""
+        now = time.monotonic()
+        if now - self._saga_core_gauges_at < min_interval_s:
+            return
+        self._saga_core_gauges_at = now
+        stats = self.saga_core.stats()
+        self._saga_metrics.active_sessions.set(stats.get("sessions_live", stats.get("aeg_sessions", 0.0)))
+        self._saga_metrics.open_tool_calls.set(stats.get("open_tool_calls", 0.0))
 
     def saga_engine_stats(self) -> dict[str, float]:
         """Engine-side figures merged into the hint service's GetStats (read from

@@ -1,0 +1,58 @@
+"""`saga serve` command building and `/metrics` parsing (no server started)."""
+
+from __future__ import annotations
+
+import pytest
+
+from saga_server.serve import cli
+from saga_server.serve.status import parse_metrics
+
+
+def build(argv, default_model=True):
+    opts, rest = cli._parser().parse_known_args(argv)
+    return cli.build_command(opts, rest, "/models/m", default_model, base_env={})
+
+
+def test_saga_mode_loads_the_plugin_and_points_it_at_the_hint_port():
+    cfg = build(["--hint-port", "50999", "--port", "8111"])
+    assert cfg.argv[cfg.argv.index("--scheduler-cls") + 1] == cli.SAGA_SCHEDULER
+    assert cfg.env["SAGA_HINT_ADDR"] == "127.0.0.1:50999"
+    assert cfg.api_url == "http://127.0.0.1:8111"
+    for flag in ("--enable-prefix-caching", "--enable-prompt-tokens-details", "--enable-auto-tool-choice"):
+        assert flag in cfg.argv
+    assert cfg.argv[cfg.argv.index("--block-size") + 1] == "32"
+
+
+def test_no_saga_is_the_same_vllm_without_plugin_or_hints():
+    saga, stock = build([]), build(["--no-saga"])
+    assert "--scheduler-cls" not in stock.argv and "SAGA_HINT_ADDR" not in stock.env
+    rest = saga.argv[:saga.argv.index("--scheduler-cls")]
+    assert stock.argv == rest  # identical otherwise: an honest baseline
+
+
+def test_user_flags_pass_through_and_override_defaults():
+    cfg = build(["--block-size", "64", "--max-num-seqs", "3", "--fast-start", "--model", "/x"], default_model=False)
+    assert cfg.argv.count("--block-size") == 1 and "64" in cfg.argv
+    assert cfg.argv[-2:] == ["--max-num-seqs", "3"] and "--enforce-eager" in cfg.argv
+    assert "--chat-template" not in cfg.argv  # only the default model gets SAGA's template
+
+
+def test_scheduler_cls_is_refused_in_saga_mode():
+    with pytest.raises(SystemExit):
+        build(["--scheduler-cls", "x.Y"])
+
+
+def test_parse_metrics_keeps_saga_samples_and_sums_processes():
+    text = """# HELP saga_pins_total Pin lifecycle events
+saga_pins_total{event="created",pid="1"} 3.0
+saga_pins_total{event="created",pid="2"} 2.0
+saga_pins_created{event="created"} 1.7e9
+saga_held_blocks 12
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:other 5
+"""
+    m = parse_metrics(text)
+    assert m["saga_pins_total{event=created}"] == 5.0
+    assert m["saga_held_blocks"] == 12.0
+    assert m["vllm:kv_cache_usage_perc"] == 0.25
+    assert "vllm:other" not in m
