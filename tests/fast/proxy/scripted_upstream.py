@@ -14,7 +14,9 @@ Step j of the conversation (j = assistant messages so far) follows the j-th
 JSON error, `break` sends two stream chunks and then drops the connection,
 `gate` sends the first stream chunk and waits (up to 30 s) for the
 `threading.Event` `app.state.gate` to be set.
-A conversation without a plan gets a text answer. Ids and timestamps derive from
+Without a plan it acts like a real server's guided decoding: a named
+`tool_choice` calls that function, `"required"` calls the first tool, anything
+else gets a text answer. Ids and timestamps derive from
 the messages only, so the same conversation gets byte-identical answers whether
 or not a proxy added a `session_id` on the way. Every request is recorded in
 `app.state.requests` (method, path, headers, parsed body) unless `record=False`.
@@ -56,7 +58,7 @@ def build_app(*, record: bool = True) -> Starlette:
         if not isinstance(messages, list) or not messages:
             return _error(400, "messages: field required", "BadRequestError")
         step = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
-        action = _plan(messages, step)
+        action = _plan(messages, step) or _forced(body)
         key = hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()[:12]
         if action.startswith("error"):
             status = int(action.split()[1]) if len(action.split()) > 1 else 500
@@ -140,6 +142,17 @@ def _plan(messages: list, step: int) -> str:
                 items = [s.strip() for s in content.split("plan:", 1)[1].split("|")]
                 return items[step] if step < len(items) else "answer"
             break
+    return ""
+
+
+def _forced(body: dict) -> str:
+    """Without a plan, do what a real server's guided decoding does: a named
+    `tool_choice` calls that function, "required" calls the first tool."""
+    choice, tools = body.get("tool_choice"), body.get("tools") or []
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        return f"tools {choice['function'].get('name', 'unknown')}"
+    if choice == "required" and tools and isinstance(tools[0], dict):
+        return f"tools {tools[0].get('function', {}).get('name', 'unknown')}"
     return "answer"
 
 
