@@ -5,12 +5,15 @@
   evicted (compute time of recomputed prompt tokens) over worker busy time.
 - `mem_util`: time average of useful KV (running requests + cached prefixes of live
   sessions, pinned or not; ended sessions' leftovers excluded) over the pool.
+- Closed-loop runs measure `mem_util` and throughput over the *saturated window*
+  (until the last task started: every slot busy), so the draining tail does not
+  dilute them; open-loop (Poisson) runs use the whole run.
 - `hit_rate`: reusable prompt tokens served from KV (GPU or host tier) over reusable
   prompt tokens; `gpu_hit_rate`: from GPU alone.
 - `recompute_share`: reusable prompt tokens that were recomputed.
 - `slo_<tenant>`: share of the tenant's tasks that finished within their deadline.
-- `tasks_per_hour`, `tokens_per_s`: completed tasks and (prompt + output) tokens over
-  the makespan.
+- `tasks_per_hour`, `tokens_per_s`: completed tasks and (prompt + output) tokens per
+  unit of time.
 - `belady_ratio`: recomputed tokens under the policy / under `belady` in the same run.
 """
 
@@ -36,7 +39,13 @@ def percentile(values: list[float], q: float) -> float:
 
 def summarize(res: SimResult) -> dict[str, Any]:
     tct = [t.tct_s for t in res.tasks]
-    span = res.makespan_s or math.nan
+    if res.saturated_s > 0:
+        span, done, tokens = res.saturated_s, res.saturated_tasks, res.saturated_tokens
+        useful, cap = res.saturated_useful_block_s, res.capacity_block_s * res.saturated_s / res.makespan_s
+    else:
+        span, done = res.makespan_s or math.nan, len(res.tasks)
+        tokens = res.prompt_tokens + res.output_tokens
+        useful, cap = res.useful_block_s, res.capacity_block_s
     out: dict[str, Any] = {
         "policy": res.policy,
         "tasks": len(res.tasks),
@@ -46,16 +55,15 @@ def summarize(res: SimResult) -> dict[str, Any]:
         "tct_p99_s": percentile(tct, 99),
         "makespan_s": res.makespan_s,
         "regen_share": res.regen_gpu_s / res.busy_gpu_s if res.busy_gpu_s else 0.0,
-        "mem_util": (res.useful_block_s / res.capacity_block_s
-                     if res.capacity_block_s and not res.unbounded else math.nan),
+        "mem_util": useful / cap if cap and not res.unbounded else math.nan,
         "hit_rate": (res.hit_tokens + res.loaded_tokens) / res.reusable_tokens if res.reusable_tokens else math.nan,
         "gpu_hit_rate": res.hit_tokens / res.reusable_tokens if res.reusable_tokens else math.nan,
         "recompute_share": res.recomputed_tokens / res.reusable_tokens if res.reusable_tokens else math.nan,
         "recomputed_tokens": res.recomputed_tokens,
         "loaded_tokens": res.loaded_tokens,
         "prefetched_tokens": res.prefetched_tokens,
-        "tasks_per_hour": len(res.tasks) / span * 3600.0,
-        "tokens_per_s": (res.prompt_tokens + res.output_tokens) / span,
+        "tasks_per_hour": done / span * 3600.0,
+        "tokens_per_s": tokens / span,
         "steals": res.steals,
     }
     by_tenant: dict[str, list] = defaultdict(list)

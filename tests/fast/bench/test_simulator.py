@@ -88,6 +88,9 @@ def test_closed_loop_concurrency_caps_tasks_in_flight():
         in_flight += d
         peak = max(peak, in_flight)
     assert peak == 3 and len(res.tasks) == 9
+    # throughput is measured while every slot is busy: until the last task started
+    assert res.saturated_s == max(t.started_at for t in res.tasks) < res.makespan_s
+    assert res.saturated_tasks == 9 - 3
 
 
 def test_runs_are_reproducible_and_every_task_finishes():

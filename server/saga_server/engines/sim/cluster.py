@@ -97,6 +97,11 @@ class SimResult:
     evicted_blocks: int = 0
     prefetched_tokens: int = 0
     steals: int = 0
+    # Closed loop: the window while every slot was busy (until the last task started).
+    saturated_s: float = 0.0
+    saturated_tasks: int = 0
+    saturated_tokens: int = 0
+    saturated_useful_block_s: float = 0.0
     timeline: list[tuple[float, float]] = field(default_factory=list)  # (t, utilisation)
 
 
@@ -453,6 +458,8 @@ class Simulator:
         pol = self.policy
         w.running -= 1
         self.result.output_tokens += r.output
+        if self._pending:
+            self.result.saturated_tokens += r.prompt + r.output
         s.last_access = now
         s.kv_tokens = r.prompt + r.output
         pol.on_llm_end(s, r, now)
@@ -498,7 +505,10 @@ class Simulator:
         if self.progress is not None:
             self.progress(1)
         if self.cfg.concurrency is not None and self._pending:
+            self.result.saturated_tasks += 1
             self._push(self.now, _TASK_START, self._pending.popleft())
+            if not self._pending:
+                self._mark_saturation_end()
 
     # --- host tier ----------------------------------------------------------
     def _evicted(self, w: _Worker, evs: list[Eviction]) -> None:
@@ -548,6 +558,13 @@ class Simulator:
         self.result.prefetched_tokens += tokens
 
     # --- metrics -------------------------------------------------------------
+    def _mark_saturation_end(self) -> None:
+        res = self.result
+        res.saturated_s = self.now
+        for w in self.workers:
+            w.cache.flush_time()
+            res.saturated_useful_block_s += w.cache.useful_block_seconds
+
     def _sample(self) -> None:
         cap = self.capacity_blocks * len(self.workers)
         used = sum(w.cache.useful_blocks for w in self.workers)
