@@ -73,6 +73,8 @@ def test_paused_session_keeps_its_prefix_through_a_flood_stock_loses_it(tiny_mod
         s.add_request(nxt)
         results[name] = hit_tokens(run_until_idle(s), nxt.request_id)
         pool_is_consistent(s)
+        if name == "saga":
+            assert s.saga_counters["pins_used"] == 1  # released because A came back
     assert results["stock"] == 0
     assert results["saga"] == 96  # the whole history (6 full blocks)
 

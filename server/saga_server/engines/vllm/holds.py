@@ -60,8 +60,8 @@ class Hold:
 class SessionHolds:
     def __init__(self, pool: BlockPoolLike, total_blocks: int, block_size: int,
                  max_pin_fraction: float = 0.5,
-                 on_release: Callable[[str, str, int], None] | None = None) -> None:
-        """`on_release(session_id, reason, n_blocks)` is told about every release
+                 on_release: Callable[[str, str, int, bool], None] | None = None) -> None:
+        """`on_release(session_id, reason, n_blocks, was_pinned)` is told about every release
         (reasons: "arrival", "ttl", "pressure", "wa_lru", "session_end", "replaced",
         "reset"), for metrics."""
         if not 0.0 <= max_pin_fraction <= 1.0:
@@ -71,7 +71,7 @@ class SessionHolds:
         self.block_size = block_size
         self.max_pin_blocks = int(max_pin_fraction * self.total_blocks)
         self._holds: dict[str, Hold] = {}
-        self._on_release = on_release or (lambda sid, reason, n: None)
+        self._on_release = on_release or (lambda sid, reason, n, pinned: None)
 
     # -- reads -------------------------------------------------------------------
 
@@ -186,7 +186,7 @@ class SessionHolds:
             dropped += 1
         hold.kv_tokens = min(hold.kv_tokens, len(hold.blocks) * self.block_size)
         if dropped:
-            self._on_release(hold.session_id, reason, dropped)
+            self._on_release(hold.session_id, reason, dropped, hold.pinned)
         return dropped
 
 

@@ -219,11 +219,10 @@ class SagaSchedulerMixin:
             self.saga_counters["pins_refused"] += 1
         self._saga_gauges()
 
-    def _saga_on_release(self, sid: str, reason: str, n_blocks: int) -> None:
+    def _saga_on_release(self, sid: str, reason: str, n_blocks: int, was_pinned: bool) -> None:
         self._saga_metrics.evictions.labels(reason).inc(n_blocks)
         self.saga_counters[f"released_{reason}"] += n_blocks
-        hold = self.saga_holds.get(sid)
-        if hold is not None and hold.pinned:
+        if was_pinned:
             event = {"arrival": "used", "pressure": "reclaimed", "session_end": "ended"}.get(reason)
             if event:
                 self._saga_metrics.pins.labels(event).inc()
@@ -304,8 +303,10 @@ class SagaSchedulerMixin:
         elif isinstance(event, ToolCallStart):
             # The tool is known only now (hints usually arrive after the answer):
             # re-ask whether this hold deserves a pin.
+            # A pin taken at finish time used priors; the hint may carry the tool's
+            # expected duration, so a new decision replaces the old TTL.
             hold = self.saga_holds.get(sid)
-            if hold is not None and not hold.pinned:
+            if hold is not None and hold.blocks:
                 decision = self.saga_core.pin_decision(sid, hold.kv_tokens, self.saga_holds.pressure())
                 if decision.pin:
                     new = self.saga_holds.hold(sid, list(hold.blocks), pin=True, ttl_s=decision.ttl_s, now=now,

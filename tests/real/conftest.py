@@ -1,0 +1,127 @@
+"""The real tier: one running `saga serve` (real vLLM, real model) shared by every test.
+
+`saga_server` (session scope) yields a `RunningSaga`:
+- with `SAGA_TEST_OPENAI_URL` (e.g. http://127.0.0.1:8000/v1) and
+  `SAGA_TEST_HINT_ADDR` (e.g. 127.0.0.1:50051) set, that already-running server is
+  used and never stopped;
+- otherwise ONE `saga serve --fast-start` subprocess is started on free ports with
+  a small KV cache (`SAGA_TEST_KV_BLOCKS` blocks of 32 tokens, default 192: small
+  enough that a handful of requests evicts, which the pinning tests need) and
+  stopped at the end of the session.
+
+Every real test must take this fixture (or one built on it) instead of starting
+its own server: the machine has 2 cores and vLLM takes ~30 s to start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pytest_collection_modifyitems(items):
+    """Everything under tests/real is the slow tier (`-m "not real"` skips it)."""
+    for item in items:
+        if str(item.fspath).startswith(str(Path(__file__).parent)):
+            item.add_marker(pytest.mark.real)
+
+
+@dataclass(frozen=True)
+class RunningSaga:
+    base_url: str  # http://host:port
+    openai_url: str  # base_url + "/v1"
+    hint_addr: str  # host:port of the hint gRPC service
+    model: str  # served model name
+    started_here: bool
+    kv_blocks: int | None  # when started here: the KV cache size in blocks of 32 tokens
+
+    def chat(self, messages, *, session_id: str | None = None, timeout: float = 120, **body) -> dict:
+        """POST /v1/chat/completions with the standard library; returns the JSON."""
+        payload = {"model": self.model, "messages": messages, **body}
+        headers = {"Content-Type": "application/json"}
+        if session_id:
+            headers["X-Session-ID"] = session_id
+        req = urllib.request.Request(self.openai_url + "/chat/completions", json.dumps(payload).encode(), headers)
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _served_model(openai_url: str) -> str:
+    with urllib.request.urlopen(openai_url + "/models", timeout=10) as resp:
+        return json.loads(resp.read())["data"][0]["id"]
+
+
+def _wait(url: str, proc: subprocess.Popen | None, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"saga serve exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"saga serve not ready after {timeout:.0f} s")
+
+
+@pytest.fixture(scope="session")
+def saga_server(tmp_path_factory):
+    url, hints = os.environ.get("SAGA_TEST_OPENAI_URL"), os.environ.get("SAGA_TEST_HINT_ADDR")
+    if url and hints:
+        openai_url = url.rstrip("/")
+        openai_url = openai_url if openai_url.endswith("/v1") else openai_url + "/v1"
+        base = openai_url[:-3]
+        _wait(base, None, 60)
+        yield RunningSaga(base, openai_url, hints, _served_model(openai_url), False, None)
+        return
+    pytest.importorskip("vllm", reason="vLLM not installed (scripts/setup.sh)")
+    port, hint_port = _free_port(), _free_port()
+    blocks = int(os.environ.get("SAGA_TEST_KV_BLOCKS", "192"))
+    log_path = tmp_path_factory.mktemp("saga-serve") / "serve.log"
+    cmd = [sys.executable, "-m", "saga_server.cli", "serve", "--fast-start", "--port", str(port),
+           "--hint-port", str(hint_port), "--num-gpu-blocks-override", str(blocks), "--max-num-seqs", "16"]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "sdk"), str(ROOT / "server"), env.get("PYTHONPATH", "")])
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait(base, proc, float(os.environ.get("SAGA_TEST_READY_S", "600")))
+        # the hint service comes up with the engine; give the socket a moment
+        for _ in range(60):
+            try:
+                socket.create_connection(("127.0.0.1", hint_port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        yield RunningSaga(base, base + "/v1", f"127.0.0.1:{hint_port}", _served_model(base + "/v1"), True, blocks)
+    except Exception:
+        print(log_path.read_text()[-5000:], file=sys.stderr)
+        raise
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # saga serve stops vLLM's whole process group
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()

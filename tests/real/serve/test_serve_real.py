@@ -1,0 +1,148 @@
+"""`saga serve` end to end: real vLLM, real SmolLM2, the OpenAI API and the SDK's
+HintClient, all against the one shared server of `tests/real/conftest.py`."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import random
+import urllib.request
+import uuid
+
+import pytest
+
+from saga_sdk import HintClient, HintReader
+from saga_server.serve.status import fetch_metrics
+
+WORDS = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud "
+         "apple orange table chair window garden bridge tower engine signal vector matrix").split()
+
+
+def text_of(n_words: int, seed: str) -> str:
+    rnd = random.Random(seed)
+    return " ".join(rnd.choice(WORDS) for _ in range(n_words))
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def test_chat_completion_answers_and_reports_usage(saga_server):
+    out = saga_server.chat([{"role": "user", "content": "Say hello in five words."}], max_tokens=16,
+                           session_id=uid("hello"))
+    assert out["choices"][0]["message"]["content"].strip()
+    assert out["usage"]["prompt_tokens"] > 0
+    assert "cached_tokens" in (out["usage"].get("prompt_tokens_details") or {})
+
+
+def test_forced_tool_call_comes_back_as_an_openai_tool_call(saga_server):
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather of a city", "strict": True,
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"], "additionalProperties": False}}}]
+    out = saga_server.chat([{"role": "user", "content": "What is the weather in Paris?"}], tools=tools,
+                           tool_choice="required", max_tokens=60, session_id=uid("tool"))
+    calls = out["choices"][0]["message"]["tool_calls"]
+    assert calls and calls[0]["function"]["name"] == "get_weather"
+    assert "city" in json.loads(calls[0]["function"]["arguments"])
+
+
+def test_hints_reach_the_engine_and_reads_come_back(saga_server):
+    sid = uid("hinted")
+    client = HintClient(endpoint=saga_server.hint_addr)
+    try:
+        client.session_start(sid, tenant="acme", workflow="real-test")
+        client.tool_call_start(sid, "bash", call_id="c1", category="run")
+        assert client.flush(10)
+        with HintReader(saga_server.hint_addr) as reader:
+            state = reader.session(sid)
+            stats = reader.stats()
+        assert state.state == "tool" and state.tenant == "acme"
+        assert stats["engine_kv_blocks"] > 0  # GetStats is answered from inside the engine
+    finally:
+        client.session_end(sid)
+        client.shutdown(5)
+
+
+def test_garbage_and_floods_of_hints_do_not_disturb_serving(saga_server):
+    client = HintClient(endpoint=saga_server.hint_addr)
+    try:
+        for i in range(500):
+            sid = f"ghost-{i % 37}"
+            client.tool_call_end(sid, "never-started", call_id=str(i))  # no start: refused
+            client.session_end(sid)  # unknown session
+            client.tool_call_start(uid("flood"), "bash", call_id=str(i))  # sessions never started
+        client.flush(20)
+    finally:
+        client.shutdown(5)
+    out = saga_server.chat([{"role": "user", "content": "Count to three."}], max_tokens=8)
+    assert out["choices"][0]["message"]["content"] is not None
+    with HintReader(saga_server.hint_addr) as reader:
+        assert reader.stats()["hints_events_received"] >= 1500
+
+
+def _flood_tokens(saga_server) -> int:
+    with HintReader(saga_server.hint_addr) as reader:
+        blocks = reader.stats().get("engine_kv_blocks", 0)
+    if not blocks:
+        pytest.skip("server does not report its KV size (not a SAGA server?)")
+    if blocks > 3000:
+        pytest.skip(f"KV cache of {blocks:.0f} blocks is too large to flood in a test")
+    return int(blocks * 32 * 1.3)
+
+
+def test_a_session_paused_in_a_tool_keeps_its_history_cached_through_a_flood(saga_server):
+    """The closing-note demo as a test: session A pauses in a tool (hinted); other
+    sessions then push more tokens through the cache than it holds; A's next
+    request is still served from cache for its whole history."""
+    flood_tokens = _flood_tokens(saga_server)
+    sid = uid("paused")
+    client = HintClient(endpoint=saga_server.hint_addr)
+    before = fetch_metrics(saga_server.base_url)
+    try:
+        client.session_start(sid, tenant="demo", workflow="pinning")
+        client.flush(10)
+        messages = [{"role": "system", "content": f"Session {sid}. " + text_of(700, sid)},
+                    {"role": "user", "content": "Run the tests."}]
+        first = saga_server.chat(messages, max_tokens=24, session_id=sid)
+        history = first["usage"]["prompt_tokens"]
+        client.tool_call_start(sid, "pytest", call_id="t1", category="test", expected_duration_s=300)
+        assert client.flush(10)
+
+        per = 900
+        n = max(4, flood_tokens // per + 1)
+
+        def flood(i: int) -> int:
+            fid = uid(f"flood{i}")
+            msg = [{"role": "user", "content": f"Flood {fid}. " + text_of(per - 10, fid)}]
+            return saga_server.chat(msg, max_tokens=4, session_id=fid)["usage"]["prompt_tokens"]
+
+        with cf.ThreadPoolExecutor(4) as pool:
+            flooded = sum(pool.map(flood, range(n)))
+        assert flooded > flood_tokens / 1.3  # more than the whole cache went through
+
+        client.tool_call_end(sid, "pytest", call_id="t1")
+        client.flush(10)
+        messages += [{"role": "assistant", "content": first["choices"][0]["message"]["content"] or ""},
+                     {"role": "user", "content": "Tool output: 3 passed. What next?"}]
+        second = saga_server.chat(messages, max_tokens=8, session_id=sid)
+        cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= (history // 32) * 32 - 32, (cached, history)
+    finally:
+        client.session_end(sid)
+        client.shutdown(5)
+    after = fetch_metrics(saga_server.base_url)
+    delta = lambda k: after.get(k, 0.0) - before.get(k, 0.0)  # noqa: E731
+    assert delta("saga_pins_total{event=created}") >= 1
+    assert delta("saga_pins_total{event=used}") >= 1
+
+
+def test_saga_metrics_are_on_the_servers_metrics_endpoint(saga_server):
+    saga_server.chat([{"role": "user", "content": "Hi"}], max_tokens=4, session_id=uid("metrics"))
+    m = fetch_metrics(saga_server.base_url)
+    for name in ("saga_held_blocks", "saga_pinned_blocks", "saga_session_prompt_tokens_total",
+                 "saga_active_sessions", "vllm:kv_cache_usage_perc"):
+        assert name in m, sorted(m)
+    assert m["saga_session_prompt_tokens_total"] > 0
+    with urllib.request.urlopen(saga_server.base_url + "/metrics", timeout=10) as resp:
+        assert b"vllm:" in resp.read()  # vLLM's own metrics are still there
