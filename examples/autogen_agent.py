@@ -97,11 +97,13 @@ def build_agent(model_client, corpus: Path, *, max_tool_iterations: int = 2) -> 
                           system_message="You answer questions using the tools. Be brief.")
 
 
-def build_team(model_client, corpus: Path) -> RoundRobinGroupChat:
+def build_team(model_client, corpus: Path, *, runtime=None) -> RoundRobinGroupChat:
+    """`runtime`: an AutoGen runtime started elsewhere (default: the team's own)."""
     reviewer = AssistantAgent("reviewer", model_client=model_client,
                               system_message="You check the researcher's answer in one short sentence.")
     return RoundRobinGroupChat([build_agent(model_client, corpus), reviewer],
-                               termination_condition=MaxMessageTermination(3), name="research-team")
+                               termination_condition=MaxMessageTermination(3), name="research-team",
+                               runtime=runtime)
 
 
 def served_model(base_url: str) -> str:
