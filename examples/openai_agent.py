@@ -66,7 +66,7 @@ def main() -> int:
     tools_run = []
     for tool_choice in PROCEDURE:
         response = client.chat.completions.create(model=model, messages=messages, tools=TOOLS,
-                                                  tool_choice=tool_choice, max_tokens=48, temperature=0)
+                                                  tool_choice=tool_choice, max_tokens=96, temperature=0)
         message = response.choices[0].message
         messages.append(message)
         if not message.tool_calls:

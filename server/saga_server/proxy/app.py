@@ -59,6 +59,9 @@ class ProxyConfig:
     read_timeout_s: float = 600.0
     max_body_bytes: int = 64 << 20
     max_connections: int = 1000
+    # httpcore's pool does O(connections^2) work per request once many connections are
+    # idle; several small pools keep that cost flat at 50+ concurrent agents.
+    upstream_pools: int = 16
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.upstream)
@@ -81,7 +84,8 @@ class SagaProxy:
         # Origin without user info: this string appears in error bodies and logs.
         self._origin = f"{parts.scheme}://{parts.hostname}{':' + str(parts.port) if parts.port else ''}"
         self._base = f"{parts.scheme}://{parts.netloc}{prefix}"
-        self._client: httpx.AsyncClient | None = None
+        self._clients: list[httpx.AsyncClient] = []
+        self._next_pool = 0
         self._expiry: asyncio.Task | None = None
         self._logged: set[str] = set()
         self.errors = {"upstream_unreachable": 0, "upstream_timeout": 0, "stream_broken": 0, "internal": 0}
@@ -113,9 +117,9 @@ class SagaProxy:
             self._expiry = None
         self._emit(self.tracker.close())
         await asyncio.to_thread(self.hints.flush, 1.0)
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        clients, self._clients = self._clients, []
+        for client in clients:
+            await client.aclose()
 
     # -- one request --------------------------------------------------------------------
 
@@ -267,14 +271,19 @@ class SagaProxy:
     # -- plumbing --------------------------------------------------------------------------
 
     def _ensure_client(self) -> httpx.AsyncClient:
-        if self._client is None:
+        """The next upstream pool, round robin (the pools are made on first use)."""
+        if not self._clients:
             c = self.config
-            self._client = httpx.AsyncClient(
+            pools = max(1, c.upstream_pools)
+            ssl_context = httpx.create_ssl_context()  # one for all pools: each costs milliseconds
+            self._clients = [httpx.AsyncClient(
                 timeout=httpx.Timeout(connect=c.connect_timeout_s, read=c.read_timeout_s,
                                       write=c.read_timeout_s, pool=c.connect_timeout_s),
-                limits=httpx.Limits(max_connections=c.max_connections, max_keepalive_connections=200),
-                follow_redirects=False, trust_env=False)
-        return self._client
+                limits=httpx.Limits(max_connections=max(1, c.max_connections // pools),
+                                    max_keepalive_connections=max(1, 200 // pools)),
+                verify=ssl_context, follow_redirects=False, trust_env=False) for _ in range(pools)]
+        self._next_pool = (self._next_pool + 1) % len(self._clients)
+        return self._clients[self._next_pool]
 
     async def _read_body(self, receive) -> bytes | None:
         parts, size = [], 0

@@ -259,6 +259,11 @@ class SessionTracker:
                             {k: c[k] for k in ("explicit", "answer", "request", "retry", "new")},
                             c["started"], c["evicted"], c["expired"], c["unparsed"])
 
+    def session_ids(self) -> list[str]:
+        """Live sessions, least recently used first."""
+        with self._lock:
+            return list(self._sessions)
+
     def index_size(self) -> int:
         """Entries in the prefix indexes (bounded by sessions x (points + 1))."""
         return len(self._answers) + len(self._requests)
