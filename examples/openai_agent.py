@@ -4,7 +4,9 @@ It helps an airline customer: looks the customer up, searches flights, then
 answers. Its loop is the ordinary one (ask the model, run the tools it asks
 for, send the results back, repeat). Which tool each step must use is fixed by
 `tool_choice`, because the small model `saga serve` runs on CPU never picks a tool
-by itself (see ENGINE_NOTES, trap 5); with a capable model, use "auto".
+by itself (see ENGINE_NOTES, trap 5); with a capable model, use "auto". The
+argument schemas are bounded (`maxLength`, `pattern`) so that guided decoding
+cannot ramble past `max_tokens` and cut a tool call in half.
 
 Run it directly against any OpenAI-compatible server:
     OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=none python examples/openai_agent.py
@@ -26,14 +28,15 @@ from openai import OpenAI
 TOOLS = [
     {"type": "function", "function": {
         "name": "get_user_details", "description": "Look up a customer by user id.", "strict": True,
-        "parameters": {"type": "object", "properties": {"user_id": {"type": "string"}},
+        "parameters": {"type": "object", "properties": {"user_id": {"type": "string", "maxLength": 24}},
                        "required": ["user_id"], "additionalProperties": False}}},
     {"type": "function", "function": {
         "name": "search_flights", "description": "Search direct flights between two airports on a date.",
         "strict": True,
-        "parameters": {"type": "object", "properties": {"origin": {"type": "string"},
-                                                        "destination": {"type": "string"},
-                                                        "date": {"type": "string"}},
+        "parameters": {"type": "object", "properties": {"origin": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                                                        "destination": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                                                        "date": {"type": "string",
+                                                                 "pattern": "^20[0-9]{2}-[0-9]{2}-[0-9]{2}$"}},
                        "required": ["origin", "destination", "date"], "additionalProperties": False}}},
 ]
 # The agent's procedure: one tool per step, then a final answer.

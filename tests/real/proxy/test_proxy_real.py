@@ -20,7 +20,7 @@ from saga_server.proxy.server import BackgroundServer
 ROOT = Path(__file__).resolve().parents[3]
 TOOLS = [{"type": "function", "function": {
     "name": name, "description": f"{name} for the customer", "strict": True,
-    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"],
+    "parameters": {"type": "object", "properties": {"q": {"type": "string", "maxLength": 24}}, "required": ["q"],
                    "additionalProperties": False}}} for name in ("get_user_details", "search_flights")]
 
 
