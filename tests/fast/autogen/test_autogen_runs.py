@@ -375,3 +375,31 @@ def test_a_broken_hint_client_never_reaches_the_agent(chat_server, model_client)
     bad = Exploding(enabled=False)
     result = asyncio.run(run(agent("x", model_client, [add], reflect_on_tool_use=True), task="1+2", client=bad))
     assert result.messages[-1].content == "done"
+
+
+def test_a_streaming_tool_an_agent_as_tool_is_hinted_with_the_inner_calls_inside(chat_server, model_client, hints,
+                                                                                   recorder):
+    """`AgentTool` is a `BaseStreamTool`: AutoGen runs it through `run_json_stream`."""
+    from autogen_agentchat.tools import AgentTool
+
+    def respond(body):
+        system = body["messages"][0]["content"]
+        if "helper" in system:
+            return text("helped")
+        return text("done") if body["messages"][-1]["role"] == "tool" else calls(("helper", {"task": "help"}))
+
+    chat_server.responder = respond
+    helper = agent("helper", model_client, system_message="You are the helper.")
+    boss = agent("boss", model_client, [AgentTool(helper)], system_message="You are the boss.",
+                 reflect_on_tool_use=True)
+
+    result = asyncio.run(run(boss, task="delegate", client=hints, session_id="nested"))
+    assert hints.flush(5)
+    events = trace(recorder.of("nested"))
+    assert [e[:2] for e in events] == [
+        ("session_start", "boss"), ("llm_start", 1), ("llm_end", 1),
+        ("tool_start", "helper"), ("llm_start", 2), ("llm_end", 2), ("tool_end", "helper"),
+        ("llm_start", 3), ("llm_end", 3), ("session_end", "completed"),
+    ]
+    assert events[6] == ("tool_end", "helper", "call_1_0", "ok")
+    assert result.messages[-1].content == "done"
