@@ -46,7 +46,7 @@ import contextlib
 import functools
 import logging
 import threading
-from contextvars import Token
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, AsyncGenerator, Iterable, Literal, Mapping, Optional, Sequence
 
@@ -107,6 +107,9 @@ class _Bound:
 _by_session: dict[str, _Bound] = {}   # session id -> bound session (open `session`s)
 _by_agent_key: dict[str, _Bound] = {}  # AutoGen agent-id key (a team id) -> bound session
 _handler_var = getattr(MessageHandlerContext, "_MESSAGE_HANDLER_CONTEXT", None)
+# The agent that an agent-as-tool (`AgentTool`) is running: it names the model calls
+# made inside it, which otherwise would carry the outer agent's name.
+_node_var: ContextVar[str | None] = ContextVar("saga_autogen_nested_agent", default=None)
 
 
 def _handler_agent():
@@ -246,7 +249,8 @@ class SagaChatCompletionClient(ChatCompletionClient, Component[SagaChatCompletio
             if ctx is None:
                 return None
             hints = self._hints or (bound.client if bound is not None else None) or get_client()
-            node = self._node or (_agent_name(agent) if agent is not None else "") or (bound.node if bound else "")
+            node = (self._node or _node_var.get() or (_agent_name(agent) if agent is not None else "")
+                    or (bound.node if bound else ""))
             step = ctx.next_step()
             hints.llm_call_start(ctx.session_id, step=step, node=node)
             return hints, ctx.session_id, step, node
@@ -408,24 +412,43 @@ def _hinted_run_json(original):
     return run_json
 
 
+def _nested_agent_name(tool) -> str | None:
+    """The agent an `AgentTool` runs (not a `TeamTool`: its agents name themselves)."""
+    runner = getattr(tool, "_task_runner", None)
+    if runner is None or hasattr(runner, "_participants"):
+        return None
+    return getattr(runner, "name", None)
+
+
 def _hinted_run_json_stream(original):
     @functools.wraps(original)
     async def run_json_stream(self, args, cancellation_token, call_id=None):
         call = _tool_begin(self, call_id)
+        try:
+            node = _nested_agent_name(self)
+        except Exception:
+            node = None
         stream = original(self, args, cancellation_token, call_id=call_id)
-        if call is None:
-            async with contextlib.aclosing(stream):
-                async for item in stream:
-                    yield item
-            return
         try:
             async with contextlib.aclosing(stream):
-                async for item in stream:
+                while True:
+                    # Model calls made while the stream advances belong to the nested agent;
+                    # set only around each step, so the consumer's context never keeps it.
+                    token = _node_var.set(node) if node else None
+                    try:
+                        item = await stream.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    finally:
+                        if token is not None:
+                            _node_var.reset(token)
                     yield item
         except BaseException as exc:
-            _tool_end(call, _outcome(exc))
+            if call is not None:
+                _tool_end(call, _outcome(exc))
             raise
-        _tool_end(call, "ok")
+        if call is not None:
+            _tool_end(call, "ok")
 
     run_json_stream.__saga_original__ = original
     return run_json_stream

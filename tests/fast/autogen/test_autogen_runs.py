@@ -396,10 +396,11 @@ def test_a_streaming_tool_an_agent_as_tool_is_hinted_with_the_inner_calls_inside
     result = asyncio.run(run(boss, task="delegate", client=hints, session_id="nested"))
     assert hints.flush(5)
     events = trace(recorder.of("nested"))
-    assert [e[:2] for e in events] == [
-        ("session_start", "boss"), ("llm_start", 1), ("llm_end", 1),
-        ("tool_start", "helper"), ("llm_start", 2), ("llm_end", 2), ("tool_end", "helper"),
-        ("llm_start", 3), ("llm_end", 3), ("session_end", "completed"),
+    assert events == [
+        ("session_start", "boss"), ("llm_start", 1, "boss"), ("llm_end", 1, "boss"),
+        ("tool_start", "helper", "call_1_0"),
+        ("llm_start", 2, "helper"), ("llm_end", 2, "helper"),  # named after the nested agent
+        ("tool_end", "helper", "call_1_0", "ok"),
+        ("llm_start", 3, "boss"), ("llm_end", 3, "boss"), ("session_end", "completed"),
     ]
-    assert events[6] == ("tool_end", "helper", "call_1_0", "ok")
     assert result.messages[-1].content == "done"
