@@ -31,8 +31,9 @@ Predictions (`Prediction`, all "from now", on the injected clock):
   the current node (what the agent will do after the running/next call).
 
 Memory is bounded: at most `max_workflows` graphs (least recently used go),
-`max_nodes` nodes and `max_tools` duration estimators per graph, `max_sessions`
-live sessions, each expiring after `session_idle_s` without events (recorded as
+`max_nodes` nodes and `max_tools` tool keys per graph (further tools share an
+overflow key per category), `max_sessions` live sessions with at most 64 open
+tool calls each, each expiring after `session_idle_s` without events (recorded as
 an end of the session: an agent that went silent did not continue).
 """
 
@@ -50,6 +51,7 @@ __all__ = ["AEG", "Prediction", "END", "tool_key"]
 END = "$end"
 _NO_TOOL = ""
 _OVERFLOW = "~overflow"
+_MAX_OPEN_TOOLS = 64
 _EWMA = 0.2
 
 
@@ -306,6 +308,8 @@ class AEG:
         cat = category or guess_category(tool)
         key = tool_key(tool, cat)
         g = self._graph(tr.workflow)
+        if key not in g.tools and len(g.tools) >= self.max_tools:
+            key = tool_key(_OVERFLOW, cat)  # unbounded tool names share one key per category
         if not tr.open_tools:
             # The first tool of a batch names the edge; the batch ends with its last tool.
             tr.via, tr.via_category, tr.tool_started = key, cat, t
@@ -314,8 +318,8 @@ class AEG:
                 if node is not None:
                     node.tools[key] = node.tools.get(key, 0.0) + 1
             g.tools[key] = g.tools.get(key, 0.0) + 1
-            if len(g.tools) > 4 * self.max_tools:
-                g.tools.pop(min(g.tools, key=g.tools.__getitem__))
+        if len(tr.open_tools) >= _MAX_OPEN_TOOLS:  # ends that never came: forget the oldest
+            del tr.open_tools[next(iter(tr.open_tools))]
         tr.open_tools[call_id or tool] = (key, cat, t, expected_s)
         tr.in_llm = False
         tr.gap_started = None
@@ -504,7 +508,7 @@ class AEG:
             return
         self.counters["tool_samples"] += 1
         h = g.durations.get(key)
-        if h is None and len(g.durations) < self.max_tools:
+        if h is None and len(g.durations) < 2 * self.max_tools:
             h = g.durations[key] = LogHistogram()
             g.categories[key] = cat
         if h is not None:

@@ -239,3 +239,17 @@ def test_resume_time_conditions_on_elapsed_tool_time() -> None:
     assert fresh.resume_p50_s < 5.0
     assert later.resume_p50_s > 10.0
     assert later.resume_mean_s > 0.0
+
+
+def test_unbounded_tool_names_share_an_overflow_key() -> None:
+    aeg = AEG(max_tools=4)
+    aeg.session_start("s", 0.0, workflow="w")
+    for i in range(100):
+        aeg.llm_start("s", float(i))
+        aeg.tool_start("s", float(i), f"tool-{i}", call_id=f"c{i}", category="api")
+        aeg.tool_end("s", i + 0.5, f"tool-{i}", call_id=f"c{i}")
+    for i in range(200):  # tool ends that never arrive
+        aeg.tool_start("s", 100.0, "bash", call_id=f"open{i}", category="run")
+    g = aeg._graphs["w"]
+    assert len(g.tools) <= 4 + 2 and len(g.durations) <= 8 and len(g.nodes) <= 6  # + one per category
+    assert len(aeg.track("s").open_tools) <= 64
