@@ -110,7 +110,7 @@ def test_priority_index_update_remove_pop() -> None:
         idx.update("x", float("nan"))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["up", "rm", "pop"]), st.integers(0, 30),
                           st.floats(-1e6, 1e6, allow_nan=False)), max_size=300))
 def test_priority_index_pops_like_a_sorted_dict(ops) -> None:
