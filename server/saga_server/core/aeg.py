@@ -148,7 +148,8 @@ class SessionTrack:
     gap_started: float | None = None  # unhinted: when the last response finished
     last_prompt: int = 0
     last_output: int = 0
-    context_tokens: int = 0
+    context_tokens: int = 0  # KV the session holds now (prompt, plus answer once done)
+    base_tokens: int = 0  # context at the end of the last finished call (growth baseline)
     entered_from: tuple[str, str] | None = None  # (node, via) whose growth is pending
     last_llm_start: float | None = None
 
@@ -268,7 +269,7 @@ class AEG:
             self.observe_prompt(tr, prompt_tokens)
         if prompt_tokens > 0 or output_tokens > 0:
             tr.last_output = max(output_tokens, 0)
-            tr.context_tokens = tr.last_prompt + tr.last_output
+            tr.context_tokens = tr.base_tokens = tr.last_prompt + tr.last_output
         tr.in_llm = False
         if not hinted and not tr.hinted:
             # Without hints the pause until the next request is the only "tool".
@@ -284,8 +285,8 @@ class AEG:
 
     def observe_prompt(self, tr: SessionTrack, prompt_tokens: int) -> None:
         """A call's prompt length became known: learn the growth of the edge it came by."""
-        if tr.entered_from is not None and tr.context_tokens > 0:
-            growth = prompt_tokens - tr.context_tokens
+        if tr.entered_from is not None and tr.base_tokens > 0:
+            growth = prompt_tokens - tr.base_tokens
             g = self._graph(tr.workflow)
             n_from, via = tr.entered_from
             node = g.nodes.get(n_from)
@@ -300,7 +301,7 @@ class AEG:
             g.growth_mean += (growth - g.growth_mean) / min(g.growth_n, 1 / _EWMA)
             tr.entered_from = None
         tr.last_prompt = prompt_tokens
-        tr.context_tokens = max(tr.context_tokens, prompt_tokens)
+        tr.context_tokens = prompt_tokens
 
     def tool_start(self, sid: str, t: float, tool: str, *, call_id: str = "", category: str = "",
                    expected_s: float | None = None) -> SessionTrack:

@@ -185,3 +185,32 @@ def test_engine_only_sessions_are_visible() -> None:
     assert snap.metrics["context_tokens"] == 900.0
     assert [s.session_id for s in core.sessions(10)] == ["engine", "hinted"]
     assert [s.session_id for s in core.sessions(1)] == ["engine"]
+
+
+def test_prompt_growth_is_learned_whichever_of_request_and_hint_comes_first() -> None:
+    clock = Clock()
+    core = WorkflowCore(clock=clock)
+    for s in range(6):
+        sid = f"s{s}"
+        core.accept(SessionStart(sid, clock.t))
+        prompt = 1000
+        for step in range(4):
+            if s % 2:  # the engine sees the request before the hint
+                core.on_request_arrival(sid, prompt)
+                core.accept(LlmCallStart(sid, clock.t))
+            else:
+                core.accept(LlmCallStart(sid, clock.t))
+                core.on_request_arrival(sid, prompt)
+            core.on_request_finished(sid, prompt, 50)
+            core.accept(LlmCallEnd(sid, clock.t, prompt_tokens=prompt, output_tokens=50))
+            core.accept(ToolCallStart(sid, clock.t, "cat", call_id=str(step), category="read"))
+            clock.t += 0.2
+            core.accept(ToolCallEnd(sid, clock.t, "cat", call_id=str(step)))
+            prompt += 50 + 300  # answer plus a 300-token tool result
+        core.accept(SessionEnd(sid, clock.t))
+    core.accept(SessionStart("p", clock.t))
+    core.accept(LlmCallStart("p", clock.t))
+    core.accept(LlmCallEnd("p", clock.t, prompt_tokens=900, output_tokens=40))
+    core.accept(ToolCallStart("p", clock.t, "cat", call_id="x", category="read"))
+    assert core.predict("p").prompt_growth_tokens == pytest.approx(300.0)
+    assert core.session("p").metrics["context_tokens"] == 940.0
