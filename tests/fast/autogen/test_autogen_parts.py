@@ -177,3 +177,15 @@ def test_describe_never_raises_on_unknown_shapes():
         _participants = property(lambda self: 1 / 0)
 
     assert describe(Odd()) == ([], [])
+
+
+def test_a_run_that_raises_ends_its_session_as_failed_with_the_model_call_closed(hints, recorder):
+    bot = AssistantAgent("broke", model_client=SagaChatCompletionClient(ReplayChatCompletionClient([])))
+
+    with pytest.raises(ValueError, match="No more mock responses"):
+        asyncio.run(saga_autogen.run(bot, task="hi", client=hints, session_id="fails"))
+    assert hints.flush(5)
+    kinds = [type(e).__name__ for e in recorder.of("fails")]
+    assert kinds == ["SessionStart", "LlmCallStart", "LlmCallEnd", "SessionEnd"]
+    assert recorder.of("fails")[-1].outcome.value == "failed"
+    assert not saga_autogen._by_session  # nothing left bound

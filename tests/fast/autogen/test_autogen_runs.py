@@ -94,7 +94,6 @@ def test_single_agent_run_hints_llm_and_tool_calls_and_tags_requests(chat_server
 
 
 def test_parallel_tool_calls_each_get_their_own_start_and_end(chat_server, model_client, hints, recorder):
-    both_started = asyncio.Barrier if hasattr(asyncio, "Barrier") else None
     gate: dict = {}
 
     async def slow_a(x: int) -> int:
@@ -111,7 +110,7 @@ def test_parallel_tool_calls_each_get_their_own_start_and_end(chat_server, model
     bot = agent("par", model_client, [slow_a, slow_b])
 
     async def main():
-        gate["barrier"] = both_started(2)
+        gate["barrier"] = asyncio.Barrier(2)
         return await run(bot, task="go", client=hints)
 
     result = asyncio.run(main())
