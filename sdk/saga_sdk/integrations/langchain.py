@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
 import threading
+import weakref
 from contextvars import ContextVar
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
@@ -204,13 +204,15 @@ class SagaCallbackHandler(BaseCallbackHandler):
         workflow = self.workflow or name or "langchain"
         deadline = metadata.get("saga_deadline_s", self.deadline_s)
         sess = _Session(SessionContext(sid, tenant, workflow), run_id)
+        # Registered before anything that could fail, so that the children of this run
+        # join it even then, instead of each becoming a session of its own.
+        self._runs[run_id] = sess
+        sess.token = set_current_session(sess.ctx)
         client = self.client
         nodes, edges = self._structure(client, workflow, serialized)
         client.session_start(sid, tenant=tenant, workflow=workflow,
                              deadline_s=float(deadline) if deadline is not None else None,
                              nodes=nodes, edges=edges)
-        sess.token = set_current_session(sess.ctx)
-        self._runs[run_id] = sess
         return sess
 
     def _exit(self, run_id: UUID, error: BaseException | None) -> None:
@@ -223,20 +225,24 @@ class SagaCallbackHandler(BaseCallbackHandler):
             outcome = "cancelled"
         else:
             outcome = "failed"
-        self.client.session_end(sess.ctx.session_id, outcome=outcome)
-        _restore(sess.token)
-        # Runs of this session still open (a cancelled branch never reported its end)
-        # must not keep it alive.
-        for rid in [r for r, s in list(self._runs.items()) if s is sess]:
-            self._runs.pop(rid, None)
+        try:
+            self.client.session_end(sess.ctx.session_id, outcome=outcome)
+        finally:  # even if the hint failed, the user's context must not keep our session
+            _restore(sess.token)
+            # Runs of this session still open (a cancelled branch never reported its
+            # end) must not keep it alive.
+            for rid in [r for r, s in list(self._runs.items()) if s is sess]:
+                self._runs.pop(rid, None)
+                self._llm.pop(rid, None)
+                self._tools.pop(rid, None)
 
     def _structure(self, client: HintClient, workflow: str, serialized: Any):
         """The graph's nodes and edges the first time this client sees `workflow`."""
-        key = (id(client), workflow)
         with _described_lock:
-            if key in _described:
+            seen = _described.setdefault(client, set())
+            if workflow in seen:
                 return (), ()
-            _described.add(key)  # once, also when there is nothing to describe
+            seen.add(workflow)  # once, also when there is nothing to describe
         graph = self._graph if self._graph is not None else (_calling_graph() if serialized is None else None)
         if graph is None:
             return (), ()
@@ -298,13 +304,17 @@ class SagaCallbackHandler(BaseCallbackHandler):
     def _llm_end(self, run_id: UUID, response, error) -> None:
         sess = self._runs.get(run_id)
         started = self._llm.pop(run_id, None)
-        if sess is not None and started is not None:
-            step, node, token = started
-            prompt_tokens, output_tokens = _usage(response)
-            self.client.llm_call_end(sess.ctx.session_id, step=step, node=node,
-                                     prompt_tokens=prompt_tokens, output_tokens=output_tokens)
-            _restore(token)
-        self._exit(run_id, error)
+        try:
+            if sess is not None and started is not None:
+                step, node, token = started
+                try:
+                    prompt_tokens, output_tokens = _usage(response)
+                    self.client.llm_call_end(sess.ctx.session_id, step=step, node=node,
+                                             prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+                finally:
+                    _restore(token)
+        finally:
+            self._exit(run_id, error)
 
     # -- tools ----------------------------------------------------------------------------
 
@@ -315,10 +325,11 @@ class SagaCallbackHandler(BaseCallbackHandler):
         sess = self._enter(run_id, parent_run_id, metadata, name, serialized)
         meta = metadata or {}
         expected = meta.get(_DURATION_KEY, self.tool_hints.get(name))
-        self.client.tool_call_start(sess.ctx.session_id, name, call_id=_call_id(kwargs, run_id),
+        call_id = _call_id(kwargs, run_id)
+        self._tools[run_id] = (name, call_id)
+        self.client.tool_call_start(sess.ctx.session_id, name, call_id=call_id,
                                     category=str(meta.get(_CATEGORY_KEY) or ""),
                                     expected_duration_s=float(expected) if expected is not None else None)
-        self._tools[run_id] = (name, _call_id(kwargs, run_id))
 
     @_isolated
     def on_tool_end(self, output, *, run_id, parent_run_id=None, **kwargs) -> None:
@@ -334,15 +345,18 @@ class SagaCallbackHandler(BaseCallbackHandler):
     def _tool_end(self, run_id: UUID, outcome: str, error) -> None:
         sess = self._runs.get(run_id)
         started = self._tools.pop(run_id, None)
-        if sess is not None and started is not None:
-            name, call_id = started
-            self.client.tool_call_end(sess.ctx.session_id, name, call_id=call_id, outcome=outcome)
-        self._exit(run_id, error)
+        try:
+            if sess is not None and started is not None:
+                name, call_id = started
+                self.client.tool_call_end(sess.ctx.session_id, name, call_id=call_id, outcome=outcome)
+        finally:
+            self._exit(run_id, error)
 
 
 # -- helpers ------------------------------------------------------------------------------
 
-_described: set = set()
+# client -> workflows whose structure it has sent (weak: clients come and go in tests)
+_described: "weakref.WeakKeyDictionary[HintClient, set[str]]" = weakref.WeakKeyDictionary()
 _described_lock = threading.Lock()
 _logged: set[str] = set()
 

@@ -8,7 +8,6 @@ import asyncio
 import logging
 import socket
 import threading
-import time
 import uuid
 
 import pytest
@@ -17,13 +16,13 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableLambda
 from langchain_core.tools import ToolException, tool
-from langchain_openai import ChatOpenAI
+from langchain_openai import ChatOpenAI, OpenAI
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 from saga_sdk import HintClient, current_session, set_client
 from saga_sdk.integrations.langchain import SagaCallbackHandler, describe_graph, saga_tool_hint
 
-from saga_server.core.events import SessionOutcome, SessionStart, ToolCallEnd, ToolCallStart, ToolOutcome, LlmCallEnd
+from saga_server.core.events import LlmCallEnd, SessionOutcome, SessionStart, ToolCallEnd, ToolCallStart, ToolOutcome
 
 import saga_tests_chat_server as chat  # loaded by conftest.py
 
@@ -132,6 +131,28 @@ def test_structure_is_declared_once_per_workflow(make_chat_server, hints, regist
     assert second.structure is None
     assert describe_graph(agent) == ([(n.name, n.kind) for n in first.structure.nodes],
                                      list(first.structure.edges))
+
+
+def test_structure_is_found_under_ainvoke_too(make_chat_server, hints, registry):
+    server = make_chat_server(calls_then_answer(("mul", {"a": 2, "b": 3})))
+    agent = create_agent(model(server), [mul])
+    handler = SagaCallbackHandler(hints, workflow="async-structure")
+    asyncio.run(agent.ainvoke(USER, config={"callbacks": [handler], "configurable": {"thread_id": "as-s"}}))
+    assert hints.flush(5)
+    (start,) = [e for e in registry.events if isinstance(e, SessionStart)]
+    assert {(n.name, n.kind) for n in start.structure.nodes} == {("model", "llm"), ("mul", "tool"),
+                                                                  ("__end__", "end")}
+
+
+def test_an_explicit_graph_is_declared_for_a_plain_chain_root(make_chat_server, hints, registry):
+    server = make_chat_server()
+    agent = create_agent(model(server), [add])
+    chain = RunnableLambda(lambda x: x) | model(server)  # root is a chain, not the graph
+    chain.invoke("hi", config={"callbacks": [SagaCallbackHandler(hints, graph=agent, workflow="explicit")],
+                               "metadata": {"session_id": "explicit"}})
+    assert hints.flush(5)
+    (start,) = [e for e in registry.events if isinstance(e, SessionStart)]
+    assert ("add", "tool") in {(n.name, n.kind) for n in start.structure.nodes}
 
 
 # -- concurrency -------------------------------------------------------------------------------
@@ -288,6 +309,21 @@ def test_a_chat_model_called_alone_is_a_one_step_session(make_chat_server, hints
     assert server.chat_requests()[0].headers["x-session-id"] == "solo"
 
 
+def test_a_completion_llm_and_a_tool_called_alone(make_chat_server, hints, registry):
+    server = make_chat_server()
+    llm = OpenAI(model="scripted", base_url=server.base_url, api_key="test", max_retries=0)
+    handler = SagaCallbackHandler(hints)
+    assert llm.invoke("hi", config={"callbacks": [handler], "metadata": {"session_id": "legacy"}}) == "ok"
+    assert add.invoke({"a": 1, "b": 1}, config={"callbacks": [handler], "metadata": {"session_id": "lone-tool"}}) == 2
+    assert hints.flush(5)
+    assert [k for k, _ in history(registry, "legacy")] == ["session_start", "llm_call_start", "llm_call_end",
+                                                           "session_end"]
+    assert history(registry, "lone-tool") == [("session_start", "add"), ("tool_call_start", "add"),
+                                              ("tool_call_end", "add"), ("session_end", "completed")]
+    assert server.requests[0].path == "/v1/completions"
+    assert server.requests[0].headers["x-session-id"] == "legacy"
+
+
 # -- SAGA unavailable or broken: the agent never notices ---------------------------------------
 
 def run_calc(server, callbacks, thread_id):
@@ -329,9 +365,32 @@ def test_a_failing_handler_never_reaches_the_chain_and_logs_once(make_chat_serve
         first = run_calc(make_chat_server(script), [handler], "boom")
         second = run_calc(make_chat_server(script), [handler], "boom")
     assert contents(first) == contents(second) == contents(plain)
+    assert current_session() is None  # the context is restored even when the hint failed
+    assert handler._runs == {} and handler._llm == {} and handler._tools == {}
     failures = [r for r in caplog.records if "handler failed" in r.message]
-    assert sorted({r.args[0] for r in failures}) == ["on_chain_start", "on_chat_model_start", "on_tool_start"]
-    assert len(failures) == 3  # once per callback, not once per call
+    assert sorted(r.args[0] for r in failures) == ["on_chain_end", "on_chain_start", "on_chat_model_start",
+                                                   "on_llm_end", "on_tool_end", "on_tool_start"]  # once each
+
+
+class FailingStartClient(HintClient):
+    """session_start fails (a user-supplied client with a bug); the rest works."""
+
+    def session_start(self, *args, **kwargs):
+        raise RuntimeError("no sessions today")
+
+
+def test_a_failed_session_start_still_keeps_the_run_one_session(make_chat_server, hint_server, registry):
+    client = FailingStartClient(endpoint=hint_server.endpoint, flush_interval_s=0)
+    try:
+        server = make_chat_server(calls_then_answer(("add", {"a": 1, "b": 2})))
+        out = run_calc(server, [SagaCallbackHandler(client)], "half")
+        assert out["messages"][-1].content == "answer 3"
+        assert client.flush(5)
+    finally:
+        client.shutdown(timeout=1)
+    sessions = {e.session_id for e in registry.events}
+    assert sessions == {"half"}  # children did not each start a session of their own
+    assert {r.headers["x-session-id"] for r in server.chat_requests()} == {"half"}
 
 
 # -- tool duration hints -------------------------------------------------------------------------
