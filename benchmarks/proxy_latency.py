@@ -201,6 +201,16 @@ async def load(url: str, agents: int, seconds: float) -> dict:
             "p99_ms": 1000 * percentile(latencies, 0.99) if latencies else None}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def wait_ready(url: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -245,25 +255,34 @@ def main(argv: list[str] | None = None) -> int:
         proxy_url = f"http://127.0.0.1:{port}"
         wait_ready(proxy_url)
         sequential(direct_url, proxy_url, 30, False)  # warm both paths
-        print(f"saga proxy overhead on loopback ({os.cpu_count()} CPUs; upstream answers in well under 1 ms)")
+        print(f"saga proxy overhead on loopback ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} "
+              f"at start; the upstream answers in about a millisecond)")
+        cpu0 = cpu_seconds(proxy.pid)
         r = sequential(direct_url, proxy_url, args.steps, False)
+        r_cpu = 1000 * (cpu_seconds(proxy.pid) - cpu0) / r["steps"]
         print(f"non-streaming, {r['steps']} sequential agent steps:")
         print(f"  direct  p50 {r['direct_p50_ms']:.2f} ms  p99 {r['direct_p99_ms']:.2f} ms")
         print(f"  proxy   p50 {r['proxy_p50_ms']:.2f} ms  p99 {r['proxy_p99_ms']:.2f} ms")
-        print(f"  added   p50 {r['added_p50_ms']:.2f} ms  p99 {r['added_p99_ms']:.2f} ms   (target: p50 <= 2 ms)")
+        print(f"  added   p50 {r['added_p50_ms']:.2f} ms  p99 {r['added_p99_ms']:.2f} ms   (target: p50 <= 2 ms)   "
+              f"proxy CPU {r_cpu:.2f} ms/request")
+        cpu0 = cpu_seconds(proxy.pid)
         s = sequential(direct_url, proxy_url, args.steps, True)
+        s_cpu = 1000 * (cpu_seconds(proxy.pid) - cpu0) / s["steps"]
         print(f"streaming, {s['steps']} sequential agent steps (time to first chunk / whole stream):")
         print(f"  direct  first p50 {s['direct_first_p50_ms']:.2f} ms  p99 {s['direct_first_p99_ms']:.2f} ms   "
               f"whole p50 {s['direct_p50_ms']:.2f} ms")
         print(f"  proxy   first p50 {s['proxy_first_p50_ms']:.2f} ms  p99 {s['proxy_first_p99_ms']:.2f} ms   "
               f"whole p50 {s['proxy_p50_ms']:.2f} ms")
         print(f"  added   first p50 {s['added_first_p50_ms']:.2f} ms  p99 {s['added_first_p99_ms']:.2f} ms   "
-              f"whole p50 {s['added_p50_ms']:.2f} ms")
+              f"whole p50 {s['added_p50_ms']:.2f} ms   proxy CPU {s_cpu:.2f} ms/request")
         print(f"{args.agents} concurrent agents, {args.seconds:.0f} s each:")
         for name, url in (("direct", direct_url), ("proxy", proxy_url)):
+            cpu0 = cpu_seconds(proxy.pid)
             lr = asyncio.run(load(url, args.agents, args.seconds))
+            note = f"  proxy CPU {1000 * (cpu_seconds(proxy.pid) - cpu0) / max(1, lr['requests']):.2f} ms/request" \
+                if name == "proxy" else ""
             print(f"  {name:<6}  {lr['rps']:.0f} req/s  {lr['requests']} ok  {lr['errors']} errors {lr['error_kinds'] or ''}"
-                  f"  latency p50 {lr['p50_ms']:.1f} ms  p99 {lr['p99_ms']:.1f} ms")
+                  f"  latency p50 {lr['p50_ms']:.1f} ms  p99 {lr['p99_ms']:.1f} ms{note}")
     finally:
         for proc in (proxy, upstream):
             if proc is not None:

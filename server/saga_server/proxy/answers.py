@@ -50,6 +50,7 @@ class SseAnswer:
         self._buffer = b""
         self._choices: dict[int, dict[str, Any]] = {}
         self._usage: dict | None = None
+        self.done = False  # the `[DONE]` event has been read
 
     def feed(self, chunk: bytes) -> None:
         self._buffer += chunk
@@ -84,6 +85,7 @@ class SseAnswer:
             return
         payload = b"\n".join(data)
         if payload.strip() == b"[DONE]":
+            self.done = True
             return
         try:
             chunk = json.loads(payload)

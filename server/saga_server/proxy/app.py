@@ -124,6 +124,26 @@ class SagaProxy:
     # -- one request --------------------------------------------------------------------
 
     async def _http(self, scope, receive, send) -> None:
+        started = False
+
+        async def tracked_send(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self._forward(scope, receive, tracked_send)
+        except UpstreamBroke:
+            raise  # abort the client's connection: its stream was cut upstream
+        except Exception:
+            self.errors["internal"] += 1
+            self._log_once("internal", "internal error while proxying a request", exc_info=True)
+            if started:
+                raise
+            await _error(500, "saga proxy: internal error (see the proxy's log)", "proxy_internal_error")(
+                scope, receive, send)
+
+    async def _forward(self, scope, receive, send) -> None:
         body = await self._read_body(receive)
         if body is None:
             await _error(413, f"saga proxy: request body over {self.config.max_body_bytes} bytes",
@@ -172,24 +192,30 @@ class SagaProxy:
                               f"({type(exc).__name__})", "upstream_broken")(scope, receive, send)
             return
         await upstream.aclose()
+        # Learn the answer before the agent can see it (and send its next request).
+        self._finish(turn, reader, data if reader is not None else None, upstream.status_code < 400)
         await send({"type": "http.response.start", "status": upstream.status_code, "headers": response_headers})
         await send({"type": "http.response.body", "body": data})
-        self._finish(turn, reader, data if reader is not None else None, upstream.status_code < 400)
 
     async def _relay(self, upstream: httpx.Response, turn: Turn | None, reader):
-        """Pass the upstream body on chunk by chunk; learn the answer after each
-        chunk has gone out. Runs to its `finally` however the client leaves."""
-        completed = False
+        """Pass the upstream body on chunk by chunk. Each chunk is read before it goes
+        out, and the turn is finished before the chunk carrying `[DONE]` does: an agent
+        that sends its next request the moment it sees the end must find this answer
+        already learnt. Runs to its `finally` however the client leaves."""
+        completed = finished = False
         try:
             async for chunk in upstream.aiter_raw():
-                yield chunk
-                if reader is not None:
+                if reader is not None and not finished:
                     try:
                         reader.feed(chunk)
                     except Exception:
                         self._log_once("reader", "cannot read a streamed answer; not learning from it",
                                        exc_info=True)
                         reader = None
+                    if reader is not None and reader.done:
+                        finished = True
+                        self._finish(turn, reader, None, upstream.status_code < 400)
+                yield chunk
             completed = True
         except httpx.HTTPError as exc:
             # Break the client's stream too: ending it cleanly would pass a cut answer off as whole.
@@ -199,7 +225,7 @@ class SagaProxy:
         finally:
             with anyio.CancelScope(shield=True):
                 await upstream.aclose()
-            if turn is not None:
+            if turn is not None and not finished:
                 if completed and reader is not None and upstream.status_code < 400:
                     self._finish(turn, reader, None, True)
                 else:

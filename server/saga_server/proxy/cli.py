@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"saga proxy: OpenAI base URL http://{args.host}:{args.port}/v1 -> {app._origin} "
           f"(hints: {hint_note})", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                lifespan="on", http="httptools")
+                lifespan="on", http="auto")
     hints.shutdown()
     return 0
 

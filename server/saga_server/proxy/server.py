@@ -17,7 +17,7 @@ class BackgroundServer:
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
                  startup_timeout_s: float = 30.0) -> None:
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                                lifespan="on", loop="asyncio", http="httptools", timeout_keep_alive=30)
+                                lifespan="on", loop="asyncio", http="auto", timeout_keep_alive=30)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="saga-uvicorn", daemon=True)
         self._startup_timeout_s = startup_timeout_s

@@ -13,7 +13,8 @@ Step j of the conversation (j = assistant messages so far) follows the j-th
 `answer` replies with text, `error 500` (any status) fails with an OpenAI-style
 JSON error, `break` sends two stream chunks and then drops the connection,
 `gate` sends the first stream chunk and waits (up to 30 s) for the
-`threading.Event` `app.state.gate` to be set.
+`threading.Event` `app.state.gate` to be set; a trailing `linger` (e.g.
+`tools a linger`) keeps the stream open for a second after `[DONE]`.
 Without a plan it acts like a real server's guided decoding: a named
 `tool_choice` calls that function, `"required"` calls the first tool, anything
 else gets a text answer. Ids and timestamps derive from
@@ -59,6 +60,8 @@ def build_app(*, record: bool = True) -> Starlette:
             return _error(400, "messages: field required", "BadRequestError")
         step = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
         action = _plan(messages, step) or _forced(body)
+        linger = action.endswith(" linger")  # keep the stream open a while after [DONE]
+        action = action.removesuffix(" linger")
         key = hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()[:12]
         if action.startswith("error"):
             status = int(action.split()[1]) if len(action.split()) > 1 else 500
@@ -71,7 +74,7 @@ def build_app(*, record: bool = True) -> Starlette:
         prompt_tokens = sum(len(str(m.get("content") or "")) // 4 + 1 for m in messages if isinstance(m, dict))
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(_stream(key, text, calls, action, prompt_tokens, usage),
+            return StreamingResponse(_stream(key, text, calls, action, prompt_tokens, usage, linger),
                                      media_type="text/event-stream")
         message = {"role": "assistant", "content": text, "refusal": None}
         if calls:
@@ -93,7 +96,7 @@ def build_app(*, record: bool = True) -> Starlette:
                              "choices": [{"index": 0, "text": " world", "finish_reason": "stop", "logprobs": None}],
                              "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}})
 
-    async def _stream(key, text, calls, action, prompt_tokens, usage):
+    async def _stream(key, text, calls, action, prompt_tokens, usage, linger=False):
         def event(delta, finish=None):
             chunk = {"id": f"chatcmpl-{key}", "object": "chat.completion.chunk", "created": CREATED, "model": MODEL,
                      "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
@@ -122,6 +125,8 @@ def build_app(*, record: bool = True) -> Starlette:
                                              "total_tokens": prompt_tokens + 7}}
             yield f"data: {json.dumps(tail)}\n\n".encode()
         yield b"data: [DONE]\n\n"
+        if linger:
+            await asyncio.sleep(1.0)
 
     app = Starlette(routes=[
         Route("/v1/models", models),

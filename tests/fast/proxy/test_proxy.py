@@ -150,6 +150,33 @@ def test_tool_calling_agent_is_one_session_with_its_tools(proxy, upstream, regis
     assert registry.session(sid).open_tools == ()
 
 
+def test_next_request_sent_at_done_finds_the_answer_learnt(proxy, upstream, registry):
+    """The agent sends its next step the moment it reads [DONE], while the upstream
+    still holds the stream open: the proxy must have learnt the answer by then."""
+    messages = [SYSTEM, {"role": "user", "content": "plan: tools get_user linger | answer"}]
+    with httpx.stream("POST", proxy.url + "/v1/chat/completions", timeout=30,
+                      json={"model": "m", "stream": True, "messages": messages, "tools": TOOLS}) as r:
+        events = []
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                break
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+        call = events[1]["choices"][0]["delta"]["tool_calls"][0]
+        args = "".join(e["choices"][0]["delta"]["tool_calls"][0]["function"].get("arguments", "")
+                       for e in events if e["choices"] and e["choices"][0]["delta"].get("tool_calls"))
+        answer = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call["id"], "type": "function", "function": {"name": "get_user", "arguments": args}}]}
+        second = httpx.post(proxy.url + "/v1/chat/completions", timeout=30, json={
+            "model": "m", "messages": messages + [answer, {"role": "tool", "tool_call_id": call["id"], "content": "x"}]})
+        assert second.status_code == 200
+    ids = session_ids(upstream)
+    assert len(ids) == 2 and ids[0] == ids[1]
+    assert proxy.app.hints.flush(5)
+    assert kinds(registry, ids[0]) == ["session_start", "llm_call_start", "llm_call_end", "tool_call_start",
+                                       "tool_call_end", "llm_call_start", "llm_call_end"]
+
+
 def test_interleaved_agents_get_their_own_sessions(proxy, upstream, registry):
     """Three agents with the same system prompt and tools, run step by step in turn."""
     client = sdk(proxy)
