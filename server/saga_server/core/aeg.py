@@ -89,6 +89,21 @@ class _ExpDist:
         return max(elapsed, 0.0) - math.log(max(1.0 - q, 1e-9)) * self.m
 
 
+class _Imminent:
+    """Nothing left to wait for."""
+
+    __slots__ = ()
+
+    def mean_above(self, elapsed: float) -> float:
+        return max(elapsed, 0.0)
+
+    def quantile_above(self, q: float, elapsed: float) -> float:
+        return max(elapsed, 0.0)
+
+
+_NOW = _Imminent()
+
+
 @dataclass(slots=True)
 class _Edge:
     resumed: float = 0.0
@@ -433,6 +448,8 @@ class AEG:
             return best, best_t0
         if tr.gap_started is not None:
             return self._dist(g, tr.via, tr.via_category, None), tr.gap_started
+        if tr.via and not tr.in_llm:
+            return _NOW, tr.last_event  # its tools are done: the next call is imminent
         return None, 0.0
 
     def next_tool_category(self, tr: SessionTrack) -> str:

@@ -253,3 +253,15 @@ def test_unbounded_tool_names_share_an_overflow_key() -> None:
     g = aeg._graphs["w"]
     assert len(g.tools) <= 4 + 2 and len(g.durations) <= 8 and len(g.nodes) <= 6  # + one per category
     assert len(aeg.track("s").open_tools) <= 64
+
+
+def test_after_the_tools_end_the_next_call_is_imminent() -> None:
+    aeg = AEG()
+    aeg.session_start("s", 0.0)
+    aeg.llm_start("s", 0.0)
+    aeg.llm_end("s", 1.0, prompt_tokens=100, output_tokens=10)
+    aeg.tool_start("s", 1.0, "pytest", call_id="a", category="test")
+    assert aeg.predict("s", 1.0).resume_mean_s > 0.0
+    aeg.tool_end("s", 9.0, "pytest", call_id="a")
+    p = aeg.predict("s", 9.5)
+    assert p.resume_mean_s == p.resume_p90_s == 0.0 and p.p_continue > 0.5
