@@ -48,6 +48,9 @@ except ImportError:  # progress bars are a nicety, not a dependency
         return it
 
 
+LEVELS = (0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
+
+
 class SimClock:
     __slots__ = ("t",)
 
@@ -84,6 +87,7 @@ def replay(tasks: list[dict], warmup: int = 0) -> dict:
     cal = defaultdict(lambda: [0, 0, 0])  # category -> [n, <= p90, <= p50]
     p_last, p_other = [], []
     n_tool = 0
+    reliability = [0] * len(LEVELS)  # actual <= predicted q-quantile, per level
     for ti, task in enumerate(tqdm(tasks, desc="replay", unit="task")):
         sid = f"{task.get('run', '')}/{task.get('task_id', ti)}/{ti}"
         wf = task.get("agent", "agent")
@@ -121,6 +125,9 @@ def replay(tasks: list[dict], warmup: int = 0) -> dict:
                         c[0] += 1
                         c[1] += dur <= p.resume_p90_s
                         c[2] += dur <= p.resume_p50_s
+                        d, t0 = core.aeg.resume_dist(core.aeg.track(sid))
+                        for li, q in enumerate(LEVELS):
+                            reliability[li] += dur <= d.quantile_above(q, clock.t - t0) - (clock.t - t0)
                     clock.t += float(dur)
                 ev(ToolCallEnd(sid, clock.t, tool.get("name") or "tool", call_id=cid))
         ev(SessionEnd(sid, clock.t))
@@ -145,6 +152,8 @@ def replay(tasks: list[dict], warmup: int = 0) -> dict:
         "p_continue_before_last_tool": sum(p_last) / len(p_last) if p_last else float("nan"),
         "p_continue_other_tools": sum(p_other) / len(p_other) if p_other else float("nan"),
         "predictions_scored": cat_total,
+        "coverage_by_level": {str(q): round(r / n90, 4) if n90 else float("nan")
+                              for q, r in zip(LEVELS, reliability)},
     }
 
 
@@ -182,12 +191,36 @@ def replay_engine_only(tasks: list[dict], warmup: int = 0) -> dict:
     }
 
 
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    levels = [float(q) for q in res["coverage_by_level"]]
+    a.plot([0, 1], [0, 1], "--", color="grey", label="perfect")
+    a.plot(levels, list(res["coverage_by_level"].values()), "o-", label="AEG")
+    a.set(xlabel="predicted quantile of tool duration", ylabel="share of tools done by then",
+          title="Resume-time calibration")
+    a.legend()
+    cats = res["p90_coverage_by_category"]
+    b.bar(list(cats), list(cats.values()), alpha=0.7)
+    b.axhspan(0.85, 0.95, color="green", alpha=0.25, zorder=3, label="target 0.85-0.95")
+    b.set(ylim=(0, 1), ylabel="share under predicted p90", title="p90 coverage by tool category")
+    b.tick_params(axis="x", rotation=45)
+    b.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", type=Path, required=True, help="saga-trace/1 JSONL file")
     ap.add_argument("--warmup", type=int, default=0, help="tasks learned from but not scored")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--no-hints", action="store_true", help="engine events only (inferred AEG)")
+    ap.add_argument("--plot", type=Path, help="write a calibration plot (PNG) here (hinted mode)")
     args = ap.parse_args(argv)
     if not args.trace.is_file():
         print(f"no such trace: {args.trace}", file=sys.stderr)
@@ -196,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     res = replay_engine_only(tasks, args.warmup) if args.no_hints else replay(tasks, warmup=args.warmup)
     for k, v in res.items():
         print(f"{k:32s} {v:.4f}" if isinstance(v, float) else f"{k:32s} {v}")
+    if args.plot and not args.no_hints:
+        plot(res, args.plot)
+        print(f"plot: {args.plot}")
     if args.json:
         args.json.write_text(json.dumps(res, indent=2))
     return 0
