@@ -1,0 +1,262 @@
+"""Replay concurrent SWE-bench agent sessions against `saga serve` and `--no-saga`.
+
+Sessions come from a saga-trace/1 file (default `../shared/traces/swe-mini-dev.jsonl`;
+never copied into the repo). For each of --sessions tasks (the first ones with at
+least --steps LLM calls, in file order after a seeded shuffle) the first --steps
+calls are replayed:
+
+- token counts are scaled per task so its largest replayed prompt is
+  --target-prompt tokens (the model has a 4k context); output lengths are scaled
+  by the same factor (clamped to [4, --max-output]) and forced with `ignore_eos`;
+- prompts are real tokenizer output of English-like text and each one *extends*
+  the session's previous prompt plus the answer the server actually returned
+  (token ids from `return_token_ids`), then new text ("tool output") up to the
+  scaled length, exactly like an agent's append-only history;
+- between calls the session sleeps for the trace's tool durations (capped at
+  --max-tool-s) and sends SAGA hints (session start/end, tool start/end with the
+  trace's tool name and category), as an instrumented agent would. The stock
+  server gets the same hints sent to a port nobody listens on (the client drops
+  them without blocking), so the client side is identical.
+
+Both servers run with the same vLLM flags and a KV cache of --kv-blocks blocks of
+32 tokens, small enough that LRU evicts paused sessions. Reported per mode: task
+completion time (first request to last answer) mean and p90, their ratio
+stock/SAGA, prefix-hit rate (cached / prompt tokens) and regen share (tokens
+computed before and recomputed now / prompt tokens).
+
+    .venv/bin/python benchmarks/serve_trace_replay.py                 # defaults, ~15 min on 2 cores
+    .venv/bin/python benchmarks/serve_trace_replay.py --sessions 6 --steps 8 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_common import ROOT, free_port, pct, start_server  # noqa: E402
+
+DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "swe-mini-dev.jsonl"
+WORDS = ("the a of to and in is that for it with as on be this by file test function error value return "
+         "class def import self line code result output module path data list string number check run "
+         "python pytest assert fix change update call method object type name config").split()
+
+
+@dataclass
+class Step:
+    prompt_tokens: int
+    output_tokens: int
+    tools: list[tuple[str, str, float]]  # (name, category, seconds)
+
+
+@dataclass
+class Task:
+    task_id: str
+    steps: list[Step]
+
+
+@dataclass
+class SessionResult:
+    task_id: str
+    start: float = 0.0
+    end: float = 0.0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    new_tokens: int = 0  # tokens never computed before (first prompt + each step's new text)
+    step_latency: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+def load_tasks(path: Path, n: int, steps: int, target_prompt: int, max_output: int, max_tool_s: float,
+               seed: int) -> list[Task]:
+    raw = [json.loads(line) for line in path.open()]
+    random.Random(seed).shuffle(raw)
+    tasks = []
+    for t in raw:
+        if len(t["steps"]) < steps:
+            continue
+        chosen = t["steps"][:steps]
+        scale = target_prompt / max(s["prompt_tokens"] for s in chosen)
+        out = []
+        for s in chosen:
+            tools = [(tl["name"], tl.get("category") or "", min(max_tool_s, tl["duration_s"] or 0.0))
+                     for tl in s["tools"]]
+            out.append(Step(max(8, int(s["prompt_tokens"] * scale)),
+                            max(4, min(max_output, int(s["output_tokens"] * scale))), tools))
+        tasks.append(Task(t["task_id"], out))
+        if len(tasks) == n:
+            break
+    if len(tasks) < n:
+        raise SystemExit(f"only {len(tasks)} tasks in {path} have >= {steps} steps")
+    return tasks
+
+
+class TokenSource:
+    """Real token ids of English-like text, sliced per session (deterministic)."""
+
+    def __init__(self, model_dir: str, seed: int) -> None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        rnd = random.Random(seed)
+        text = " ".join(rnd.choice(WORDS) for _ in range(60000))
+        self.ids = tok.encode(text, add_special_tokens=False)
+
+    def take(self, n: int, rnd: random.Random) -> list[int]:
+        start = rnd.randrange(0, len(self.ids) - n - 1)
+        return self.ids[start:start + n]
+
+
+def run_session(server, task: Task, tokens: TokenSource, hint_addr: str, seed: int, res: SessionResult,
+                start_delay: float) -> None:
+    from saga_sdk import HintClient
+
+    rnd = random.Random(f"{seed}-{task.task_id}")
+    sid = f"{task.task_id}-{seed}"
+    hints = HintClient(endpoint=hint_addr)
+    time.sleep(start_delay)
+    res.start = time.monotonic()
+    try:
+        hints.session_start(sid, tenant="swe", workflow="mini-swe-agent")
+        prompt: list[int] = []
+        for i, step in enumerate(task.steps):
+            if i == 0:
+                # a session-unique header first, so sessions share nothing by accident
+                prompt = tokens.take(8, rnd) + tokens.take(step.prompt_tokens - 8, rnd)
+                res.new_tokens += len(prompt)
+            else:
+                grow = max(1, step.prompt_tokens - len(prompt))
+                prompt = prompt + tokens.take(grow, rnd)
+                res.new_tokens += grow
+            hints.llm_call_start(sid, step=i)
+            t0 = time.monotonic()
+            out = server.post("/v1/completions", {
+                "model": server.model, "prompt": prompt, "max_tokens": step.output_tokens,
+                "ignore_eos": True, "temperature": 0.0, "return_token_ids": True, "session_id": sid})
+            res.step_latency.append(time.monotonic() - t0)
+            usage = out["usage"]
+            res.prompt_tokens += usage["prompt_tokens"]
+            res.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            answer = out["choices"][0].get("token_ids") or []
+            hints.llm_call_end(sid, step=i, prompt_tokens=usage["prompt_tokens"],
+                               output_tokens=usage["completion_tokens"])
+            prompt = prompt + list(answer)
+            res.new_tokens += 0  # the answer's KV was computed while decoding
+            if i + 1 < len(task.steps):
+                for n, (name, category, seconds) in enumerate(step.tools):
+                    hints.tool_call_start(sid, name, call_id=f"{i}.{n}", category=category)
+                    time.sleep(seconds)
+                    hints.tool_call_end(sid, name, call_id=f"{i}.{n}")
+        res.end = time.monotonic()
+        hints.session_end(sid)
+    except Exception as exc:  # recorded and reported; a failed session is not a fast one
+        res.error = repr(exc)
+        res.end = time.monotonic()
+    finally:
+        hints.shutdown(2)
+
+
+def replay(saga: bool, tasks: list[Task], tokens: TokenSource, args) -> dict:
+    vllm_args = ["--num-gpu-blocks-override", str(args.kv_blocks), "--max-num-seqs", str(args.max_num_seqs)]
+    server = start_server(saga, vllm_args, fast_start=not args.compiled)
+    hint_addr = server.hint_addr if saga else f"127.0.0.1:{free_port()}"  # stock: nobody listens
+    results = [SessionResult(t.task_id) for t in tasks]
+    rnd = random.Random(args.seed)
+    delays = [rnd.uniform(0, args.stagger_s) for _ in tasks]
+    threads = [threading.Thread(target=run_session, args=(server, t, tokens, hint_addr, args.seed, r, d))
+               for t, r, d in zip(tasks, results, delays)]
+    t0 = time.monotonic()
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        metrics = {}
+        try:
+            from saga_server.serve.status import fetch_metrics
+
+            metrics = {k: v for k, v in fetch_metrics(server.base_url).items()
+                       if k.startswith(("saga_pins", "saga_evicted", "saga_prefetches", "vllm:prefix_cache"))}
+        except Exception as exc:
+            metrics = {"error": repr(exc)}
+        rss = server.rss_bytes()
+    finally:
+        server.stop()
+    wall = time.monotonic() - t0
+    ok = [r for r in results if not r.error]
+    tct = [r.end - r.start for r in ok]
+    prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    new = sum(r.new_tokens for r in ok)
+    return {
+        "mode": "saga" if saga else "no-saga", "sessions_ok": len(ok), "errors": [r.error for r in results if r.error],
+        "tct_mean_s": statistics.fmean(tct) if tct else float("nan"), "tct_p90_s": pct(tct, 0.9),
+        "step_latency_mean_s": statistics.fmean([x for r in ok for x in r.step_latency]) if ok else float("nan"),
+        "prompt_tokens": prompt, "cached_tokens": cached, "hit_rate": cached / prompt if prompt else 0.0,
+        "regen_share": max(0, prompt - cached - new) / prompt if prompt else 0.0,
+        "wall_s": wall, "ready_s": server.ready_s, "rss_gb": rss / 2**30, "metrics": metrics,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    p.add_argument("--sessions", type=int, default=8)
+    p.add_argument("--steps", type=int, default=10, help="LLM calls replayed per session")
+    p.add_argument("--target-prompt", type=int, default=3000, help="largest scaled prompt of a session")
+    p.add_argument("--max-output", type=int, default=48)
+    p.add_argument("--max-tool-s", type=float, default=20.0, help="cap on one tool's duration")
+    p.add_argument("--kv-blocks", type=int, default=400, help="KV cache in blocks of 32 tokens")
+    p.add_argument("--max-num-seqs", type=int, default=4)
+    p.add_argument("--stagger-s", type=float, default=3.0, help="sessions start uniformly within this window")
+    p.add_argument("--modes", default="saga,no-saga")
+    p.add_argument("--compiled", action="store_true", help="start without --enforce-eager")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, help="also write the results here")
+    args = p.parse_args()
+
+    from saga_server.serve.model import ensure_default_model
+
+    model_dir = str(ensure_default_model())
+    tasks = load_tasks(args.trace, args.sessions, args.steps, args.target_prompt, args.max_output,
+                       args.max_tool_s, args.seed)
+    tokens = TokenSource(model_dir, args.seed)
+    total_tool = sum(s for t in tasks for st in t.steps[:-1] for _, _, s in st.tools)
+    print(f"{len(tasks)} sessions x {args.steps} steps from {args.trace.name}; KV {args.kv_blocks} blocks "
+          f"({args.kv_blocks * 32} tokens); working set at the end "
+          f"{sum(t.steps[-1].prompt_tokens for t in tasks)} tokens; tool time {total_tool:.0f} s in all", flush=True)
+    out = []
+    for mode in args.modes.split(","):
+        print(f"-- {mode} ...", flush=True)
+        r = replay(mode == "saga", tasks, tokens, args)
+        print(json.dumps({k: v for k, v in r.items() if k != "metrics"}), flush=True)
+        out.append(r)
+    print()
+    rows = ["tct_mean_s", "tct_p90_s", "step_latency_mean_s", "hit_rate", "regen_share", "prompt_tokens",
+            "cached_tokens", "wall_s", "ready_s", "rss_gb", "sessions_ok"]
+    print(f"{'':22}" + "".join(f"{r['mode']:>14}" for r in out))
+    for k in rows:
+        print(f"{k:22}" + "".join(f"{r[k]:>14.3f}" if isinstance(r[k], float) else f"{r[k]:>14}" for r in out))
+    by = {r["mode"]: r for r in out}
+    if "saga" in by and "no-saga" in by:
+        s, n = by["saga"], by["no-saga"]
+        print(f"\ntask completion time, no-saga / saga: mean {n['tct_mean_s'] / s['tct_mean_s']:.2f}x, "
+              f"p90 {n['tct_p90_s'] / s['tct_p90_s']:.2f}x")
+        print(f"prefix-hit rate: saga {s['hit_rate']:.3f} vs no-saga {n['hit_rate']:.3f}; "
+              f"regen share: saga {s['regen_share']:.3f} vs no-saga {n['regen_share']:.3f}")
+        print(f"saga metrics: {json.dumps(s['metrics'])}")
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": out},
+                                        indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
