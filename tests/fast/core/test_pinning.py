@@ -139,3 +139,28 @@ class PinBudgetMachine(RuleBasedStateMachine):
 
 TestPinBudget = PinBudgetMachine.TestCase
 TestPinBudget.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_pressure_releases_pins_in_the_cores_order() -> None:
+    t = [0.0]
+    core = WorkflowCore(clock=lambda: t[0])
+    for i in range(20):  # greps take 0.2 s, installs 40 s; agents continue after both
+        for tool, cat, d in (("grep", "search", 0.2), ("pip install", "install", 40.0)):
+            sid = f"w{i}{cat}"
+            core.accept(LlmCallStart(sid, 0.0))
+            core.accept(ToolCallStart(sid, 0.0, tool, category=cat))
+            core.accept(ToolCallEnd(sid, d, tool))
+            core.accept(LlmCallStart(sid, d))
+            core.accept(SessionEnd(sid, d + 1))
+    t[0] = 100.0
+    budget = PinBudget(100_000, max_fraction=0.5)
+    for sid, tool, cat in (("grep-1", "grep", "search"), ("install", "pip install", "install"),
+                           ("grep-2", "grep", "search")):
+        core.accept(LlmCallStart(sid, t[0]))
+        core.accept(LlmCallEnd(sid, t[0], prompt_tokens=10_000, output_tokens=100))
+        core.accept(ToolCallStart(sid, t[0], tool, category=cat))
+        d = core.pin_decision(sid, 10_100, 0.2)
+        assert d.pin and budget.pin(sid, 10_100, d.ttl_s, t[0])
+    # Running work needs 15k tokens with 5k free: one pin must go, the install's.
+    assert budget.reclaim(15_000, 5_000, core.reclaim_order) == ["install"]
+    assert "grep-1" in budget and "grep-2" in budget
