@@ -43,8 +43,12 @@ from contextvars import ContextVar
 from typing import Any, Callable, Mapping, TypeVar
 from uuid import UUID
 
-from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.tracers.context import register_configure_hook
+try:
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.tracers.context import register_configure_hook
+except ImportError as exc:  # an optional extra: say which one
+    raise ImportError("saga_sdk.integrations.langchain needs langchain-core: "
+                      "pip install 'saga-agents[langchain]'") from exc
 
 from ..client import HintClient, get_client
 from ..context import SessionContext, current_session, reset_current_session, set_current_session

@@ -9,6 +9,7 @@ import logging
 import socket
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 from langchain.agents import create_agent
@@ -72,6 +73,7 @@ def free_port() -> int:
 
 
 USER = {"messages": [("user", "what is 1+2?")]}
+SDK = Path(__file__).resolve().parents[3] / "sdk"
 
 
 # -- the basic agent loop ---------------------------------------------------------------------
@@ -462,3 +464,17 @@ def test_without_the_env_var_nothing_is_added(make_chat_server, hints, registry,
     assert hints.flush(5)
     assert registry.session("off") is None
     assert all("x-session-id" not in r.headers for r in server.chat_requests())
+
+
+def test_missing_langchain_is_a_clear_import_error(tmp_path):
+    import subprocess
+    import sys
+
+    # A directory shadowing langchain_core with a package that fails to import.
+    (tmp_path / "langchain_core").mkdir()
+    (tmp_path / "langchain_core" / "__init__.py").write_text("raise ImportError('not installed')\n")
+    code = ("import saga_sdk.integrations.langchain")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"PYTHONPATH": f"{tmp_path}:{SDK}", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 1
+    assert "pip install 'saga-agents[langchain]'" in proc.stderr
