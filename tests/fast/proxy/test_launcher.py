@@ -96,13 +96,18 @@ def test_an_existing_sitecustomize_still_runs_and_a_broken_one_cannot_stop_the_c
     assert (r.returncode, r.stdout.strip()) == (0, "alive")
 
 
-def test_an_interpreter_without_the_sdks_dependencies_still_runs():
+def test_an_interpreter_without_the_sdks_dependencies_still_runs(tmp_path):
+    """A second interpreter (no grpc): the hook for a stand-in `openai` fires, cannot load
+    the SDK, says so under SAGA_DEBUG, and the program runs on."""
     other = Path("/usr/bin/python3")
     if not other.exists():
         pytest.skip("no second interpreter here")
-    r = saga_run([], None, command=[str(other), "-c", "import sys; print(sys.version_info[0])"],
-                 env={"SAGA_DEBUG": "1"})
-    assert (r.returncode, r.stdout.strip()) == (0, "3")
+    (tmp_path / "openai.py").write_text("VALUE = 42\n")
+    path = os.pathsep.join([str(ROOT / "sdk"), str(tmp_path)])
+    r = saga_run([], None, command=[str(other), "-c", "import openai; print(openai.VALUE)"],
+                 env={"SAGA_DEBUG": "1", "PYTHONPATH": path})
+    assert (r.returncode, r.stdout.strip()) == (0, "42")
+    assert "openai integration not activated" in r.stderr
 
 
 def test_usage_errors():
