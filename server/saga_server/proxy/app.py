@@ -9,20 +9,23 @@ request (`X-Session-ID` header, and the body field `session_id` unless the body
 has one or `inject_body_session_id` is off), and hints go to the hint service
 through a `HintClient`, which never blocks. `/v1/completions` requests that carry
 an explicit session id are tracked the same way (a bare prompt has no messages to
-match).
+match). Each answer is learnt before the agent can see its end (a JSON body before
+it is sent, a stream before its `[DONE]` chunk), so an agent that fires its next
+step at once still finds its session and its tool calls.
 
 Failure rules: the agent must not notice SAGA. Anything that goes wrong in
 session inference or hinting is logged once and the request is forwarded as is.
 An upstream error response is returned unchanged; an unreachable or timed-out
-upstream gets a 502/504 with an OpenAI-style JSON error naming the proxy; a client
-that goes away closes the upstream request. Headers are never logged, and only
+upstream gets a 502/504 with an OpenAI-style JSON error naming the proxy; a stream
+the upstream cuts short is cut short for the client too (never ended as if whole);
+a client that goes away closes the upstream request; an internal error answers 500
+naming the proxy. Headers are never logged, and only
 session ids, tool names and call ids ever reach hints, never the caller's key.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from dataclasses import dataclass

@@ -35,8 +35,9 @@ def upstream(upstream_server):
 
 def start_proxy(upstream_url: str, hint_endpoint: str, **config) -> tuple[BackgroundServer, SagaProxy]:
     hints = HintClient(endpoint=hint_endpoint, rpc_timeout_s=0.2, flush_interval_s=0.001)
-    app = SagaProxy(ProxyConfig(upstream=upstream_url, **config), hints=hints,
-                    tracker=SessionTracker(max_sessions=config.get("max_sessions", 10_000)))
+    proxy_config = ProxyConfig(upstream=upstream_url, **config)
+    app = SagaProxy(proxy_config, hints=hints, tracker=SessionTracker(max_sessions=proxy_config.max_sessions,
+                                                                      idle_ttl_s=proxy_config.idle_ttl_s))
     server = BackgroundServer(app).start()
     server.app = app
     return server, app

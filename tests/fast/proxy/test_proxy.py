@@ -223,6 +223,20 @@ def test_completions_are_tagged_only_with_an_explicit_id(proxy, upstream):
     assert second["headers"]["x-session-id"] == "c-1" and second["body"]["session_id"] == "c-1"
 
 
+def test_idle_sessions_end_with_their_open_tools_cancelled(upstream, hint_server, registry, make_proxy):
+    server = make_proxy(upstream.url + "/v1", hint_server.endpoint, idle_ttl_s=0.2)
+    sdk(server).chat.completions.create(model="m", tools=TOOLS,
+                                        messages=[SYSTEM, {"role": "user", "content": "plan: tools search"}])
+    sid = session_ids(upstream)[0]
+    for _ in range(200):  # the proxy's expiry sweep runs every idle_ttl_s / 4
+        server.app.hints.flush(5)
+        if registry.session(sid).state == "ended":
+            break
+        threading.Event().wait(0.05)
+    assert kinds(registry, sid)[-2:] == ["tool_call_end", "session_end"]
+    assert server.app.tracker.session_ids() == []
+
+
 # -- failures ----------------------------------------------------------------------------
 
 def test_hint_service_down_changes_nothing_for_the_agent(upstream, make_proxy, dead_address):
