@@ -478,3 +478,10 @@ def test_missing_langchain_is_a_clear_import_error(tmp_path):
                           env={"PYTHONPATH": f"{tmp_path}:{SDK}", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 1
     assert "pip install 'saga-agents[langchain]'" in proc.stderr
+
+
+def test_public_api():
+    import saga_sdk.integrations.langchain as lc
+
+    assert sorted(lc.__all__) == ["ENV_VAR", "SagaCallbackHandler", "describe_graph", "saga_tool_hint"]
+    assert SagaCallbackHandler.run_inline is True
