@@ -137,3 +137,42 @@ def test_example_agent_directly_and_under_saga_run(upstream, proxy, registry):
     history = [(h.kind, h.detail) for h in registry.session(ids.pop()).history if h.kind.startswith("tool")]
     assert history == [("tool_call_start", "get_user_details"), ("tool_call_end", "get_user_details"),
                        ("tool_call_start", "search_flights"), ("tool_call_end", "search_flights")]
+
+
+LANGCHAIN_AGENT = '''
+from langchain.agents import create_agent
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+
+
+@tool
+def lookup(user: str) -> str:
+    """Look a customer up."""
+    return "gold member"
+
+
+agent = create_agent(ChatOpenAI(model="scripted", max_retries=0), [lookup])  # URL and key from the environment
+for run in range(2):
+    out = agent.invoke({"messages": [("user", f"run {run}: plan: tools lookup | answer")]})
+    print(out["messages"][-1].content)
+'''
+
+
+def test_langchain_agent_under_saga_run_keeps_its_own_sessions(upstream, proxy, registry, tmp_path):
+    """The LangChain integration makes each run a session and tags its requests; the
+    proxy honours those ids and is the only one sending hints (no duplicates)."""
+    script = tmp_path / "lc_agent.py"
+    script.write_text(LANGCHAIN_AGENT)
+    r = saga_run(["--proxy", proxy.url + "/v1"], None, command=[PY, str(script)])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["done", "after", "1", "steps"] * 2
+    ids = [req["headers"].get("x-session-id") for req in upstream.app.state.requests]
+    assert len(ids) == 4 and ids[0] == ids[1] != ids[2] == ids[3]
+    assert not ids[0].startswith("px-")  # the integration's id, not one the proxy inferred
+    assert proxy.app.tracker.stats().by_rule["explicit"] == 4
+    assert proxy.app.hints.flush(5)
+    for sid in (ids[0], ids[2]):
+        assert [(h.kind, h.detail) for h in registry.session(sid).history][1:] == [
+            ("llm_call_start", "llm"), ("llm_call_end", "llm"), ("tool_call_start", "lookup"),
+            ("tool_call_end", "lookup"), ("llm_call_start", "llm"), ("llm_call_end", "llm")]
+        assert [h.kind for h in registry.session(sid).history].count("session_start") == 1
