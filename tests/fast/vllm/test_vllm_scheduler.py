@@ -293,3 +293,31 @@ def test_survives_any_interleaving_of_hints_and_requests(tiny_model, seed):
     pool_is_consistent(s)
     s.saga_holds.release_all("test")
     assert s.reset_prefix_cache()
+
+
+def test_a_queued_sessions_kv_is_reclaimed_last(tiny_model):
+    """Session A's next request is waiting for a slot while a running request
+    needs blocks. The core ranks A's KV cheapest, but A is about to use it: SAGA
+    takes B's instead, and A's request then hits its whole history."""
+
+    class Core(WorkflowCore):
+        def eviction_priority(self, session_id, kv_tokens, last_access):
+            return {"A": 1.0, "B": 2.0}.get(session_id, 0.0)
+
+    clock = Clock()
+    s = saga(tiny_model, clock=clock, core=Core(CoreConfig(pin=PinConfig(min_tokens=10**9)), clock=clock),
+             num_blocks=16, block_size=BS, max_num_seqs=1)
+    R = Requests(BS)
+    hist = {"A": tokens(100, 64), "B": tokens(5000, 64)}
+    for sid in ("A", "B"):
+        s.add_request(R.make(hist[sid], session_id=sid))
+        run_until_idle(s)
+    x = R.make(tokens(9000, 80), max_tokens=60)  # grows from 5 to 9 blocks while decoding
+    s.add_request(x)
+    step(s)
+    nxt = R.make(hist["A"] + [7, 8, 9], session_id="A")
+    s.add_request(nxt)  # waits: the only slot is x's
+    outs = run_until_idle(s)
+    assert s.saga_counters["released_wa_lru"] + s.saga_counters["released_pressure"] > 0
+    assert hit_tokens(outs, nxt.request_id) == 64
+    assert s.saga_holds.get("B") is None or len(s.saga_holds.get("B").blocks) < 4

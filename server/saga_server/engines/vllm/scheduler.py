@@ -59,7 +59,8 @@ __all__ = ["SagaScheduler", "SagaAsyncScheduler", "SagaSchedulerMixin", "PREFETC
 
 PREFETCH_PREFIX = "saga-prefetch-"
 PIN_FRACTION_ENV = "SAGA_PIN_MAX_FRACTION"
-_KNOWN_TOKENS_SESSIONS = 4096  # sessions whose last token ids we remember (prefetch)
+_KNOWN_TOKENS_SESSIONS = 4096
+_AFS_MAX_QUEUE = 2048  # sessions whose last token ids we remember (prefetch)
 
 
 def _guarded(where: str, default: Any = None):
@@ -320,19 +321,25 @@ class SagaSchedulerMixin:
 
     def _saga_order_waiting(self) -> None:
         waiting = self.waiting
-        if len(waiting) < 2 or not isinstance(waiting, FCFSRequestQueue):
+        # vLLM's priority policy keeps its own order; very long queues keep FCFS
+        # (re-sorting costs one core call per request per step).
+        if not 2 <= len(waiting) <= _AFS_MAX_QUEUE or not isinstance(waiting, FCFSRequestQueue):
             return
         core = self.saga_core
         keyed = []
+        tenant_prio: dict[str, float] = {}
         for pos, req in enumerate(waiting):
             meta = self._saga_req_meta.get(req.request_id)
             sid = meta.session_id if meta else None
             tenant = meta.tenant if meta else ""
             front = 0 if req.status == RequestStatus.PREEMPTED else 1
-            prio = core.request_priority(sid or "", tenant) if (sid or tenant) else math.inf
-            if prio != math.inf:
-                self._saga_metrics.set_afs(tenant, prio)
+            # Requests without a session compete as their tenant ("" if none), so
+            # they are neither starved nor favoured.
+            prio = core.request_priority(sid or "", tenant)
+            tenant_prio[tenant] = min(prio, tenant_prio.get(tenant, math.inf))
             keyed.append((front, prio, pos, req))
+        for tenant, prio in tenant_prio.items():
+            self._saga_metrics.set_afs(tenant, prio)
         keyed.sort(key=lambda t: (t[0], t[1], t[2]))
         if [t[3] for t in keyed] != list(waiting):
             waiting.clear()
