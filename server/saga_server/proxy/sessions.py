@@ -95,7 +95,7 @@ class Turn:
     step: int
     how: str            # "explicit", "answer", "request", "retry" or "new"
     new_session: bool
-    _chain: list[bytes] = field(default_factory=list, repr=False)
+    _chain: list[int] = field(default_factory=list, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +118,8 @@ class _Session:
     in_flight: int = 0
     last_failed: bool = False
     open_tools: dict[str, str] = field(default_factory=dict)  # call id -> tool name
-    points: list[bytes] = field(default_factory=list)         # answer points, oldest first
-    request_key: bytes | None = None                          # last request's chain end
+    points: list[int] = field(default_factory=list)           # answer points, oldest first
+    request_key: int | None = None                            # last request's chain end
 
 
 class SessionTracker:
@@ -137,8 +137,8 @@ class SessionTracker:
         self._clock = clock
         self._lock = threading.Lock()
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
-        self._answers: dict[bytes, str] = {}   # chain hash of request + answer -> session id
-        self._requests: dict[bytes, str] = {}  # chain hash of a session's last request -> session id
+        self._answers: dict[int, str] = {}   # chain hash of request + answer -> session id
+        self._requests: dict[int, str] = {}  # chain hash of a session's last request -> session id
         self._ids = (f"{id_prefix}{n:x}" for n in itertools.count(1))
         self._id_salt = hashlib.blake2b(repr(time.time_ns()).encode(), digest_size=4).hexdigest()
         self._counts = dict.fromkeys(("requests", "explicit", "answer", "request", "retry", "new",
@@ -270,7 +270,7 @@ class SessionTracker:
 
     # -- internals (lock held) -----------------------------------------------------------
 
-    def _find(self, explicit: str | None, chain: list[bytes]) -> tuple[_Session | None, str, int]:
+    def _find(self, explicit: str | None, chain: list[int]) -> tuple[_Session | None, str, int]:
         """(session or None, rule, number of leading messages already known)."""
         if explicit is not None:
             return self._sessions.get(explicit), "explicit", self._known_prefix(explicit, chain)
@@ -289,7 +289,7 @@ class SessionTracker:
                     return session, "retry", i
         return None, "new", 0
 
-    def _known_prefix(self, sid: str, chain: list[bytes]) -> int:
+    def _known_prefix(self, sid: str, chain: list[int]) -> int:
         session = self._sessions.get(sid)
         if session is None:
             return 0
@@ -326,13 +326,13 @@ class SessionTracker:
         tag = hashlib.blake2b(system.encode(), digest_size=4).hexdigest()
         return f"{self.workflow_prefix}:{str(model or '')[:64]}:{tag}"
 
-    def _index_request(self, session: _Session, key: bytes) -> None:
+    def _index_request(self, session: _Session, key: int) -> None:
         if session.request_key is not None and self._requests.get(session.request_key) == session.session_id:
             del self._requests[session.request_key]
         session.request_key = key
         self._requests[key] = session.session_id
 
-    def _index_answer(self, session: _Session, key: bytes) -> None:
+    def _index_answer(self, session: _Session, key: int) -> None:
         self._answers[key] = session.session_id
         if key in session.points:
             session.points.remove(key)
@@ -373,32 +373,35 @@ def explicit_session_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> 
     return None
 
 
-def _chain(messages: list) -> list[bytes]:
+def _chain(messages: list) -> list[int]:
     """chain[i] identifies messages[:i + 1]: a hash over the message digests."""
-    out: list[bytes] = []
-    prev = b""
+    out: list[int] = []
+    prev = 0
     for message in messages:
         prev = _link(prev, _digest(message))
         out.append(prev)
     return out
 
 
-def _link(prev: bytes, digest: bytes) -> bytes:
-    return hashlib.blake2b(prev + digest, digest_size=16).digest()
+# Python's own 64-bit hash: the index lives only in this process, so a per-process
+# seed is harmless, and it is several times cheaper than a cryptographic digest on
+# the long system prompts every request repeats. A collision (about 1 in 10^14 for a
+# full index) could only misfile one request's hints.
+def _link(prev: int, digest: int) -> int:
+    return hash((prev, digest))
 
 
-def _digest(message: Any) -> bytes:
+def _digest(message: Any) -> int:
     """What survives a client's round trip of a message (see the module docstring)."""
     if not isinstance(message, Mapping):
-        return hashlib.blake2b(repr(message).encode(), digest_size=16).digest()
+        return hash(("?", repr(message)))
     role = str(message.get("role", ""))
-    parts = [role, _text(message.get("content"))]
+    parts: tuple = (role, _text(message.get("content")))
     if role == "assistant":
-        for call_id, tool, args in _tool_call_triples(message):
-            parts += [call_id, tool, args]
+        parts += tuple(_tool_call_triples(message))
     elif role in ("tool", "function"):
-        parts += [str(message.get("tool_call_id") or ""), str(message.get("name") or "")]
-    return hashlib.blake2b("\x1f".join(parts).encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        parts += (str(message.get("tool_call_id") or ""), str(message.get("name") or ""))
+    return hash(parts)
 
 
 def _text(content: Any) -> str:
