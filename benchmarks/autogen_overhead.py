@@ -27,7 +27,6 @@ from autogen_core.models import ChatCompletionClient, CreateResult, RequestUsage
 from autogen_core.tools import FunctionTool
 
 from saga_sdk import HintClient
-from saga_sdk.context import session_scope
 from saga_sdk.integrations import autogen as saga_autogen
 from saga_sdk.integrations.autogen import SagaChatCompletionClient
 from saga_server.core.registry import SessionRegistry

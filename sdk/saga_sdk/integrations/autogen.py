@@ -48,7 +48,7 @@ import logging
 import threading
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, Iterable, Literal, Mapping, Optional, Sequence
+from typing import Any, AsyncGenerator, Literal, Mapping, Optional, Sequence
 
 try:
     from autogen_core import CancellationToken, Component, ComponentModel
