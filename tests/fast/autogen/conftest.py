@@ -30,15 +30,6 @@ def text(content: str) -> dict:
     return {"content": content}
 
 
-def calls(*pairs: tuple[str, dict]) -> dict:
-    """A reply that asks for these tool calls, in parallel when more than one."""
-    return {"tool_calls": list(pairs)}
-
-
-def last_role(body: dict) -> str:
-    return body["messages"][-1]["role"]
-
-
 class ScriptedChatServer:
     """See the module docstring. `responder(body) -> reply` picks each answer;
     `requests` holds every request body, in arrival order."""
