@@ -43,7 +43,8 @@ from .tasks import TaskInstance
 __all__ = ["SimConfig", "Simulator", "SimResult", "TaskRecord", "Session", "Request",
            "unloaded_time_s"]
 
-_ARRIVE, _TOOL_END, _WORKER, _LOADED, _PIN_EXPIRE, _PREFETCH, _TASK_START, _SAMPLE = range(8)
+# Event kinds (a step's arrival is handled inline by the tool end that causes it).
+_TOOL_END, _WORKER, _LOADED, _PIN_EXPIRE, _PREFETCH, _TASK_START, _SAMPLE = range(7)
 _EPS = 1e-6
 
 
@@ -106,13 +107,12 @@ class SimResult:
 
 
 class Session:
-    __slots__ = ("session_id", "inst", "task", "tenant", "worker", "step", "started_at",
+    __slots__ = ("session_id", "task", "tenant", "worker", "step", "started_at",
                  "last_access", "state", "next_use", "tool_names", "kv_tokens", "base",
                  "pin_version", "prefetch_ready_at", "unloaded_s", "deadline_s")
 
     def __init__(self, inst: TaskInstance, now: float, base: int) -> None:
         self.session_id = inst.session_id
-        self.inst = inst
         self.task = inst.task
         self.tenant = inst.tenant
         self.worker = -1
@@ -244,8 +244,6 @@ class Simulator:
             if kind == _WORKER:
                 if a.version == b:
                     self._touch(a)
-            elif kind == _ARRIVE:
-                self._arrive(a)
             elif kind == _TOOL_END:
                 self._tool_end(a)
             elif kind == _LOADED:
@@ -417,8 +415,7 @@ class Simulator:
             w.offloaded.discard(sid)
             s.state = "running"
             w.running += 1
-            base = s.base if pol.caches else 0
-            hit = min(base + hit_b * bt, r.prompt) if (pol.caches and r.reuse) else 0
+            hit = min(s.base + hit_b * bt, r.prompt) if (pol.caches and r.reuse) else 0
             loaded = load_b * bt
             # Only full blocks are ever cached: the reused prefix's partial last block
             # is new work for every policy, not regeneration.
