@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 __all__ = ["Hold", "SessionHolds", "BlockPoolLike"]
 
@@ -145,24 +145,25 @@ class SessionHolds:
         return out
 
     def reclaim(self, need_blocks: int, soft_order: Callable[[list[Hold]], list[Hold]],
-                pin_order: Callable[[list[str]], list[str]], protect: Collection[str] = (),
+                pin_order: Callable[[list[str]], list[str]], protect: Sequence[str] = (),
                 ) -> list[tuple[str, str, int]]:
         """Release blocks until `need_blocks` more are free in the pool, or nothing
         is held. Soft holds go first (`soft_order`: evict first comes first), then
         pins (`pin_order`), and the `protect`ed sessions (their next request is
-        already queued, so their KV is about to be used) last of all. Returns
-        (session, reason, blocks released) per touched session."""
+        already queued, so their KV is about to be used) last of all, in the given
+        order (the caller passes the back of the queue first: Belady for a FIFO).
+        Returns (session, reason, blocks released) per touched session."""
         released: list[tuple[str, str, int]] = []
         if need_blocks <= 0 or not self._holds:
             return released
         start = self.pool.get_num_free_blocks()
-        protect = set(protect)
+        protect = list(dict.fromkeys(protect))  # ordered, unique
         soft = [h for h in self._holds.values() if not h.pinned and h.session_id not in protect]
         pinned_ids = [h.session_id for h in self._holds.values() if h.pinned and h.session_id not in protect]
         victims: list[tuple[Hold, str]] = [(h, "wa_lru") for h in _complete(soft_order(soft), soft)]
         order = _complete_ids(pin_order(pinned_ids), pinned_ids)
         victims += [(self._holds[sid], "pressure") for sid in order]
-        victims += [(self._holds[sid], "pressure") for sid in sorted(protect) if sid in self._holds]
+        victims += [(self._holds[sid], "pressure") for sid in protect if sid in self._holds]
         for hold, reason in victims:
             gained = self.pool.get_num_free_blocks() - start
             if gained >= need_blocks:

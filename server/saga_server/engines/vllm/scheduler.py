@@ -238,12 +238,15 @@ class SagaSchedulerMixin:
         if request.request_id.startswith(PREFETCH_PREFIX):
             return None  # speculative work never displaces held KV
         # Sessions whose next request is already queued keep their KV longest:
-        # releasing it now would turn their imminent prefix hit into a recompute.
-        protect = {m.session_id for m in map(self._saga_req_meta.get, (r.request_id for r in self.waiting))
-                   if m is not None and m.session_id}
+        # releasing it would turn an imminent prefix hit into a recompute. Among
+        # them the back of the queue goes first (its use is farthest away), the
+        # session being allocated for last of all.
+        queued = [m.session_id for m in map(self._saga_req_meta.get, (r.request_id for r in self.waiting))
+                  if m is not None and m.session_id]
+        protect = queued[::-1]
         meta = self._saga_req_meta.get(request.request_id)
         if meta is not None and meta.session_id:
-            protect.add(meta.session_id)
+            protect.append(meta.session_id)
         pool = self.kv_cache_manager.block_pool
         wanted = -(-max(1, num_new_tokens) // self.block_size) + 1  # + the watermark-ish slack
         while len(self.saga_holds):
@@ -259,7 +262,7 @@ class SagaSchedulerMixin:
         self._saga_gauges()
         return blocks
 
-    def _saga_reclaim(self, need_blocks: int, protect: set[str]):
+    def _saga_reclaim(self, need_blocks: int, protect: list[str]):
         core = self.saga_core
 
         def soft_order(holds: list[Hold]) -> list[Hold]:
