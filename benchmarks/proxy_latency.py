@@ -11,8 +11,11 @@ with tool calls and results, the session inferred by the proxy on every call.
      (alternating which goes first); latency median and p99 of each, and the added
      latency (proxy minus direct, paired per step);
   2. sequential, streaming: time to first chunk and to the end of the stream, same way;
-  3. N concurrent agents (default 50) for a fixed time, directly and through the proxy:
-     requests/s and errors.
+  3. N concurrent agents (default 50) for a fixed time, directly and through the proxy,
+     JSON and streaming answers: requests/s, errors, and the proxy's CPU per request.
+
+The machine's load average is printed first: on a shared machine, latencies measure
+the neighbours too; the proxy's CPU time per request is the steadier figure.
 
     PYTHONPATH=sdk:server .venv/bin/python benchmarks/proxy_latency.py
     PYTHONPATH=sdk:server .venv/bin/python benchmarks/proxy_latency.py --steps 400 --agents 50 --seconds 10
@@ -152,7 +155,7 @@ def _answer_from_sse(raw: bytes) -> dict:
     return message
 
 
-async def load(url: str, agents: int, seconds: float) -> dict:
+async def load(url: str, agents: int, seconds: float, stream: bool = False) -> dict:
     ok = errors = 0
     kinds: dict[str, int] = {}
     latencies = []
@@ -176,9 +179,15 @@ async def load(url: str, agents: int, seconds: float) -> dict:
                 while body is not None and time.perf_counter() < stop:
                     t0 = time.perf_counter()
                     try:
-                        r = await client.post("/v1/chat/completions", json=body)
-                        r.raise_for_status()
-                        answer = r.json()["choices"][0]["message"]
+                        if stream:
+                            async with client.stream("POST", "/v1/chat/completions",
+                                                     json=dict(body, stream=True)) as r:
+                                r.raise_for_status()
+                                answer = _answer_from_sse(b"".join([c async for c in r.aiter_raw()]))
+                        else:
+                            r = await client.post("/v1/chat/completions", json=body)
+                            r.raise_for_status()
+                            answer = r.json()["choices"][0]["message"]
                         ok += 1
                         latencies.append(time.perf_counter() - t0)
                     except Exception as exc:  # counted, reported by kind
@@ -276,12 +285,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  added   first p50 {s['added_first_p50_ms']:.2f} ms  p99 {s['added_first_p99_ms']:.2f} ms   "
               f"whole p50 {s['added_p50_ms']:.2f} ms   proxy CPU {s_cpu:.2f} ms/request")
         print(f"{args.agents} concurrent agents, {args.seconds:.0f} s each:")
-        for name, url in (("direct", direct_url), ("proxy", proxy_url)):
+        for name, url, stream in (("direct", direct_url, False), ("proxy", proxy_url, False),
+                                  ("direct", direct_url, True), ("proxy", proxy_url, True)):
+            name = f"{name}, {'streaming' if stream else 'JSON'}"
             cpu0 = cpu_seconds(proxy.pid)
-            lr = asyncio.run(load(url, args.agents, args.seconds))
+            lr = asyncio.run(load(url, args.agents, args.seconds, stream))
             note = f"  proxy CPU {1000 * (cpu_seconds(proxy.pid) - cpu0) / max(1, lr['requests']):.2f} ms/request" \
-                if name == "proxy" else ""
-            print(f"  {name:<6}  {lr['rps']:.0f} req/s  {lr['requests']} ok  {lr['errors']} errors {lr['error_kinds'] or ''}"
+                if name.startswith("proxy") else ""
+            print(f"  {name:<17}  {lr['rps']:.0f} req/s  {lr['requests']} ok  {lr['errors']} errors {lr['error_kinds'] or ''}"
                   f"  latency p50 {lr['p50_ms']:.1f} ms  p99 {lr['p99_ms']:.1f} ms{note}")
     finally:
         for proc in (proxy, upstream):
