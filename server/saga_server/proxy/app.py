@@ -87,7 +87,9 @@ class SagaProxy:
         # Origin without user info: this string appears in error bodies and logs.
         self._origin = f"{parts.scheme}://{parts.hostname}{':' + str(parts.port) if parts.port else ''}"
         self._base = f"{parts.scheme}://{parts.netloc}{prefix}"
-        self._clients: list[httpx.AsyncClient] = []
+        self._pools: list[httpx.AsyncHTTPTransport] = []
+        self._timeout = httpx.Timeout(connect=config.connect_timeout_s, read=config.read_timeout_s,
+                                      write=config.read_timeout_s, pool=config.connect_timeout_s).as_dict()
         self._next_pool = 0
         self._expiry: asyncio.Task | None = None
         self._logged: set[str] = set()
@@ -105,7 +107,7 @@ class SagaProxy:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                self._ensure_client()
+                self._pool()
                 self._expiry = asyncio.get_running_loop().create_task(self._expire_loop())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
@@ -120,9 +122,9 @@ class SagaProxy:
             self._expiry = None
         self._emit(self.tracker.close())
         await asyncio.to_thread(self.hints.flush, 1.0)
-        clients, self._clients = self._clients, []
-        for client in clients:
-            await client.aclose()
+        pools, self._pools = self._pools, []
+        for pool in pools:
+            await pool.aclose()
 
     # -- one request --------------------------------------------------------------------
 
@@ -160,10 +162,10 @@ class SagaProxy:
         target = self._base + scope.get("raw_path", path.encode()).decode("latin-1")
         if scope.get("query_string"):
             target += "?" + scope["query_string"].decode("latin-1")
-        client = self._ensure_client()
+        request = httpx.Request(method, target, headers=headers, content=body, extensions={"timeout": self._timeout})
         try:
-            upstream = await client.send(client.build_request(method, target, headers=headers, content=body),
-                                         stream=True)
+            upstream = await self._pool().handle_async_request(request)
+            upstream.request = request
         except httpx.TimeoutException as exc:
             await self._upstream_failed(turn, "upstream_timeout", exc)
             await _error(504, f"saga proxy: upstream {self._origin} timed out ({type(exc).__name__})",
@@ -299,20 +301,23 @@ class SagaProxy:
 
     # -- plumbing --------------------------------------------------------------------------
 
-    def _ensure_client(self) -> httpx.AsyncClient:
-        """The next upstream pool, round robin (the pools are made on first use)."""
-        if not self._clients:
+    def _pool(self) -> httpx.AsyncHTTPTransport:
+        """The next upstream connection pool, round robin (made on first use).
+
+        Transports, not `httpx.AsyncClient`s: a client would keep a cookie jar shared
+        by every caller (one agent's cookies sent with another's requests), follow
+        redirects and re-apply auth, none of which a proxy may do."""
+        if not self._pools:
             c = self.config
-            pools = max(1, c.upstream_pools)
+            count = max(1, c.upstream_pools)
             ssl_context = httpx.create_ssl_context()  # one for all pools: each costs milliseconds
-            self._clients = [httpx.AsyncClient(
-                timeout=httpx.Timeout(connect=c.connect_timeout_s, read=c.read_timeout_s,
-                                      write=c.read_timeout_s, pool=c.connect_timeout_s),
-                limits=httpx.Limits(max_connections=max(1, c.max_connections // pools),
-                                    max_keepalive_connections=max(1, 200 // pools)),
-                verify=ssl_context, follow_redirects=False, trust_env=False) for _ in range(pools)]
-        self._next_pool = (self._next_pool + 1) % len(self._clients)
-        return self._clients[self._next_pool]
+            self._pools = [httpx.AsyncHTTPTransport(
+                verify=ssl_context, retries=0,
+                limits=httpx.Limits(max_connections=max(1, c.max_connections // count),
+                                    max_keepalive_connections=max(1, 200 // count)))
+                for _ in range(count)]
+        self._next_pool = (self._next_pool + 1) % len(self._pools)
+        return self._pools[self._next_pool]
 
     async def _read_body(self, receive) -> bytes | None:
         parts, size = [], 0

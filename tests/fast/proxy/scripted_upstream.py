@@ -3,7 +3,8 @@ fast tier (and in `benchmarks/proxy_latency.py`), where no vLLM runs.
 
 It is a starlette app under uvicorn speaking the real wire format: chat
 completions (plain and SSE streaming, text and tool calls, parallel ones
-included), `/v1/completions`, `/v1/models`, and errors on demand. What it answers
+included), `/v1/completions`, `/v1/models`, errors on demand, and two helpers (`/set-cookie`,
+`/echo-headers`) for what a proxy must not carry between callers. What it answers
 is scripted by the first user message of the conversation:
 
     "plan: tools get_user,search | tools book | answer"
@@ -46,6 +47,14 @@ def build_app(*, record: bool = True) -> Starlette:
 
     async def health(request: Request) -> Response:
         return PlainTextResponse("ok")
+
+    async def set_cookie(request: Request) -> Response:
+        response = PlainTextResponse("cookie set")
+        response.set_cookie("upstream_affinity", request.query_params.get("who", "someone"))
+        return response
+
+    async def echo_headers(request: Request) -> Response:
+        return JSONResponse(dict(request.headers))
 
     async def chat(request: Request) -> Response:
         raw = await request.body()
@@ -131,6 +140,8 @@ def build_app(*, record: bool = True) -> Starlette:
     app = Starlette(routes=[
         Route("/v1/models", models),
         Route("/health", health),
+        Route("/set-cookie", set_cookie),
+        Route("/echo-headers", echo_headers),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
     ])

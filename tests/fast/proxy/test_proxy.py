@@ -131,6 +131,15 @@ def test_other_routes_pass_through(proxy, upstream):
     assert missing.status_code == 404 and missing.content == httpx.get(upstream.url + "/v1/nowhere?x=1").content
 
 
+def test_one_callers_cookies_never_reach_another(proxy):
+    first = httpx.get(proxy.url + "/set-cookie?who=alice")
+    assert first.headers["set-cookie"].startswith("upstream_affinity=alice")  # passed back to alice
+    for _ in range(2 * proxy.app.config.upstream_pools):  # through every upstream pool
+        seen = httpx.get(proxy.url + "/echo-headers").json()  # a fresh caller without cookies
+        assert "cookie" not in seen
+        assert seen["host"] == proxy.app._origin.split("//")[1]
+
+
 # -- sessions and tool boundaries --------------------------------------------------------
 
 @pytest.mark.parametrize("stream", [False, True])
