@@ -58,7 +58,7 @@ class Step:
 
 @dataclass
 class Task:
-    task_id: str
+    task_id: str  # unique in the replay: the trace repeats instances across runs
     steps: list[Step]
 
 
@@ -90,7 +90,7 @@ def load_tasks(path: Path, n: int, steps: int, target_prompt: int, max_output: i
                      for tl in s["tools"]]
             out.append(Step(max(8, int(s["prompt_tokens"] * scale)),
                             max(4, min(max_output, int(s["output_tokens"] * scale))), tools))
-        tasks.append(Task(t["task_id"], out))
+        tasks.append(Task(f"{t['task_id']}#{len(tasks)}", out))
         if len(tasks) == n:
             break
     if len(tasks) < n:

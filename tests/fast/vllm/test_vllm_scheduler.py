@@ -14,7 +14,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from saga_server.core import CoreConfig, SessionEnd, SessionStart, ToolCallStart, WorkflowCore
 from saga_server.core.pinning import PinConfig
-from saga_server.engines.vllm import SagaScheduler
+from saga_server.engines.vllm import SagaAsyncScheduler, SagaScheduler
 from vllm_builders import Requests, hit_tokens, make_scheduler, run_until_idle, step
 
 BS = 16
@@ -28,10 +28,10 @@ class Clock:
         return self.t
 
 
-def saga(model, clock=None, core=None, **kw):
+def saga(model, clock=None, core=None, cls=SagaScheduler, **kw):
     clock = clock or Clock()
     core = core or WorkflowCore(CoreConfig(pin=PinConfig(min_tokens=2 * BS)), clock=clock)
-    return make_scheduler(SagaScheduler, model, core=core, clock=clock, start_hints=False, **kw)
+    return make_scheduler(cls, model, core=core, clock=clock, start_hints=False, **kw)
 
 
 def tokens(base: int, n: int) -> list[int]:
@@ -53,14 +53,15 @@ def pool_is_consistent(s) -> None:
     assert pool.get_num_free_blocks() == len(free)
 
 
-def test_paused_session_keeps_its_prefix_through_a_flood_stock_loses_it(tiny_model):
+@pytest.mark.parametrize("cls", [SagaScheduler, SagaAsyncScheduler])  # CPU builds / GPU async scheduling
+def test_paused_session_keeps_its_prefix_through_a_flood_stock_loses_it(tiny_model, cls):
     hist = tokens(100, 96)  # 6 blocks
     results = {}
     for name in ("stock", "saga"):
         if name == "stock":
             s = make_scheduler(Scheduler, tiny_model, num_blocks=24, block_size=BS)
         else:
-            s = saga(tiny_model, num_blocks=24, block_size=BS)
+            s = saga(tiny_model, num_blocks=24, block_size=BS, cls=cls)
             s.saga_core.accept(SessionStart("A", s._saga_clock(), tenant="t"))
         R = Requests(BS)
         s.add_request(R.make(hist, session_id="A"))
@@ -321,3 +322,16 @@ def test_a_queued_sessions_kv_is_reclaimed_last(tiny_model):
     assert s.saga_counters["released_wa_lru"] + s.saga_counters["released_pressure"] > 0
     assert hit_tokens(outs, nxt.request_id) == 64
     assert s.saga_holds.get("B") is None or len(s.saga_holds.get("B").blocks) < 4
+
+
+def test_tenant_and_deadline_from_vllm_xargs_reach_the_core(tiny_model):
+    """No hints at all: `vllm_xargs` alone make the session known with its deadline."""
+    s = saga(tiny_model, num_blocks=32, block_size=BS)
+    R = Requests(BS)
+    s.add_request(R.make(tokens(100, 40), session_id="X", extra_args={"tenant": "acme", "deadline_s": 30}))
+    run_until_idle(s)
+    snap = s.saga_core.session("X")
+    assert snap is not None and snap.tenant == "acme" and snap.deadline_at is not None
+    s.add_request(R.make(tokens(100, 40), session_id="Y", extra_args={"deadline_s": "soon"}))  # ignored
+    run_until_idle(s)
+    assert s.saga_counters.get("plugin_errors", 0) == 0

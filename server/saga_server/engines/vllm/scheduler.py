@@ -45,7 +45,15 @@ from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-from saga_server.core import PrefetchCandidate, SessionEnd, ToolCallEnd, ToolCallStart, WorkflowCore
+from saga_server.core import (
+    HintRejected,
+    PrefetchCandidate,
+    SessionEnd,
+    SessionStart,
+    ToolCallEnd,
+    ToolCallStart,
+    WorkflowCore,
+)
 
 from .holds import Hold, SessionHolds
 from .intake import EngineHintSink, start_hint_service
@@ -166,6 +174,14 @@ class SagaSchedulerMixin:
             return
         if self._saga_block_hasher is None:
             self._saga_block_hasher = getattr(request, "_block_hasher", None)
+        if meta.deadline_s is not None and self.saga_core.session(meta.session_id) is None:
+            # No hints for this session, but the request carries a deadline: start
+            # the session in the core with it, as a SessionStart hint would.
+            try:
+                self.saga_core.accept(SessionStart(meta.session_id, self._saga_clock(), tenant=meta.tenant,
+                                                   deadline_s=meta.deadline_s))
+            except HintRejected:
+                pass
         self.saga_core.on_request_arrival(meta.session_id, request.num_prompt_tokens, meta.tenant)
 
     @_guarded("finish")
