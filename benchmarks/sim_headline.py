@@ -43,6 +43,8 @@ def main() -> int:
     p.add_argument("--tasks", type=int, default=2000)
     p.add_argument("--sweep", default="12,16,18,20,24", help="sessions per worker in part 2")
     p.add_argument("--mix-per-worker", type=int, default=40)
+    p.add_argument("--mix-tasks", type=int, default=6000, help="> in-flight, so the mix saturates")
+    p.add_argument("--deadline", type=float, default=4.0, help="deadline multiple of unloaded time")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="skip ablations and the sweep")
     p.add_argument("--out", default="bench-out/headline")
@@ -78,13 +80,18 @@ def main() -> int:
             print(f"{pw:3d}/worker  " + "  ".join(f"{k}={r.summary['tct_mean_s']:.0f}s/"
                                                   f"{r.summary['tokens_per_s'] / 1e3:.0f}ktok/s"
                                                   for k, r in sw.items()))
+            t = {k: r.summary["tct_mean_s"] for k, r in sw.items()}
+            print(f"           TCT apc-lru/saga {t['apc-lru'] / t['saga']:.2f}  "
+                  f"vanilla/saga {t['vanilla'] / t['saga']:.2f}  saga/infinite {t['saga'] / t['infinite']:.3f}")
         result["load_sweep"] = rows
         result["peak_tokens_per_s"] = peak
 
-    print(f"\n## 3. Two tenants: SWE (deadline 3x unloaded) + tau-bench (weight 3, deadline 3x), "
-          f"{a.mix_per_worker} sessions/worker")
-    mix = Scenario(name="mix", tenants=(TenantSpec("swe", a.trace, 1.0, 3.0), TenantSpec("tau", a.tau, 3.0, 3.0)),
-                   tasks=a.tasks, workers=a.workers, concurrency=a.workers * a.mix_per_worker, seed=a.seed)
+    in_flight = min(a.mix_tasks, a.workers * a.mix_per_worker)
+    print(f"\n## 3. Two tenants: SWE + tau-bench (weight 3), deadlines {a.deadline:g}x unloaded, "
+          f"{a.mix_tasks} tasks, {in_flight} in flight on {a.workers} workers")
+    mix = Scenario(name="mix", tenants=(TenantSpec("swe", a.trace, 1.0, a.deadline),
+                                        TenantSpec("tau", a.tau, 3.0, a.deadline)),
+                   tasks=a.mix_tasks, workers=a.workers, concurrency=a.workers * a.mix_per_worker, seed=a.seed)
     mruns = run_policies(mix, BASELINES + ("saga", "saga-no-afs", "infinite"), progress=True, traces=traces)
     print(table(mruns))
     result["mix"] = {k: dict(r.summary, wall_s=r.wall_s) for k, r in mruns.items()}
