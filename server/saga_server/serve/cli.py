@@ -47,7 +47,7 @@ DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="saga serve", description=__doc__.splitlines()[0],
+        prog="saga serve", description=__doc__.splitlines()[0], allow_abbrev=False,
         epilog="Unrecognised options are passed to vLLM unchanged (e.g. --max-num-seqs 32, "
                "--num-gpu-blocks-override 256, --gpu-memory-utilization 0.8).")
     p.add_argument("--model", help="local Hugging Face model directory (default: SmolLM2-135M-Instruct, "
