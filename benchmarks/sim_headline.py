@@ -36,8 +36,8 @@ def table(runs) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", default="/work/shared/traces/swe-mini-dev.jsonl")
-    p.add_argument("--tau", default="/work/shared/traces/tau-airline.jsonl")
+    p.add_argument("--trace", default="../shared/traces/swe-mini-dev.jsonl")
+    p.add_argument("--tau", default="../shared/traces/tau-airline.jsonl")
     p.add_argument("--workers", type=int, default=64)
     p.add_argument("--per-worker", type=int, default=18, help="sessions per worker in part 1")
     p.add_argument("--tasks", type=int, default=2000)

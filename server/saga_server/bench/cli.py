@@ -2,7 +2,8 @@
 
 Examples:
     saga bench                                   # small default scenario, seconds
-    saga bench --workers 64 --tasks 1000 --concurrency 1088 --out bench-out/headline
+    saga bench --trace ../shared/traces/swe-mini-dev.jsonl --workers 64 --tasks 2000 \
+        --concurrency 1152 --ablations --out bench-out/swe64
     saga bench --config scenario.toml --sweep-load 32,64,96
     saga bench --tenant swe=TRACE:1:4 --tenant tau=TRACE2:3:2 ...   # name=trace:weight:deadline
 """

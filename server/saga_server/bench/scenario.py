@@ -17,7 +17,7 @@ sweep_kv = [150000, 300000]
 
 [[tenant]]
 name = "swe"
-trace = "/work/shared/traces/swe-mini-dev.jsonl"
+trace = "../shared/traces/swe-mini-dev.jsonl"
 weight = 1
 deadline_factor = 4.0
 
@@ -43,7 +43,7 @@ from .workload import TenantSpec
 
 __all__ = ["Scenario", "DEFAULT_TRACE", "load_scenario"]
 
-DEFAULT_TRACE = "/work/shared/traces/swe-mini-dev.jsonl"
+DEFAULT_TRACE = "../shared/traces/swe-mini-dev.jsonl"  # relative to the repository root
 
 
 @dataclass(frozen=True)
