@@ -23,7 +23,7 @@ deadline_factor = 4.0
 
 [[tenant]]
 name = "tau"
-trace = "/work/shared/traces/tau-airline.jsonl"
+trace = "../shared/traces/tau-airline.jsonl"
 weight = 3
 deadline_factor = 2.0
 ```
