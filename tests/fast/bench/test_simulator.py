@@ -117,3 +117,10 @@ def test_saga_feeds_the_workflow_core_every_call_and_tool():
     stats = pol.core.stats()
     assert stats["requests_arrived"] == stats["requests_finished"] == res.llm_calls
     assert all(pol.core.session(i.session_id).state == "ended" for i in insts)
+
+
+def test_open_loop_tasks_start_at_their_arrival_times():
+    insts = [TaskInstance(f"s{i}", chain_task(f"t{i}", steps=2), arrival_s=10.0 * i) for i in range(4)]
+    res = run("apc-lru", insts, kv_tokens=None)
+    assert sorted(t.started_at for t in res.tasks) == [0.0, 10.0, 20.0, 30.0]
+    assert res.saturated_s == 0.0  # open loop: throughput over the whole run
