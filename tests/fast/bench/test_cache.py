@@ -7,12 +7,13 @@ import random
 import pytest
 
 from saga_server.engines.sim import HostTier, PrefixCache, replay_accesses
+from saga_server.engines.sim.cache import PINNED, PROTECTED, SOFT
 from saga_server.engines.sim.offline import ORDERS
 
 
-def idle(cache: PrefixCache, sid: str, blocks: int, key: float, pinned: bool = False) -> None:
+def idle(cache: PrefixCache, sid: str, blocks: int, key: float, tier: int = SOFT) -> None:
     cache.admit(sid, 0, blocks)
-    cache.release(sid, blocks * cache.block_tokens, key, pinned)
+    cache.release(sid, blocks * cache.block_tokens, key, tier)
 
 
 def test_lru_evicts_the_least_recent_entry_first_and_tail_first():
@@ -29,14 +30,25 @@ def test_lru_evicts_the_least_recent_entry_first_and_tail_first():
 
 def test_pinned_entries_go_only_when_nothing_unpinned_is_left():
     cache = PrefixCache(8, block_tokens=1)
-    idle(cache, "pinned-old", 4, key=0.0, pinned=True)
+    idle(cache, "pinned-old", 4, key=0.0, tier=PINNED)
     idle(cache, "new", 4, key=9.0)
     cache.admit("x", 0, 4)
     assert cache.cached("pinned-old") == 4 and cache.cached("new") == 0
-    cache.set_key("pinned-old", 0.0, pinned=False)
+    cache.set_key("pinned-old", 0.0, SOFT)
     cache.release("x", 4, key=5.0)
     cache.admit("y", 0, 4)
     assert cache.cached("pinned-old") == 0 and cache.cached("x") == 4
+
+
+def test_queued_sessions_keep_their_kv_after_pins_and_the_back_of_the_queue_goes_first():
+    cache = PrefixCache(12, block_tokens=1)
+    idle(cache, "queued-head", 3, key=-1.0, tier=PROTECTED)  # arrived at t=1
+    idle(cache, "queued-back", 3, key=-5.0, tier=PROTECTED)  # arrived at t=5
+    idle(cache, "pinned", 3, key=0.0, tier=PINNED)
+    idle(cache, "soft", 3, key=100.0)
+    evs = cache.admit("new", 0, 9)
+    assert [e.session_id for e in evs] == ["soft", "pinned", "queued-back"]
+    assert cache.cached("queued-head") == 3 and cache.tier("queued-head") == PROTECTED
 
 
 def test_admit_keeps_the_requested_prefix_and_refuses_what_cannot_fit():

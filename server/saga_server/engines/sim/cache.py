@@ -9,8 +9,10 @@ first, so the hash chain stays valid), which leaves partial hits possible.
 
 Memory is `capacity_blocks` shared by
 - *active* blocks, reserved by running requests (prompt + output, not evictable), and
-- *cached* blocks, entries of idle sessions (evictable in the order of a key; lower
-  key = evicted first; a pinned entry is taken only when no unpinned one is left).
+- *cached* blocks, entries of idle sessions, evictable by *tier* then key (lower
+  first): `SOFT` entries first, then `PINNED` ones (a pin is released only when no
+  soft entry is left), then `PROTECTED` ones (sessions whose next request is already
+  queued: their KV is about to be used).
 
 Keys are set by the caller whenever a session's state changes (request finished, tool
 started/ended, session ended, pin expired), as the plugin re-scores a session's blocks
@@ -26,14 +28,16 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["PrefixCache", "HostTier", "Eviction"]
+__all__ = ["PrefixCache", "HostTier", "Eviction", "SOFT", "PINNED", "PROTECTED"]
+
+SOFT, PINNED, PROTECTED = 0, 1, 2  # eviction tiers, lowest first
 
 
 @dataclass(slots=True)
 class _Entry:
     blocks: int
     key: float
-    pinned: bool
+    tier: int
     version: int
     dead: bool = False
 
@@ -77,9 +81,9 @@ class PrefixCache:
         e = self._entries.get(session_id)
         return e.blocks if e is not None else 0
 
-    def is_pinned(self, session_id: str) -> bool:
+    def tier(self, session_id: str) -> int | None:
         e = self._entries.get(session_id)
-        return e is not None and e.pinned
+        return None if e is None else e.tier
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_tokens)
@@ -103,7 +107,7 @@ class PrefixCache:
         self.active_blocks += total_blocks
         return self._evict(0) if self.free_blocks < 0 else []
 
-    def release(self, session_id: str, keep_tokens: int, key: float, pinned: bool = False) -> None:
+    def release(self, session_id: str, keep_tokens: int, key: float, tier: int = SOFT) -> None:
         """A request finished: keep its first `keep_tokens` (full blocks) as the session's
         entry, free the rest."""
         self._tick()
@@ -111,15 +115,15 @@ class PrefixCache:
         self.active_blocks -= blocks
         keep = min(keep_tokens // self.block_tokens, blocks)
         if keep > 0:
-            self._put(session_id, _Entry(keep, key, pinned, 0))
+            self._put(session_id, _Entry(keep, key, tier, 0))
 
-    def set_key(self, session_id: str, key: float, pinned: bool | None = None) -> None:
+    def set_key(self, session_id: str, key: float, tier: int | None = None) -> None:
         e = self._entries.get(session_id)
         if e is None:
             return
         e.key = key
-        if pinned is not None:
-            e.pinned = pinned
+        if tier is not None:
+            e.tier = tier
         self._push(session_id, e)
 
     def mark_dead(self, session_id: str, key: float) -> None:
@@ -129,7 +133,7 @@ class PrefixCache:
         if e is not None and not e.dead:
             e.dead = True
             self.dead_blocks += e.blocks
-            e.key, e.pinned = key, False
+            e.key, e.tier = key, SOFT
             self._push(session_id, e)
 
     def grow(self, session_id: str, blocks: int, key: float) -> None:
@@ -138,7 +142,7 @@ class PrefixCache:
         self._tick()
         e = self._entries.get(session_id)
         if e is None:
-            self._put(session_id, _Entry(blocks, key, False, 0))
+            self._put(session_id, _Entry(blocks, key, SOFT, 0))
         else:
             e.blocks += blocks
             self.cached_blocks += blocks
@@ -168,7 +172,7 @@ class PrefixCache:
     def _push(self, sid: str, e: _Entry) -> None:
         e.version += 1
         self._seq += 1
-        heapq.heappush(self._heap, (1 if e.pinned else 0, e.key, self._seq, sid, e.version))
+        heapq.heappush(self._heap, (e.tier, e.key, self._seq, sid, e.version))
 
     def _evict(self, want_free: int) -> list[Eviction]:
         out: list[Eviction] = []

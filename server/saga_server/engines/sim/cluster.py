@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .cache import Eviction, HostTier, PrefixCache
+from .cache import PINNED, PROTECTED, SOFT, Eviction, HostTier, PrefixCache
 from .hardware import CostModel
 from .policy import SimPolicy
 from .tasks import TaskInstance
@@ -285,7 +285,8 @@ class Simulator:
         w = self.workers[s.worker]
         if self.policy.steals and len(w.queue) >= self.cfg.steal_min_queue:
             w = self._maybe_steal(s, w, st.prompt_tokens + st.output_tokens)
-        w.cache.set_key(s.session_id, self.policy.key(s, now), pinned=False)
+        w.cache.set_key(s.session_id, self.policy.key(s, now),
+                        PROTECTED if self.policy.protect_queued else SOFT)
         s.pin_version += 1
         reuse = st.reused_tokens if s.step > 0 else min(s.task.shared_prefix_tokens, st.prompt_tokens)
         r = Request(s, st.prompt_tokens, st.output_tokens, reuse, self._next_seq(), now)
@@ -324,8 +325,7 @@ class Simulator:
 
     def _pin_expire(self, s: Session, version: int) -> None:
         if s.pin_version == version and s.state == "tool":
-            self.workers[s.worker].cache.set_key(s.session_id, self.policy.key(s, self.now),
-                                                 pinned=False)
+            self.workers[s.worker].cache.set_key(s.session_id, self.policy.key(s, self.now), SOFT)
 
     # --- worker --------------------------------------------------------
     def _touch(self, w: _Worker) -> None:
@@ -474,7 +474,7 @@ class Simulator:
             cache = w.cache
             ttl = pol.pin_ttl(s, now, 1.0 - cache.free_blocks / cache.capacity_blocks) if st.tools else 0.0
             if ttl > 0.0 and keep > 0:
-                cache.set_key(s.session_id, key, pinned=True)
+                cache.set_key(s.session_id, key, PINNED)
                 s.pin_version += 1
                 self._push(now + ttl, _PIN_EXPIRE, s, s.pin_version)
             self._push(now + gap, _TOOL_END, s)

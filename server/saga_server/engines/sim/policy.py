@@ -14,7 +14,9 @@ scheduler would:
 
 Flags say which machinery it uses: `caches` (prefix caching at all), `host_tier`
 (offload evicted tails to CPU memory and load them back on a hit), `steals` (the
-router may move a waiting session to an idle worker), `unbounded` (infinite GPU KV).
+router may move a waiting session to an idle worker), `unbounded` (infinite GPU KV),
+`protect_queued` (a session whose request is queued keeps its KV until every idle
+and pinned prefix is gone; among them `key` orders, as the SAGA vLLM plugin does).
 Hint hooks (`on_*`) see what an SDK would send; baselines ignore most of them.
 
 Sessions are `saga_server.engines.sim.cluster.Session` objects; policies read
@@ -53,6 +55,7 @@ class SimPolicy:
     host_tier = False
     steals = False
     unbounded = False
+    protect_queued = False
 
     def bind(self, clock: Callable[[], float], seed: int) -> None:
         """Called once by the simulator before the run: its clock and seed."""

@@ -5,6 +5,14 @@ session end) and the engine events (request arrival/finish) on simulated time.
 
 Each mechanism can be switched off for ablations; switched off, the simulator falls
 back to what `apc-lru` does there (LRU key, no pin, no host tier, FCFS, no stealing).
+`walru` is the plugin's whole reclaim order: idle prefixes by the core's WA-LRU key,
+then pins, then sessions whose next request is already queued, the back of the queue
+first (Belady for a FIFO; arrival order stands in for queue position).
+
+Difference from the vLLM plugin today: the plugin prefetches by re-prefilling a
+paused session's prefix when the engine is idle; the simulated cluster has a CPU
+tier, so here `prefetch` loads offloaded KV back over the host link on the core's
+`plan_prefetch` schedule (the core's candidates support both sources).
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ class SagaPolicy(SimPolicy):
         self.mechanisms = frozenset(mechanisms)
         self.host_tier = "prefetch" in self.mechanisms
         self.steals = "steal" in self.mechanisms
+        self.protect_queued = "walru" in self.mechanisms
         self._config = config
         self.core: WorkflowCore | None = None
 
@@ -53,6 +62,8 @@ class SagaPolicy(SimPolicy):
     def key(self, s: "Session", now: float) -> float:
         if "walru" not in self.mechanisms:
             return s.last_access
+        if s.state == "queued":
+            return -s.next_use  # protected tier: the latest arrival goes first
         return self.core.eviction_priority(s.session_id, s.kv_tokens, s.last_access)
 
     def pin_ttl(self, s: "Session", now: float, pressure: float) -> float:
