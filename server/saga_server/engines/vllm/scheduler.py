@@ -21,6 +21,8 @@ What changes relative to stock vLLM (everything else is vLLM's own code path):
   reclaimed and the engine has spare capacity (nothing waiting, few running),
   the session's last known tokens are re-prefilled as an internal one-token
   request whose output never leaves the engine; the resumed request then hits.
+  Limitation: vLLM's EngineCore blocks on its input queue when it has no
+  requests, so prefetch is only considered while some request is in flight.
 - **Hints**: see `intake`; a gRPC hint service runs in this (EngineCore)
   process and feeds the core; tool/session events reach the scheduler through a
   queue drained at each `schedule()`.
