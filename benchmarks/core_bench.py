@@ -25,6 +25,7 @@ import time
 from saga_server.core import (
     LlmCallEnd,
     LlmCallStart,
+    ManualClock,
     PriorityIndex,
     SessionEnd,
     SessionStart,
@@ -38,19 +39,9 @@ TOOLS = [("grep", "search"), ("cat", "read"), ("sed -i", "edit"), ("python", "ru
          ("pip install", "install"), ("git diff", "git")]
 
 
-class Clock:
-    __slots__ = ("t",)
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def setup(n_sessions: int, seed: int):
     rng = random.Random(seed)
-    clock = Clock()
+    clock = ManualClock()
     core = WorkflowCore(clock=clock, seed=seed)
     for s in range(200):  # history: teach durations and transitions
         sid = f"warm{s}"

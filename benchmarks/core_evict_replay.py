@@ -35,6 +35,7 @@ from pathlib import Path
 from saga_server.core import (
     LlmCallEnd,
     LlmCallStart,
+    ManualClock,
     SessionEnd,
     SessionStart,
     ToolCallEnd,
@@ -43,16 +44,6 @@ from saga_server.core import (
 )
 
 POLICIES = ("lru", "predicted", "wa-lru", "belady", "unbounded")
-
-
-class Clock:
-    __slots__ = ("t",)
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def load(path: Path) -> list[dict]:
@@ -69,7 +60,7 @@ def load(path: Path) -> list[dict]:
 
 def run(tasks: list[dict], policy: str, capacity: int, concurrency: int, *, llm_time: bool = False,
         evict_running: bool = False) -> float:
-    clock = Clock()
+    clock = ManualClock()
     core = WorkflowCore(clock=clock)
     cache: dict[str, int] = {}  # session -> cached prefix tokens
     last: dict[str, float] = {}  # session -> last access

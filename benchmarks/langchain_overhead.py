@@ -71,7 +71,7 @@ class TimedHandler:
 
 
 def _script(turns: int):
-    chat = _load("saga_bench_chat_server", ROOT / "tests" / "fast" / "openai_patch" / "chat_server.py")
+    chat = _load("saga_bench_chat_server", ROOT / "tests" / "support" / "chat_server.py")
 
     def script(body):
         done = sum(1 for m in body["messages"] if m["role"] == "tool")

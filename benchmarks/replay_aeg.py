@@ -34,6 +34,7 @@ from pathlib import Path
 from saga_server.core import (
     LlmCallEnd,
     LlmCallStart,
+    ManualClock,
     SessionEnd,
     SessionStart,
     ToolCallEnd,
@@ -49,16 +50,6 @@ except ImportError:  # progress bars are a nicety, not a dependency
 
 
 LEVELS = (0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
-
-
-class SimClock:
-    __slots__ = ("t",)
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def load(path: Path) -> list[dict]:
@@ -79,7 +70,7 @@ def load(path: Path) -> list[dict]:
 
 
 def replay(tasks: list[dict], warmup: int = 0) -> dict:
-    clock = SimClock()
+    clock = ManualClock()
     core = WorkflowCore(clock=clock, seed=0)
     cat_hits = cat_total = 0
     seq: list[tuple[str, str]] = []  # (previous category, category) for the Markov bound
@@ -158,7 +149,7 @@ def replay(tasks: list[dict], warmup: int = 0) -> dict:
 
 
 def replay_engine_only(tasks: list[dict], warmup: int = 0) -> dict:
-    clock = SimClock()
+    clock = ManualClock()
     core = WorkflowCore(clock=clock, seed=0)
     n = c90 = c50 = 0
     p_last, p_other = [], []

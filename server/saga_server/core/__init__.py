@@ -7,6 +7,7 @@ the policy modules behind it (`aeg`, `eviction`, `pinning`, `prefetch`,
 
 from .aeg import AEG, END, Prediction
 from .categories import CATEGORIES, guess_category
+from .clock import ManualClock
 from .eviction import EvictionConfig, PriorityIndex, block_key, wa_lru_key
 from .events import (
     HintEvent,
@@ -44,4 +45,5 @@ __all__ = [
     "PinConfig", "decide_pin", "PinBudget",
     "PrefetchConfig", "plan_prefetch",
     "FairShare", "FairShareConfig",
+    "ManualClock",
 ]

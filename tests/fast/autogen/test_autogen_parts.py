@@ -27,12 +27,6 @@ def openai_client(chat_server, model_info, **kw) -> OpenAIChatCompletionClient:
                                       model_info=model_info, **kw)
 
 
-@pytest.fixture
-def model_info():
-    return {"vision": False, "function_calling": True, "json_output": False, "family": "unknown",
-            "structured_output": False}
-
-
 def test_session_id_is_merged_into_extra_body_never_replacing_user_arguments(chat_server, model_info, hints):
     inner = openai_client(chat_server, model_info, extra_body={"priority": 3, "top_k": 1})
     wrapped = SagaChatCompletionClient(inner, client=hints)
@@ -44,7 +38,7 @@ def test_session_id_is_merged_into_extra_body_never_replacing_user_arguments(cha
         await wrapped.create(HELLO)  # no session: the request goes out untouched
 
     asyncio.run(main())
-    first, second, third = chat_server.requests
+    first, second, third = chat_server.chat_bodies()
     assert (first["session_id"], first["priority"], first["top_k"], first["temperature"]) == ("s-1", 3, 5, 0.25)
     assert (second["session_id"], second["priority"]) == ("mine", 3)
     assert "session_id" not in third and third["priority"] == 3

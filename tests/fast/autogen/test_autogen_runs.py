@@ -20,14 +20,8 @@ from saga_sdk.integrations import autogen as saga_autogen
 from saga_sdk.integrations.autogen import SagaChatCompletionClient, run, run_stream
 from saga_server.core.events import (LlmCallEnd, LlmCallStart, SessionEnd, SessionStart, ToolCallEnd,
                                      ToolCallStart)
-
-
-def text(content: str) -> dict:
-    return {"content": content}
-
-
-def calls(*pairs) -> dict:
-    return {"tool_calls": list(pairs)}
+from tests.support.chat_server import text
+from tests.support.chat_server import tool_calls as calls
 
 
 def trace(events) -> list[tuple]:
@@ -66,7 +60,7 @@ def agent(name, model_client, tools=(), **kw) -> AssistantAgent:
 
 
 def test_single_agent_run_hints_llm_and_tool_calls_and_tags_requests(chat_server, model_client, hints, recorder):
-    chat_server.responder = tool_then_done(("add", {"a": 2, "b": 3}))
+    chat_server.script = tool_then_done(("add", {"a": 2, "b": 3}))
     bot = agent("calc", model_client, [add], reflect_on_tool_use=True)
 
     result = asyncio.run(run(bot, task="2+3?", client=hints, tenant="acme", deadline_s=30))
@@ -88,8 +82,8 @@ def test_single_agent_run_hints_llm_and_tool_calls_and_tags_requests(chat_server
     ends = [e for e in recorder.of(sid) if isinstance(e, LlmCallEnd)]
     assert [(e.prompt_tokens, e.output_tokens) for e in ends] == [(20, 5), (40, 5)]
     # every model request carried the session to the server, and the agent saw the tool result
-    assert [body["session_id"] for body in chat_server.requests] == [sid, sid]
-    assert chat_server.requests[1]["messages"][-1]["content"] == "5"
+    assert [body["session_id"] for body in chat_server.chat_bodies()] == [sid, sid]
+    assert chat_server.chat_bodies()[1]["messages"][-1]["content"] == "5"
     assert result.messages[-1].content == "done"
 
 
@@ -106,7 +100,7 @@ def test_parallel_tool_calls_each_get_their_own_start_and_end(chat_server, model
         await gate["barrier"].wait()
         return -x
 
-    chat_server.responder = tool_then_done(("slow_a", {"x": 1}), ("slow_b", {"x": 2}))
+    chat_server.script = tool_then_done(("slow_a", {"x": 1}), ("slow_b", {"x": 2}))
     bot = agent("par", model_client, [slow_a, slow_b])
 
     async def main():
@@ -129,7 +123,7 @@ def test_a_failing_tool_ends_with_error_and_the_run_goes_on(chat_server, model_c
         """Read a file."""
         raise FileNotFoundError(path)
 
-    chat_server.responder = tool_then_done(("broken", {"path": "/nope"}), ("add", {"a": 1, "b": 1}))
+    chat_server.script = tool_then_done(("broken", {"path": "/nope"}), ("add", {"a": 1, "b": 1}))
     bot = agent("fs", model_client, [broken, add], reflect_on_tool_use=True)
 
     result = asyncio.run(run(bot, task="read", client=hints))
@@ -143,7 +137,7 @@ def test_a_failing_tool_ends_with_error_and_the_run_goes_on(chat_server, model_c
     assert events[7:] == [("llm_start", 2, "fs"), ("llm_end", 2, "fs"), ("session_end", "completed")]
     assert result.messages[-1].content == "done"
     # AutoGen reported the error to the model exactly as without SAGA
-    tool_msgs = [m for m in chat_server.requests[1]["messages"] if m["role"] == "tool"]
+    tool_msgs = [m for m in chat_server.chat_bodies()[1]["messages"] if m["role"] == "tool"]
     assert [m["content"] for m in tool_msgs] == ["/nope", "2"]
 
 
@@ -154,7 +148,7 @@ def test_cancelling_a_run_ends_the_tool_and_the_session_as_cancelled(chat_server
         await asyncio.Event().wait()
         return "never"
 
-    chat_server.responder = tool_then_done(("wait_forever", {"seconds": 99}))
+    chat_server.script = tool_then_done(("wait_forever", {"seconds": 99}))
     bot = agent("sleeper", model_client, [wait_forever])
     started: asyncio.Event
 
@@ -232,7 +226,7 @@ TEAM_TRACE = [
 
 
 def test_a_team_run_names_each_agent_and_declares_who_speaks_after_whom(chat_server, model_client, hints, recorder):
-    chat_server.responder = two_agent_script
+    chat_server.script = two_agent_script
     team = team_of_two(model_client)
 
     result = asyncio.run(run(team, task="add 20 and 22", client=hints))
@@ -244,7 +238,7 @@ def test_a_team_run_names_each_agent_and_declares_who_speaks_after_whom(chat_ser
         structure.edges)
     spoken = [(m.source, m.content) for m in result.messages if type(m).__name__ == "TextMessage"]
     assert spoken == [("user", "add 20 and 22"), ("writer", "sum written"), ("reviewer", "looks right")]
-    assert {body["session_id"] for body in chat_server.requests} == {sid}
+    assert {body["session_id"] for body in chat_server.chat_bodies()} == {sid}
 
 
 def test_a_runtime_started_before_the_run_is_bound_by_team_not_contextvars(chat_server, model_client, hints,
@@ -257,7 +251,7 @@ def test_a_runtime_started_before_the_run_is_bound_by_team_not_contextvars(chat_
         return a + b
 
     probe_tool = FunctionTool(probe, name="add", description="Add two integers.")
-    chat_server.responder = two_agent_script
+    chat_server.script = two_agent_script
 
     async def main():
         runtime = SingleThreadedAgentRuntime()
@@ -278,7 +272,7 @@ def test_a_runtime_started_before_the_run_is_bound_by_team_not_contextvars(chat_
     assert trace(recorder.of("pre-started")) == TEAM_TRACE
     # inside the runtime the contextvar is empty, yet the hook found the session through the team
     assert seen[0][0] is None and seen[0][1].session_id == "pre-started"
-    assert {body["session_id"] for body in chat_server.requests} == {"pre-started"}
+    assert {body["session_id"] for body in chat_server.chat_bodies()} == {"pre-started"}
     assert not saga_autogen._by_agent_key  # unbound after the run
 
 
@@ -289,9 +283,9 @@ def free_port() -> int:
 
 
 def test_a_hint_service_that_is_down_changes_nothing_in_the_run(chat_server, model_client):
-    chat_server.responder = two_agent_script
+    chat_server.script = two_agent_script
     plain = asyncio.run(team_of_two(model_client).run(task="add 20 and 22"))
-    plain_requests = list(chat_server.requests)
+    plain_requests = list(chat_server.chat_bodies())
     chat_server.reset()
 
     down = HintClient(endpoint=f"127.0.0.1:{free_port()}", rpc_timeout_s=0.2)
@@ -304,13 +298,13 @@ def test_a_hint_service_that_is_down_changes_nothing_in_the_run(chat_server, mod
         [(type(m), m.source, str(m.content)) for m in plain.messages]
     assert hinted.stop_reason == plain.stop_reason
     # the requests differ only by the session id SAGA added
-    assert [{k: v for k, v in b.items() if k != "session_id"} for b in chat_server.requests] == plain_requests
+    assert [{k: v for k, v in b.items() if k != "session_id"} for b in chat_server.chat_bodies()] == plain_requests
     assert down.stats().sent == 0
 
 
 def test_run_stream_yields_the_same_items_and_keeps_the_session_out_of_the_consumer(chat_server, model_client,
                                                                                     hints, recorder):
-    chat_server.responder = tool_then_done(("add", {"a": 1, "b": 2}))
+    chat_server.script = tool_then_done(("add", {"a": 1, "b": 2}))
 
     async def main():
         items, outside = [], []
@@ -329,7 +323,7 @@ def test_run_stream_yields_the_same_items_and_keeps_the_session_out_of_the_consu
 
 
 def test_closing_run_stream_early_ends_the_session_as_cancelled(chat_server, model_client, hints, recorder):
-    chat_server.responder = tool_then_done(("add", {"a": 1, "b": 2}))
+    chat_server.script = tool_then_done(("add", {"a": 1, "b": 2}))
 
     async def main():
         stream = run_stream(agent("s", model_client, [add]), task="1+2", client=hints, session_id="early")
@@ -343,7 +337,7 @@ def test_closing_run_stream_early_ends_the_session_as_cancelled(chat_server, mod
 
 
 def test_model_client_streaming_is_hinted_with_usage(chat_server, model_client, hints, recorder):
-    chat_server.responder = tool_then_done(("add", {"a": 4, "b": 5}))
+    chat_server.script = tool_then_done(("add", {"a": 4, "b": 5}))
     bot = agent("streamer", model_client, [add], reflect_on_tool_use=True, model_client_stream=True)
 
     result = asyncio.run(run(bot, task="4+5", client=hints, session_id="streamed"))
@@ -355,7 +349,7 @@ def test_model_client_streaming_is_hinted_with_usage(chat_server, model_client, 
         ("llm_start", 2, "streamer"), ("llm_end", 2, "streamer"),
         ("session_end", "completed"),
     ]
-    assert all(body["stream"] and body["session_id"] == "streamed" for body in chat_server.requests)
+    assert all(body["stream"] and body["session_id"] == "streamed" for body in chat_server.chat_bodies())
     assert result.messages[-1].content.strip() == "done"
 
 
@@ -370,7 +364,7 @@ def test_a_broken_hint_client_never_reaches_the_agent(chat_server, model_client)
         def tool_call_start(self, *args, **kwargs):
             raise RuntimeError("boom")
 
-    chat_server.responder = tool_then_done(("add", {"a": 1, "b": 2}))
+    chat_server.script = tool_then_done(("add", {"a": 1, "b": 2}))
     bad = Exploding(enabled=False)
     result = asyncio.run(run(agent("x", model_client, [add], reflect_on_tool_use=True), task="1+2", client=bad))
     assert result.messages[-1].content == "done"
@@ -387,7 +381,7 @@ def test_a_streaming_tool_an_agent_as_tool_is_hinted_with_the_inner_calls_inside
             return text("helped")
         return text("done") if body["messages"][-1]["role"] == "tool" else calls(("helper", {"task": "help"}))
 
-    chat_server.responder = respond
+    chat_server.script = respond
     helper = agent("helper", model_client, system_message="You are the helper.")
     boss = agent("boss", model_client, [AgentTool(helper)], system_message="You are the boss.",
                  reflect_on_tool_use=True)

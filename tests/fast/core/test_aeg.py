@@ -11,6 +11,7 @@ from saga_server.core import (
     AEG,
     LlmCallEnd,
     LlmCallStart,
+    ManualClock,
     SessionEnd,
     SessionStart,
     ToolCallEnd,
@@ -43,15 +44,7 @@ def _pick(rng: random.Random, dist: dict[str, float]) -> str:
     return k
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def _run_markov(core: WorkflowCore, clock: Clock, rng: random.Random, sessions: int, named: bool):
+def _run_markov(core: WorkflowCore, clock: ManualClock, rng: random.Random, sessions: int, named: bool):
     """Drives sessions through the chain; scores predictions made before each outcome.
     Returns per-session lists of (hit_tool, best_tool, hit_next, best_next, covered_p90)."""
     scores = []
@@ -87,7 +80,7 @@ def _run_markov(core: WorkflowCore, clock: Clock, rng: random.Random, sessions: 
 
 
 def test_named_markov_workflow_converges_to_the_best_possible_predictions() -> None:
-    clock = Clock()
+    clock = ManualClock()
     core = WorkflowCore(clock=clock, seed=1)
     scores = _run_markov(core, clock, random.Random(7), 500, named=True)
     late = [r for rec in scores[100:] for r in rec]
@@ -116,7 +109,7 @@ def test_inferred_nodes_learn_a_tool_markov_chain() -> None:
     """No node names: nodes are "after:<tool>", a first-order chain over tools."""
     chain = {"search": {"read": 0.7, "edit": 0.3}, "read": {"edit": 0.6, "search": 0.4},
              "edit": {"test": 0.8, "edit": 0.2}, "test": {"edit": 0.5, "submit": 0.5}}
-    clock, rng = Clock(), random.Random(3)
+    clock, rng = ManualClock(), random.Random(3)
     core = WorkflowCore(clock=clock)
     hits = best = n = 0
     for s in range(300):
@@ -143,7 +136,7 @@ def test_inferred_nodes_learn_a_tool_markov_chain() -> None:
 def test_engine_events_alone_build_an_inferred_graph() -> None:
     """Without hints: short answers are followed by a ~2 s gap and another request;
     a long answer ends the session (it goes quiet and expires)."""
-    clock = Clock()
+    clock = ManualClock()
     core = WorkflowCore(clock=clock)
     idle = core.config.session_idle_s
     for s in range(40):
@@ -173,7 +166,7 @@ def test_engine_events_alone_build_an_inferred_graph() -> None:
 
 
 def test_declared_structure_guides_predictions_before_any_data() -> None:
-    clock = Clock()
+    clock = ManualClock()
     core = WorkflowCore(clock=clock)
     structure = WorkflowStructure(
         nodes=(WorkflowNode("agent"), WorkflowNode("lookup", "tool"), WorkflowNode("answer"),

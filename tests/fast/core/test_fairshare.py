@@ -14,6 +14,7 @@ from saga_server.core import (
     FairShareConfig,
     LlmCallEnd,
     LlmCallStart,
+    ManualClock,
     SessionEnd,
     SessionStart,
     ToolCallEnd,
@@ -40,15 +41,7 @@ class Task:
     tokens: int = 1000  # service recorded per step
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def simulate(tasks: list[Task], policy: str, core: WorkflowCore, clock: Clock) -> dict[str, float]:
+def simulate(tasks: list[Task], policy: str, core: WorkflowCore, clock: ManualClock) -> dict[str, float]:
     """Runs the tasks; returns sid -> completion time (absolute)."""
     by_id = {t.sid: t for t in tasks}
     done_steps = {t.sid: 0 for t in tasks}
@@ -99,8 +92,7 @@ def simulate(tasks: list[Task], policy: str, core: WorkflowCore, clock: Clock) -
     return finished
 
 
-
-def _warm(core: WorkflowCore, clock: Clock, kinds: list[tuple[str, int]]) -> None:
+def _warm(core: WorkflowCore, clock: ManualClock, kinds: list[tuple[str, int]]) -> None:
     """Completed tasks of each kind first, so the AEG knows their length."""
     warm = [Task(f"warm-{tenant}-{i}", tenant, clock.t, steps, 1.0, 1.0, 1e4)
             for tenant, steps in kinds for i in range(2)]
@@ -116,7 +108,7 @@ def _deadline_scenario(start: float) -> list[Task]:
 
 
 def _misses(policy: str) -> dict[str, int]:
-    clock = Clock()
+    clock = ManualClock()
     core = WorkflowCore(clock=clock)
     _warm(core, clock, [("heavy", 30), ("light", 3)])
     tasks = _deadline_scenario(clock.t + 10.0)
@@ -141,7 +133,7 @@ def test_light_tenant_gets_its_share_without_deadlines() -> None:
     and the heavy tenant loses at most the light tenant's own work."""
     results = {}
     for policy in ("fcfs", "afs"):
-        clock = Clock()
+        clock = ManualClock()
         core = WorkflowCore(clock=clock)
         heavy = [Task(f"h{i}", "heavy", 0.0, 40, 1.0, 1.0, deadline_s=None) for i in range(8)]
         light = [Task(f"l{j}", "light", 10.0 + 30 * j, 4, 1.0, 1.0, deadline_s=None) for j in range(6)]

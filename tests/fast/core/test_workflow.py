@@ -14,6 +14,7 @@ from saga_server.core import (
     HintSink,
     LlmCallEnd,
     LlmCallStart,
+    ManualClock,
     PrefetchCandidate,
     SessionEnd,
     SessionStart,
@@ -21,14 +22,6 @@ from saga_server.core import (
     ToolCallStart,
     WorkflowCore,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def test_public_api_is_curated() -> None:
@@ -41,7 +34,7 @@ def test_public_api_is_curated() -> None:
 
 
 def test_rejected_hint_changes_nothing() -> None:
-    clock = Clock()
+    clock = ManualClock()
     core = WorkflowCore(clock=clock)
     core.accept(SessionStart("s", 0.0, tenant="a"))
     core.accept(LlmCallStart("s", 0.0))
@@ -55,7 +48,7 @@ def test_rejected_hint_changes_nothing() -> None:
 
 
 def test_snapshots_carry_predictions() -> None:
-    clock = Clock()
+    clock = ManualClock()
     core = WorkflowCore(clock=clock)
     core.accept(SessionStart("s", 0.0, tenant="a", workflow="w", deadline_s=60.0))
     core.accept(LlmCallStart("s", 0.0, node="plan"))
@@ -73,7 +66,7 @@ def test_snapshots_carry_predictions() -> None:
 
 
 def test_request_before_its_hint_is_one_step() -> None:
-    clock = Clock()
+    clock = ManualClock()
     core = WorkflowCore(clock=clock)
     core.on_request_arrival("s", 700, tenant="a")
     core.accept(LlmCallStart("s", 0.0, node="plan"))
@@ -99,7 +92,7 @@ def test_invalid_engine_input_is_rejected() -> None:
 
 def _drive(seed: int) -> list:
     """A random mixed workload; returns everything the core answered."""
-    clock, rng = Clock(), random.Random(seed)
+    clock, rng = ManualClock(), random.Random(seed)
     core = WorkflowCore(clock=clock, seed=seed)
     out = []
     tools = [("grep", "search"), ("pytest", "test"), ("cat", "read"), ("pip install", "install")]
@@ -129,7 +122,7 @@ def test_deterministic_under_a_seed() -> None:
 
 
 def test_expiry_ends_silent_sessions_in_both_layers() -> None:
-    clock = Clock()
+    clock = ManualClock()
     core = WorkflowCore(CoreConfig(session_idle_s=10.0), clock=clock)
     core.accept(SessionStart("s", 0.0))
     core.accept(LlmCallStart("s", 0.0))
@@ -175,7 +168,7 @@ def test_concurrent_hint_streams_are_all_applied() -> None:
 
 
 def test_engine_only_sessions_are_visible() -> None:
-    clock = Clock()
+    clock = ManualClock()
     core = WorkflowCore(clock=clock)
     core.accept(SessionStart("hinted", 0.0))
     clock.t = 1.0
@@ -188,7 +181,7 @@ def test_engine_only_sessions_are_visible() -> None:
 
 
 def test_prompt_growth_is_learned_whichever_of_request_and_hint_comes_first() -> None:
-    clock = Clock()
+    clock = ManualClock()
     core = WorkflowCore(clock=clock)
     for s in range(6):
         sid = f"s{s}"

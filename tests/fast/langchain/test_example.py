@@ -3,26 +3,17 @@ makes it terminate with a model that never picks a tool itself, checked on the w
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from saga_sdk.integrations.langchain import SagaCallbackHandler
 
-import saga_tests_chat_server as chat  # loaded by conftest.py
-
-EXAMPLE = Path(__file__).parents[3] / "examples" / "langchain_agent.py"
+from tests.support import chat_server as chat
+from tests.support.examples import load_example
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("saga_example_langchain_agent", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_example("langchain_agent")
 
 
 def by_name(tools):

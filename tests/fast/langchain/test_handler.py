@@ -1,6 +1,6 @@
 """SagaCallbackHandler: real LangChain/LangGraph agents (create_agent, ToolNode, LCEL,
 ChatOpenAI over the real OpenAI SDK) against a real gRPC hint service; the model is
-the scripted chat server (see chat_server.py for why)."""
+the scripted chat server (see tests/support/chat_server.py for why)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from saga_sdk.integrations.langchain import SagaCallbackHandler, describe_graph,
 
 from saga_server.core.events import LlmCallEnd, SessionOutcome, SessionStart, ToolCallEnd, ToolCallStart, ToolOutcome
 
-import saga_tests_chat_server as chat  # loaded by conftest.py
+from tests.support import chat_server as chat
 
 
 # -- tools and scripts -------------------------------------------------------------------
@@ -95,8 +95,9 @@ def test_react_agent_becomes_one_session_in_order(make_chat_server, hints, regis
     events = registry.of("thread-7")
     (tool_start,) = [e for e in events if isinstance(e, ToolCallStart)]
     assert tool_start.call_id == out["messages"][1].tool_calls[0]["id"]  # the model's tool_call_id
+    # the server's usage (10 prompt tokens a message: user; user, AI, tool) reaches the hints
     assert [(e.step, e.prompt_tokens, e.output_tokens) for e in events if isinstance(e, LlmCallEnd)] == \
-        [(1, 10, 5), (2, 10, 5)]
+        [(1, 10, 5), (2, 30, 5)]
     # every request of the session carried its id, with no change to the model object
     assert [r.headers.get("x-session-id") for r in server.chat_requests()] == ["thread-7", "thread-7"]
     assert current_session() is None  # the context is reset after the run

@@ -6,15 +6,8 @@ import pytest
 
 from saga_server.core.events import (HintRejected, LlmCallEnd, LlmCallStart, SessionEnd, SessionStart,
                                      ToolCallEnd, ToolCallStart)
+from saga_server.core import ManualClock
 from saga_server.core.registry import SessionRegistry
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_parallel_tool_calls_are_tracked_by_call_id():
@@ -51,14 +44,14 @@ def test_history_is_bounded_and_keeps_the_newest():
 
 
 def test_ended_sessions_can_restart_and_expire_sooner():
-    clock = Clock()
+    clock = ManualClock()
     reg = SessionRegistry(idle_ttl_s=100, ended_ttl_s=10, clock=clock)
     reg.accept(SessionStart("done", 0.0))
     reg.accept(SessionEnd("done", 0.0))
     reg.accept(SessionStart("idle", 0.0))
     with pytest.raises(HintRejected, match="already started"):
         reg.accept(SessionStart("idle", 1.0))
-    clock.now = 11.0
+    clock.t = 11.0
     assert reg.expire() == ["done"]
     assert reg.session("idle") is not None
     reg.accept(SessionStart("done", 11.0))  # a new run under an old id starts afresh

@@ -5,29 +5,21 @@ hint service: the shared session fixture of tests/real/conftest.py)."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 from autogen_core import SingleThreadedAgentRuntime
 
 from saga_sdk import HintClient, HintReader
 from saga_sdk.integrations import autogen as saga_autogen
+from tests.support.examples import load_example
 
 pytestmark = pytest.mark.real
-
-EXAMPLE = Path(__file__).parents[3] / "examples" / "autogen_agent.py"
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("saga_example_autogen_agent", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_example("autogen_agent")
 
 
 @pytest.fixture

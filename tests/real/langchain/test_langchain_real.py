@@ -4,10 +4,7 @@ hint service, the shared session fixture from tests/real/conftest.py)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import uuid
-from pathlib import Path
 
 import openai
 import pytest
@@ -16,19 +13,14 @@ from langchain_core.messages import AIMessage, ToolMessage
 from saga_sdk import HintClient, HintReader, session_scope
 from saga_sdk.integrations import openai as saga_openai
 from saga_sdk.integrations.langchain import SagaCallbackHandler
+from tests.support.examples import load_example
 
 pytestmark = pytest.mark.real
-
-EXAMPLE = Path(__file__).parents[3] / "examples" / "langchain_agent.py"
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("saga_example_langchain_agent", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_example("langchain_agent")
 
 
 @pytest.fixture

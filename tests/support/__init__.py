@@ -1,0 +1,11 @@
+"""Helpers shared by test folders (and a benchmark or two): not tests themselves.
+
+Import them as `from tests.support import chat_server`. Tests run with
+`--import-mode=importlib`, under which test folders are not packages on `sys.path`;
+`pythonpath = ["."]` in pyproject.toml's pytest section puts the repository root
+there, so this package imports like any other, in every test folder.
+
+- `chat_server`: the scripted OpenAI-compatible server (the fast tier's model fake)
+- `registry`: `RecordingRegistry`, the real registry keeping every accepted event
+- `examples`: `load_example`, an `examples/*.py` script imported as a module
+"""

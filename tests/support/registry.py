@@ -1,0 +1,24 @@
+"""`RecordingRegistry`: the real `SessionRegistry`, also keeping every accepted event."""
+
+from __future__ import annotations
+
+from saga_server.core.registry import SessionRegistry
+
+__all__ = ["RecordingRegistry"]
+
+
+class RecordingRegistry(SessionRegistry):
+    """The real registry; also keeps every accepted event, in arrival order (its
+    history leaves out fields tests check: call ids, durations, structure, tokens,
+    tool outcomes)."""
+
+    def __init__(self) -> None:
+        super().__init__(max_sessions=1000)
+        self.events: list = []
+
+    def accept(self, event) -> None:
+        super().accept(event)
+        self.events.append(event)
+
+    def of(self, session_id: str) -> list:
+        return [e for e in self.events if e.session_id == session_id]
