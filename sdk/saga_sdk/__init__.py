@@ -22,12 +22,12 @@ __all__ = [
     "SagaConfig",
     "SagaUnavailable",
     "SessionContext",
+    "UnknownSession",
     "current_session",
     "get_client",
     "new_session_id",
     "session_scope",
     "set_client",
-    "UnknownSession",
 ]
 
 __version__ = "0.1.0"
