@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fast-start", action="store_true", help="--enforce-eager: fastest start (tests)")
     p.add_argument("--pin-max-fraction", type=float, default=None,
                    help="most of the KV pool hard pins may hold (default 0.5)")
-    p.add_argument("--api-key-hints", default=None, help="API key the hint service requires (default none)")
+    p.add_argument("--hint-api-key", default=None,
+                   help="shared token the hint service requires (default: $SAGA_API_KEY; unset: no auth)")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for readiness")
     p.add_argument("--dry-run", action="store_true", help="print the vLLM command and env, start nothing")
     return p
@@ -128,8 +129,8 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
         args += ["--scheduler-cls", cls]
         hint_addr = f"{opts.hint_host or opts.host}:{opts.hint_port}"
         env["SAGA_HINT_ADDR"] = hint_addr
-        if opts.api_key_hints:
-            env["SAGA_API_KEY"] = opts.api_key_hints
+        if opts.hint_api_key:
+            env["SAGA_API_KEY"] = opts.hint_api_key
         if opts.pin_max_fraction is not None:
             env["SAGA_PIN_MAX_FRACTION"] = str(opts.pin_max_fraction)
     else:
