@@ -37,7 +37,7 @@ from saga_server.core.routing import ReplicaView, RoutingConfig, SessionRouter
 
 log = logging.getLogger("ray.serve")
 
-__all__ = ["SagaRequestRouter", "MOVE_PREFIX", "move_session_id"]
+__all__ = ["SagaRequestRouter", "MOVE_PREFIX", "move_session_id", "STATS_KV_KEY"]
 
 MOVE_PREFIX = "saga-move:"
 _LAST_BODIES = 4096
@@ -71,6 +71,8 @@ class SagaRequestRouter(RequestRouter):
         self._last_body: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._tasks: set[asyncio.Task] = set()
         self.moves = collections.Counter()
+        self.steals: collections.deque = collections.deque(maxlen=200)  # (session, source, target, in_tool)
+        self._published_at = 0.0
 
     # -- Serve hooks ----------------------------------------------------------------------
 
@@ -94,6 +96,7 @@ class SagaRequestRouter(RequestRouter):
                     self._last_body.popitem(last=False)
             route = self.saga.route(sid, list(by_id), dict(self._inflight))
             self._maybe_steal(list(by_id))
+            self._maybe_publish()
             chosen = by_id[route.replica]
             if sid:
                 return [[chosen]]  # wait for the home rather than scatter
@@ -139,6 +142,7 @@ class SagaRequestRouter(RequestRouter):
         if steal is None:
             return
         self.moves["steals"] += 1
+        self.steals.append((steal.session_id, steal.source, steal.target, steal.in_tool))
         if steal.in_tool:
             self.moves["steals_in_tool"] += 1
         log.info("SAGA steal: session %s %s -> %s (in tool: %s)", steal.session_id, steal.source,
@@ -147,6 +151,22 @@ class SagaRequestRouter(RequestRouter):
         if body is None or not self._ingress_url:
             return  # nothing to replay: the next request re-prefills on the target
         task = asyncio.get_running_loop().create_task(self._reprefill(steal.session_id, steal.target, body))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def stats(self) -> dict[str, Any]:
+        """Routing counters, per-replica homes and recent steals (published for
+        `saga status`, tests and benchmarks)."""
+        return {"routing": self.saga.stats(), "moves": dict(self.moves), "steals": list(self.steals),
+                "inflight": dict(self._inflight), "at": time.time()}
+
+    def _maybe_publish(self) -> None:
+        now = time.monotonic()
+        if now - self._published_at < 0.5:
+            return
+        self._published_at = now
+        payload = json.dumps(self.stats())
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(_publish, payload))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -163,6 +183,19 @@ class SagaRequestRouter(RequestRouter):
         except Exception:
             self.moves["reprefills_failed"] += 1
             log.exception("SAGA re-prefill of %s on %s failed", session_id, target)
+
+
+STATS_KV_KEY = "saga:router:stats"
+
+
+def _publish(payload: str) -> None:
+    """Router stats into Ray's internal KV (one key; best effort)."""
+    try:
+        from ray.experimental import internal_kv  # noqa: PLC0415
+
+        internal_kv._internal_kv_put(STATS_KV_KEY, payload, overwrite=True)
+    except Exception:
+        log.debug("publishing SAGA router stats failed", exc_info=True)
 
 
 def _post(url: str, payload: dict, session_header: str) -> bool:

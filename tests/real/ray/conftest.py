@@ -53,6 +53,13 @@ class RayCluster:
                 out[k[len(KV_PREFIX):]] = addr.decode() if isinstance(addr, bytes) else addr
         return out
 
+    def router_stats(self) -> dict:
+        """What the SAGA request router last published (routing counters, steals)."""
+        from ray.experimental import internal_kv
+
+        raw = internal_kv._internal_kv_get("saga:router:stats")
+        return json.loads(raw) if raw else {}
+
     def resident(self) -> dict[str, set[str]]:
         """replica id -> sessions its engine served (live ones only; unreachable: skipped)."""
         from saga_sdk import HintReader
@@ -126,8 +133,12 @@ def ray_cluster(tmp_path_factory):
         if ray.is_initialized():
             ray.shutdown()
         if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # saga router shuts Serve and Ray down
+            proc.send_signal(signal.SIGTERM)  # saga router shuts Serve and Ray down
             try:
                 proc.wait(120)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # stragglers of its group (Ray workers)
+            except ProcessLookupError:
+                pass

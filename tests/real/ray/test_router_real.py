@@ -71,11 +71,13 @@ def test_sessions_stick_to_one_replica_and_follow_ups_hit_the_cache(ray_cluster)
         assert set(results) == set(sids)
         cold = [(sid, i) for sid, rs in results.items() for i, r in enumerate(rs) if i > 0 and _cached(r) == 0]
         assert cold == [], f"cold follow-ups: {cold}"
+        time.sleep(1.0)
+        stolen = {s for s, *_ in ray_cluster.router_stats().get("steals", [])}
         for sid in sids:
-            holders = [rid for rid, ss in resident.items() if sid in ss]
-            assert len(holders) == 1, f"{sid} served by {holders}"
-            # the home is the deterministic one
-            assert holders[0] == home_replica(sid, list(resident))
+            holders = {rid for rid, ss in resident.items() if sid in ss}
+            # first request on the deterministic home; a second holder only after a steal
+            assert home_replica(sid, list(resident)) in holders
+            assert len(holders) == 1 or sid in stolen, f"{sid} served by {holders} without a steal"
         assert all(any(sid in ss for sid in sids) for ss in resident.values()), "one replica got nothing"
     finally:
         for sid in sids:
