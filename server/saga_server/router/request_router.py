@@ -125,7 +125,8 @@ class SagaRequestRouter(RequestRouter):
         views = []
         for r in replicas:
             rep = (r.routing_stats or {}).get("saga") or {}
-            sessions = frozenset(rep.get("sessions") or ())
+            # re-prefills run under saga-move ids: their KV belongs to the moved session
+            sessions = frozenset(s for s in rep.get("sessions") or () if not s.startswith(MOVE_PREFIX))
             queue = self._inflight.get(r.replica_id.unique_id, 0)
             views.append(ReplicaView(r.replica_id.unique_id, queue_len=queue,
                                      kv_usage=float(rep.get("kv_usage") or 0.0), sessions=sessions,
