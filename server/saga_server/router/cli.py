@@ -138,6 +138,20 @@ def _kv_endpoints() -> list[str]:
     return out
 
 
+def _router_stats() -> dict[str, float]:
+    """The SAGA request router's published counters, flattened for GetStats."""
+    from ray.experimental import internal_kv  # noqa: PLC0415
+
+    raw = internal_kv._internal_kv_get("saga:router:stats")
+    if not raw:
+        return {}
+    st = json.loads(raw)
+    out = {f"router_{k}": float(v) for k, v in (st.get("routing") or {}).items()}
+    out.update({f"router_{k}": float(v) for k, v in (st.get("moves") or {}).items()})
+    out.update({f"router_inflight{{{r}}}": float(v) for r, v in (st.get("inflight") or {}).items()})
+    return out
+
+
 def _wait_ready(url: str, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -200,7 +214,8 @@ def main(argv: list[str]) -> int:
         started = time.monotonic()
         print(f"[saga] deploying {opts.replicas} replica(s), router {opts.router}, model {model_dir}", flush=True)
         serve.run(app, name=APP_NAME, blocking=False)
-        fanout, servicer, hint_port = start_fanout(_kv_endpoints, f"{opts.host}:{opts.hint_port}")
+        fanout, servicer, hint_port = start_fanout(_kv_endpoints, f"{opts.host}:{opts.hint_port}",
+                                                 _router_stats if opts.router == "saga" else dict)
         print(f"[saga] OpenAI API : {url}/v1", flush=True)
         print(f"[saga] hints gRPC : {opts.host}:{hint_port} (fan-out to every replica)", flush=True)
         if not _wait_ready(url, opts.ready_timeout):

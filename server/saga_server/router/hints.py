@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from concurrent import futures
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import grpc
 from saga_sdk._proto import hints_pb2 as pb
@@ -38,10 +38,14 @@ __all__ = ["FanOutHints", "start_fanout", "HINT_KV_PREFIX"]
 HINT_KV_PREFIX = "saga:hint:"  # Ray internal KV key prefix: one entry per replica
 
 
+_PER_REPLICA = ("requests_arrived", "engine_held_sessions", "engine_pinned_blocks", "engine_held_blocks")
+
+
 class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
     def __init__(self, discover: Callable[[], Sequence[str]], *, timeout: float = 2.0,
-                 refresh_s: float = 2.0) -> None:
+                 refresh_s: float = 2.0, extra_stats: Callable[[], Mapping[str, float]] = dict) -> None:
         self._discover = discover
+        self._extra_stats = extra_stats
         self._timeout = timeout
         self._refresh_s = refresh_s
         self._endpoints: list[str] = []
@@ -121,9 +125,17 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
     def GetStats(self, request, context):
         out = pb.ServerStats()
         replies = self._each(lambda s: s.GetStats(request, timeout=self._timeout))
-        for _, st in replies:
+        for ep, st in replies:
             for k, v in st.stats.items():
                 out.stats[k] = out.stats[k] + v if k in out.stats else v
+            for k in _PER_REPLICA:  # per-replica view for `saga status`
+                if k in st.stats:
+                    out.stats[f"{k}{{{ep}}}"] = st.stats[k]
+        try:
+            for k, v in self._extra_stats().items():
+                out.stats[k] = float(v)
+        except Exception:
+            log.exception("router stats unavailable")
         with self._lock:
             for k, v in self.counters.items():
                 out.stats[f"fanout_{k}"] = float(v)
@@ -131,9 +143,10 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
         return out
 
 
-def start_fanout(discover: Callable[[], Sequence[str]], address: str) -> tuple[grpc.Server, FanOutHints, int]:
+def start_fanout(discover: Callable[[], Sequence[str]], address: str,
+                 extra_stats: Callable[[], Mapping[str, float]] = dict) -> tuple[grpc.Server, FanOutHints, int]:
     """Serve a `FanOutHints` on `address`; returns (server, servicer, port)."""
-    servicer = FanOutHints(discover)
+    servicer = FanOutHints(discover, extra_stats=extra_stats)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="saga-hints"))
     hints_pb2_grpc.add_WorkflowHintsServicer_to_server(servicer, server)
     port = server.add_insecure_port(address)

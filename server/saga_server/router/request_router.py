@@ -122,6 +122,9 @@ class SagaRequestRouter(RequestRouter):
     # -- internals ------------------------------------------------------------------------
 
     def _refresh(self, replicas: List[RunningReplica]) -> None:
+        live = {r.replica_id.unique_id for r in replicas}
+        for gone in [r for r in self._inflight if r not in live]:
+            del self._inflight[gone]  # a dead replica's requests never complete here
         views = []
         for r in replicas:
             rep = (r.routing_stats or {}).get("saga") or {}

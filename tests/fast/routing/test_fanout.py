@@ -58,6 +58,7 @@ def test_reads_merge_across_engines(engines, fanout):
             reader.session("nope")
         stats = reader.stats()
     assert stats["replicas_reachable"] == 2.0
+    assert sum(1 for k in stats if k.startswith("engine_held_sessions{")) in (0, 2)
     assert stats["fanout_batches"] >= 1.0
 
 
@@ -77,5 +78,17 @@ def test_a_dead_engine_is_skipped_and_no_engine_is_unavailable(engines):
         client.flush(3)  # refused upstream: the client drops, never blocks the agent
         client.shutdown()
         assert servicer.counters["no_replica"] >= 1
+    finally:
+        server.stop(None)
+
+
+def test_router_figures_join_the_cluster_stats(engines):
+    _, servers = engines
+    server, _, port = start_fanout(lambda: [s.endpoint for s in servers], "127.0.0.1:0",
+                                   lambda: {"router_steals": 3, "router_routes_affinity": 10})
+    try:
+        with HintReader(f"127.0.0.1:{port}") as reader:
+            stats = reader.stats()
+        assert stats["router_steals"] == 3.0 and stats["router_routes_affinity"] == 10.0
     finally:
         server.stop(None)
