@@ -46,7 +46,7 @@ from serve_trace_replay import DEFAULT_TRACE, SessionResult, TokenSource, load_t
 class Cluster:
     """A `saga router` subprocess with the `post` interface `run_session` uses."""
 
-    def __init__(self, router: str, args) -> None:
+    def __init__(self, router: str, args, tokenizer=None) -> None:
         self.port, self.hint_port = free_port(), free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.hint_addr = f"127.0.0.1:{self.hint_port}"
@@ -59,6 +59,7 @@ class Cluster:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
         self.model = self._wait_ready(args.ready_timeout)
         self.ready_s = time.monotonic() - self.started
+        self.tokenizer = tokenizer
         self.cold: dict[str, list[int]] = {}  # session -> cached tokens per call, in order
         self._lock = threading.Lock()
 
@@ -78,6 +79,11 @@ class Cluster:
         raise TimeoutError(f"saga router not ready; see {self.log_path}")
 
     def post(self, path: str, body: dict, headers: dict | None = None, timeout: float = 600) -> dict:
+        if isinstance(body.get("prompt"), list) and self.tokenizer is not None:
+            # Ray's PrefixCacheAffinityRouter matches prompt *text* (token-id prompts
+            # crash it: ZeroDivisionError in _prefix_match_best_replicas), so every
+            # router gets the same text; the word-piece text re-tokenizes to the same ids.
+            body = {**body, "prompt": self.tokenizer.decode(body["prompt"])}
         h = {"Content-Type": "application/json", "X-Session-ID": body.get("session_id", ""), **(headers or {})}
         req = urllib.request.Request(self.base_url + path, json.dumps(body).encode(), h)
         with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -125,8 +131,8 @@ class Cluster:
             pass
 
 
-def replay(router: str, tasks, tokens, args) -> dict:
-    cluster = Cluster(router, args)
+def replay(router: str, tasks, tokens, args, tokenizer) -> dict:
+    cluster = Cluster(router, args, tokenizer)
     cluster.router_stats = {}
     results = [SessionResult(t.task_id) for t in tasks]
     rnd = random.Random(args.seed)
@@ -185,12 +191,15 @@ def main() -> int:
     tasks = load_tasks(args.trace, args.sessions, args.steps, args.target_prompt, args.max_output,
                        args.max_tool_s, args.seed)
     tokens = TokenSource(model_dir, args.seed)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     print(f"{len(tasks)} sessions x {args.steps} steps, {args.replicas} replicas, KV {args.kv_blocks} blocks each",
           flush=True)
     out = []
     for router in args.routers.split(","):
         print(f"-- {router} ...", flush=True)
-        r = replay(router, tasks, tokens, args)
+        r = replay(router, tasks, tokens, args, tokenizer)
         print(json.dumps(r), flush=True)
         out.append(r)
     print()
