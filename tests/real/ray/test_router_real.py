@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 import urllib.error
@@ -131,7 +129,7 @@ def test_overloaded_replica_sheds_a_session_in_a_tool_call_and_it_resumes_warm(r
 
 
 def test_killing_a_replica_loses_no_completed_work_and_agent_runs_finish(ray_cluster):
-    from ray.util.state import list_actors
+    import ray
 
     hints = HintClient(endpoint=ray_cluster.hint_addr)
     sids = [f"fail-{uuid.uuid4().hex[:8]}-{i}" for i in range(4)]
@@ -146,10 +144,10 @@ def test_killing_a_replica_loses_no_completed_work_and_agent_runs_finish(ray_clu
     for t in threads:
         t.start()
     time.sleep(4.0)  # every session has completed work by now
-    actors = [a for a in list_actors(filters=[("state", "=", "ALIVE")])
-              if "SagaLLMServer" in (a.class_name or "") and a.pid]
-    assert len(actors) == 2
-    os.kill(actors[0].pid, signal.SIGKILL)
+    replicas = sorted(ray_cluster.replica_hints())
+    assert len(replicas) == 2
+    name = f"SERVE_REPLICA::saga#SagaLLMServer:{ray_cluster.model}#{replicas[0]}"
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)  # a crash: Serve replaces it
     for t in threads:
         t.join(600)
     hints.shutdown()
