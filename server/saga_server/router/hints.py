@@ -1,0 +1,156 @@
+"""One hint endpoint for a cluster: a gRPC service that forwards to every engine.
+
+Agents send hints to one address (the `saga router` process). Each batch is
+forwarded unchanged (`SendHints`) to the hint service of every replica's engine:
+broadcast, not lookup, because the session's holder can change (stealing,
+failover) between a hint and the request it describes, and a moved session's
+new engine then already knows its workflow history. Hints are tiny and replicas
+few, so the cost is N small RPCs per batch, sent in parallel. Engines that never
+served a session do not report it as resident (see `replica.read_report`).
+
+Reads are merged: `GetSession` answers from the engine that served the session
+(largest `context_tokens`), `ListSessions` merges by id the same way, and
+`GetStats` sums the engines' figures and adds the fan-out's own counters.
+
+Replica endpoints are discovered through `discover()` (Ray's internal KV in
+`cli.py`: each replica registers its hint address there, which works across
+hosts); an endpoint that stops answering is skipped until it answers again.
+An unreachable cluster answers UNAVAILABLE: the SDK client drops or retries,
+and the agent never waits on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent import futures
+from typing import Callable, Mapping, Sequence
+
+import grpc
+from saga_sdk._proto import hints_pb2 as pb
+from saga_sdk._proto import hints_pb2_grpc
+
+log = logging.getLogger("saga.router")
+
+__all__ = ["FanOutHints", "start_fanout", "HINT_KV_PREFIX"]
+
+HINT_KV_PREFIX = "saga:hint:"  # Ray internal KV key prefix: one entry per replica
+
+
+_PER_REPLICA = ("requests_arrived", "engine_held_sessions", "engine_pinned_blocks", "engine_held_blocks")
+
+
+class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
+    def __init__(self, discover: Callable[[], Sequence[str]], *, timeout: float = 2.0,
+                 refresh_s: float = 2.0, extra_stats: Callable[[], Mapping[str, float]] = dict) -> None:
+        self._discover = discover
+        self._extra_stats = extra_stats
+        self._timeout = timeout
+        self._refresh_s = refresh_s
+        self._endpoints: list[str] = []
+        self._refreshed_at = -1e18
+        self._stubs: dict[str, hints_pb2_grpc.WorkflowHintsStub] = {}
+        self._lock = threading.Lock()
+        self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="saga-fanout")
+        self.counters = dict.fromkeys(("batches", "forwarded", "forward_errors", "no_replica"), 0)
+
+    def endpoints(self) -> list[str]:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._refreshed_at >= self._refresh_s:
+                try:
+                    self._endpoints = sorted(set(self._discover()))
+                except Exception:
+                    log.exception("hint endpoint discovery failed; keeping the last list")
+                self._refreshed_at = now
+            return list(self._endpoints)
+
+    def _stub(self, endpoint: str) -> hints_pb2_grpc.WorkflowHintsStub:
+        with self._lock:
+            stub = self._stubs.get(endpoint)
+            if stub is None:
+                stub = self._stubs[endpoint] = hints_pb2_grpc.WorkflowHintsStub(grpc.insecure_channel(endpoint))
+            return stub
+
+    def _each(self, call: Callable[[hints_pb2_grpc.WorkflowHintsStub], object]) -> list[tuple[str, object]]:
+        """(endpoint, reply) for every endpoint that answered."""
+        eps = self.endpoints()
+        futs = {ep: self._pool.submit(call, self._stub(ep)) for ep in eps}
+        out = []
+        for ep, fut in futs.items():
+            try:
+                out.append((ep, fut.result()))
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND:
+                    with self._lock:
+                        self.counters["forward_errors"] += 1
+        return out
+
+    # -- RPCs -----------------------------------------------------------------------------
+
+    def SendHints(self, request, context):
+        with self._lock:
+            self.counters["batches"] += 1
+        replies = self._each(lambda s: s.SendHints(request, timeout=self._timeout))
+        if not replies:
+            with self._lock:
+                self.counters["no_replica"] += 1
+            context.abort(grpc.StatusCode.UNAVAILABLE, "no SAGA engine replica reachable")
+        with self._lock:
+            self.counters["forwarded"] += len(replies)
+        # every engine validates the same way: the first answer stands for all
+        return replies[0][1]
+
+    def StreamHints(self, request_iterator, context):
+        for batch in request_iterator:
+            yield self.SendHints(batch, context)
+
+    def GetSession(self, request, context):
+        found = [r for _, r in self._each(lambda s: s.GetSession(request, timeout=self._timeout))]
+        if not found:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown session {request.session_id!r}")
+        return max(found, key=lambda st: st.metrics.get("context_tokens", 0.0))
+
+    def ListSessions(self, request, context):
+        merged: dict[str, pb.SessionState] = {}
+        for _, lst in self._each(lambda s: s.ListSessions(request, timeout=self._timeout)):
+            for st in lst.sessions:
+                cur = merged.get(st.session_id)
+                if cur is None or st.metrics.get("context_tokens", 0.0) > cur.metrics.get("context_tokens", 0.0):
+                    merged[st.session_id] = st
+        limit = request.limit or 100
+        return pb.SessionList(sessions=list(merged.values())[:limit])
+
+    def GetStats(self, request, context):
+        out = pb.ServerStats()
+        replies = self._each(lambda s: s.GetStats(request, timeout=self._timeout))
+        for ep, st in replies:
+            for k, v in st.stats.items():
+                out.stats[k] = out.stats[k] + v if k in out.stats else v
+            for k in _PER_REPLICA:  # per-replica view for `saga status`
+                if k in st.stats:
+                    out.stats[f"{k}{{{ep}}}"] = st.stats[k]
+        try:
+            for k, v in self._extra_stats().items():
+                out.stats[k] = float(v)
+        except Exception:
+            log.exception("router stats unavailable")
+        with self._lock:
+            for k, v in self.counters.items():
+                out.stats[f"fanout_{k}"] = float(v)
+        out.stats["replicas_reachable"] = float(len(replies))
+        return out
+
+
+def start_fanout(discover: Callable[[], Sequence[str]], address: str,
+                 extra_stats: Callable[[], Mapping[str, float]] = dict) -> tuple[grpc.Server, FanOutHints, int]:
+    """Serve a `FanOutHints` on `address`; returns (server, servicer, port)."""
+    servicer = FanOutHints(discover, extra_stats=extra_stats)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="saga-hints"))
+    hints_pb2_grpc.add_WorkflowHintsServicer_to_server(servicer, server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not listen on {address}")
+    server.start()
+    return server, servicer, port

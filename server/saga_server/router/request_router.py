@@ -1,0 +1,213 @@
+"""`SagaRequestRouter`: Ray Serve request routing by `saga_server.core.routing`.
+
+Runs inside the ingress replica's process (one instance per deployment handle).
+Per request it reads the session id (`x-session-id` header, which Serve puts in
+`PendingRequest.metadata.session_id`, or the body's `session_id`), refreshes the
+policy's replica views from the replicas' reports (`routing_stats["saga"]`,
+see `replica.py`) plus its own in-flight counts, and returns the policy's single
+choice: a session waits for its home rather than scattering to a free replica.
+
+Work stealing: at most every `steal_period_s`, `SessionRouter.plan_steal` may
+move one session off an overloaded replica (preferring one inside a tool call).
+The move is carried out by speculative re-prefill: the session's last request
+is replayed with `max_tokens=1` through the ingress (`ingress_url`) under the
+session id `saga-move:<replica>:<session>`, which this router pins to the
+target; the prefix then sits in the target's cache when the session resumes.
+(GPU builds could move the KV with vLLM's KV connectors instead; not wired.)
+
+Failures: a replica that leaves the candidate list (died, draining) re-homes
+its sessions by the same hash over the rest; their next request re-prefills.
+Requests in flight on a dead replica fail in Serve with its error (Serve does
+not retry them; the client sees an HTTP 5xx and may retry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import time
+import urllib.request
+from typing import Any, List, Optional
+
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+from saga_server.core.routing import ReplicaView, RoutingConfig, SessionRouter
+
+log = logging.getLogger("ray.serve")
+
+__all__ = ["SagaRequestRouter", "MOVE_PREFIX", "move_session_id", "STATS_KV_KEY"]
+
+MOVE_PREFIX = "saga-move:"
+_LAST_BODIES = 4096
+
+
+def move_session_id(target: str, session_id: str) -> str:
+    return f"{MOVE_PREFIX}{target}:{session_id}"
+
+
+def _session_of(pending: Optional[PendingRequest]) -> str | None:
+    if pending is None:
+        return None
+    sid = getattr(pending.metadata, "session_id", "") or ""
+    if not sid and pending.args:
+        sid = getattr(pending.args[0], "session_id", None) or ""
+    return sid if isinstance(sid, str) and sid else None
+
+
+class SagaRequestRouter(RequestRouter):
+    def initialize_state(self, steal_gap: float = 3.0, steal_period_s: float = 1.0, kv_weight: float = 4.0,
+                         steal_only_in_tool: bool = False, steal_cooldown_s: float = 10.0,
+                         ingress_url: str | None = None, seed: int = 0, **kwargs: Any) -> None:
+        self.saga = SessionRouter(RoutingConfig(kv_weight=kv_weight, steal_gap=steal_gap,
+                                                steal_only_in_tool=steal_only_in_tool,
+                                                steal_cooldown_s=steal_cooldown_s), seed=seed)
+        self._steal_period_s = steal_period_s
+        self._next_steal_at = 0.0
+        self._ingress_url = ingress_url
+        self._inflight: collections.Counter[str] = collections.Counter()
+        self._req_replica: dict[str, str] = {}
+        self._last_body: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        self._tasks: set[asyncio.Task] = set()
+        self.moves = collections.Counter()
+        self.steals: collections.deque = collections.deque(maxlen=200)  # (session, source, target, in_tool)
+        self._published_at = 0.0
+
+    # -- Serve hooks ----------------------------------------------------------------------
+
+    async def choose_replicas(self, candidate_replicas: List[RunningReplica],
+                              pending_request: Optional[PendingRequest] = None) -> List[List[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        try:
+            self._refresh(candidate_replicas)
+            sid = _session_of(pending_request)
+            if sid and sid.startswith(MOVE_PREFIX):
+                target = sid[len(MOVE_PREFIX):].split(":", 1)[0]
+                if target in by_id:
+                    return [[by_id[target]]]
+                sid = None
+            if sid and pending_request is not None and pending_request.args:
+                self._last_body[sid] = pending_request.args[0]
+                self._last_body.move_to_end(sid)
+                while len(self._last_body) > _LAST_BODIES:
+                    self._last_body.popitem(last=False)
+            route = self.saga.route(sid, list(by_id), dict(self._inflight))
+            self._maybe_steal(list(by_id))
+            self._maybe_publish()
+            chosen = by_id[route.replica]
+            if sid:
+                return [[chosen]]  # wait for the home rather than scatter
+            return [[chosen], [r for r in candidate_replicas if r is not chosen]]
+        except Exception:  # routing must never fail a request: fall back to any replica
+            log.exception("SAGA routing failed; falling back to the first candidate")
+            return [candidate_replicas]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
+        rid = getattr(pending_request.metadata, "internal_request_id", None) or pending_request.metadata.request_id
+        self._req_replica[rid] = replica_id.unique_id
+        self._inflight[replica_id.unique_id] += 1
+
+    def on_request_completed(self, replica_id, internal_request_id: str) -> None:
+        r = self._req_replica.pop(internal_request_id, None)
+        if r is not None and self._inflight[r] > 0:
+            self._inflight[r] -= 1
+
+    def on_replica_actor_died(self, replica_id) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._inflight.pop(replica_id.unique_id, None)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _refresh(self, replicas: List[RunningReplica]) -> None:
+        live = {r.replica_id.unique_id for r in replicas}
+        for gone in [r for r in self._inflight if r not in live]:
+            del self._inflight[gone]  # a dead replica's requests never complete here
+        views = []
+        for r in replicas:
+            rep = (r.routing_stats or {}).get("saga") or {}
+            # re-prefills run under saga-move ids: their KV belongs to the moved session
+            sessions = frozenset(s for s in rep.get("sessions") or () if not s.startswith(MOVE_PREFIX))
+            queue = self._inflight.get(r.replica_id.unique_id, 0)
+            views.append(ReplicaView(r.replica_id.unique_id, queue_len=queue,
+                                     kv_usage=float(rep.get("kv_usage") or 0.0), sessions=sessions,
+                                     in_tool=frozenset(rep.get("in_tool") or ()) & sessions
+                                     if sessions else frozenset(rep.get("in_tool") or ())))
+        self.saga.update(views)
+
+    def _maybe_steal(self, candidates: list[str]) -> None:
+        now = time.monotonic()
+        if now < self._next_steal_at or len(candidates) < 2:
+            return
+        self._next_steal_at = now + self._steal_period_s
+        steal = self.saga.plan_steal(candidates)
+        if steal is None:
+            return
+        self.moves["steals"] += 1
+        self.steals.append((steal.session_id, steal.source, steal.target, steal.in_tool))
+        if steal.in_tool:
+            self.moves["steals_in_tool"] += 1
+        log.info("SAGA steal: session %s %s -> %s (in tool: %s)", steal.session_id, steal.source,
+                 steal.target, steal.in_tool)
+        body = self._last_body.get(steal.session_id)
+        if body is None or not self._ingress_url:
+            return  # nothing to replay: the next request re-prefills on the target
+        task = asyncio.get_running_loop().create_task(self._reprefill(steal.session_id, steal.target, body))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def stats(self) -> dict[str, Any]:
+        """Routing counters, per-replica homes and recent steals (published for
+        `saga status`, tests and benchmarks)."""
+        return {"routing": self.saga.stats(), "moves": dict(self.moves), "steals": list(self.steals),
+                "inflight": dict(self._inflight), "at": time.time()}
+
+    def _maybe_publish(self) -> None:
+        now = time.monotonic()
+        if now - self._published_at < 0.5:
+            return
+        self._published_at = now
+        payload = json.dumps(self.stats())
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(_publish, payload))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reprefill(self, session_id: str, target: str, request: Any) -> None:
+        try:
+            payload = request.model_dump(mode="json", exclude_none=True, exclude_unset=True)
+            payload.pop("stream_options", None)
+            payload.update(stream=False, max_tokens=1)
+            payload.pop("max_completion_tokens", None)
+            payload.pop("session_id", None)
+            ok = await asyncio.to_thread(_post, self._ingress_url.rstrip("/") + "/v1/chat/completions", payload,
+                                         move_session_id(target, session_id))
+            self.moves["reprefills_ok" if ok else "reprefills_failed"] += 1
+        except Exception:
+            self.moves["reprefills_failed"] += 1
+            log.exception("SAGA re-prefill of %s on %s failed", session_id, target)
+
+
+STATS_KV_KEY = "saga:router:stats"
+
+
+def _publish(payload: str) -> None:
+    """Router stats into Ray's internal KV (one key; best effort)."""
+    try:
+        from ray.experimental import internal_kv  # noqa: PLC0415
+
+        internal_kv._internal_kv_put(STATS_KV_KEY, payload, overwrite=True)
+    except Exception:
+        log.debug("publishing SAGA router stats failed", exc_info=True)
+
+
+def _post(url: str, payload: dict, session_header: str) -> bool:
+    req = urllib.request.Request(url, json.dumps(payload).encode(),
+                                 {"Content-Type": "application/json", "X-Session-ID": session_header})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            resp.read()
+            return resp.status == 200
+    except urllib.error.HTTPError as exc:  # e.g. a truncated tool call: the prefill still happened
+        return exc.code < 500

@@ -1,0 +1,40 @@
+"""`saga router` configuration (pure: no Ray, no engine started)."""
+
+from __future__ import annotations
+
+import json
+
+from saga_server.router import cli
+
+
+def _opts(*argv):
+    return cli._parser().parse_args(list(argv))
+
+
+def test_saga_router_config_has_the_saga_engine_and_router():
+    cfg = cli.build_llm_config(_opts("--replicas", "3", "--port", "8123", "--kv-blocks", "128"), "/m", True)
+    eng = cfg["engine_kwargs"]
+    assert eng["scheduler_cls"].startswith("saga_server.engines.vllm.")
+    assert eng["enable_prefix_caching"] and eng["num_gpu_blocks_override"] == 128
+    dep = cfg["deployment_config"]
+    assert dep["num_replicas"] == 3
+    rr = dep["request_router_config"]
+    assert rr["request_router_class"] == cli.ROUTERS["saga"]
+    assert rr["request_router_kwargs"]["ingress_url"] == "http://127.0.0.1:8123"
+    assert cfg["server_cls"] == "saga_server.router.replica:SagaLLMServer"
+    paths = cfg["runtime_env"]["env_vars"]["PYTHONPATH"].split(":")
+    assert all(p.startswith("/") for p in paths)  # replicas run elsewhere: no relative paths
+    json.dumps(cfg)  # plain data: printable and picklable
+
+
+def test_baseline_routers_and_stock_engine():
+    cfg = cli.build_llm_config(_opts("--router", "prefix", "--no-saga-engine"), "/m", False)
+    rr = cfg["deployment_config"]["request_router_config"]
+    assert rr["request_router_class"] == cli.ROUTERS["prefix"] and "request_router_kwargs" not in rr
+    assert "scheduler_cls" not in cfg["engine_kwargs"]
+    assert "chat_template" not in cfg["engine_kwargs"]  # only for the default model
+
+
+def test_bad_replica_count_is_refused(capsys):
+    assert cli.main(["--replicas", "0"]) == 2
+    assert "--replicas" in capsys.readouterr().err

@@ -1,0 +1,144 @@
+"""One two-replica `saga router` (Ray Serve LLM + vLLM + SAGA) shared by this folder.
+
+`ray_cluster` (module scope) yields a `RayCluster`. With `SAGA_TEST_RAY_URL`
+(e.g. http://127.0.0.1:8123) and `SAGA_TEST_RAY_HINTS` set, that running
+cluster is used and never stopped; otherwise ONE `saga router --replicas 2` is
+started on free ports (~2 min, ~7.5 GB) and stopped (Ray included) at the end.
+Needs `ray[serve]==2.60.0` (see README "Many hosts"); skipped without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+KV_PREFIX = "saga:hint:"
+
+
+@dataclass
+class RayCluster:
+    base_url: str
+    hint_addr: str
+    model: str
+
+    def chat(self, messages, *, session_id: str | None = None, timeout: float = 300, **body) -> dict:
+        payload = {"model": self.model, "messages": messages, **body}
+        headers = {"Content-Type": "application/json"}
+        if session_id:
+            headers["X-Session-ID"] = session_id
+        req = urllib.request.Request(self.base_url + "/v1/chat/completions", json.dumps(payload).encode(), headers)
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+
+    def replica_hints(self) -> dict[str, str]:
+        """replica unique id -> its engine's hint endpoint (from Ray's internal KV)."""
+        from ray.experimental import internal_kv
+
+        out = {}
+        for key in internal_kv._internal_kv_list(KV_PREFIX) or []:
+            addr = internal_kv._internal_kv_get(key)
+            k = key.decode() if isinstance(key, bytes) else key
+            if addr:
+                out[k[len(KV_PREFIX):]] = addr.decode() if isinstance(addr, bytes) else addr
+        return out
+
+    def router_stats(self) -> dict:
+        """What the SAGA request router last published (routing counters, steals)."""
+        from ray.experimental import internal_kv
+
+        raw = internal_kv._internal_kv_get("saga:router:stats")
+        return json.loads(raw) if raw else {}
+
+    def resident(self) -> dict[str, set[str]]:
+        """replica id -> sessions its engine served (live ones only; unreachable: skipped)."""
+        from saga_sdk import HintReader
+
+        out = {}
+        for rid, addr in self.replica_hints().items():
+            try:
+                with HintReader(addr, timeout=2) as r:
+                    out[rid] = {s.session_id for s in r.sessions(1000)
+                                if s.state != "ended" and s.metrics.get("context_tokens", 0) > 0}
+            except Exception:
+                pass
+        return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ready(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=5) as resp:
+            data = json.loads(resp.read()).get("data")
+            return data[0]["id"] if data else None
+    except Exception:
+        return None
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    pytest.importorskip("ray.serve.llm", reason="Ray Serve LLM not installed (pip install 'ray[serve]==2.60.0')")
+    import ray
+
+    url, hints = os.environ.get("SAGA_TEST_RAY_URL"), os.environ.get("SAGA_TEST_RAY_HINTS")
+    proc = None
+    if not (url and hints):
+        pytest.importorskip("vllm", reason="vLLM not installed (scripts/setup.sh)")
+        port, hint_port = _free_port(), _free_port()
+        url, hints = f"http://127.0.0.1:{port}", f"127.0.0.1:{hint_port}"
+        log_path = tmp_path_factory.mktemp("saga-router") / "router.log"
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "sdk"), str(ROOT / "server"), env.get("PYTHONPATH", "")])
+        cmd = [sys.executable, "-m", "saga_server.cli", "router", "--replicas", "2", "--port", str(port),
+               "--hint-port", str(hint_port), "--num-cpus", "2", "--kv-blocks", "256"]
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                    start_new_session=True)
+    try:
+        deadline = time.monotonic() + float(os.environ.get("SAGA_TEST_READY_S", "900"))
+        model = None
+        while model is None:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"saga router exited with {proc.returncode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("saga router not ready")
+            model = _ready(url)
+            if model is None:
+                time.sleep(2)
+        ray.init(address="auto", namespace="saga", log_to_driver=False)
+        cluster = RayCluster(url, hints, model)
+        while len(cluster.replica_hints()) < 2 and time.monotonic() < deadline:
+            time.sleep(1)
+        yield cluster
+    except Exception:
+        if proc is not None:
+            print(log_path.read_text()[-5000:], file=sys.stderr)
+        raise
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # saga router shuts Serve and Ray down
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # stragglers of its group (Ray workers)
+            except ProcessLookupError:
+                pass
