@@ -1,0 +1,37 @@
+"""The `saga` command: dispatch, errors, and `saga status` against a live hint service."""
+
+from __future__ import annotations
+
+from saga_sdk import HintClient
+from saga_server import cli
+
+
+def test_help_lists_every_subcommand(capsys):
+    assert cli.main([]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {name}" in out for name in cli.SUBCOMMANDS)
+
+
+def test_unknown_command_is_a_clear_error(capsys):
+    assert cli.main(["frobnicate"]) == 2
+    assert "unknown command 'frobnicate'" in capsys.readouterr().err
+
+
+def test_status_shows_sessions_and_open_tools(hint_server, capsys):
+    client = HintClient(endpoint=hint_server.endpoint)
+    client.session_start("status-demo", tenant="acme")
+    client.llm_call_start("status-demo", step=1, node="plan")
+    client.tool_call_start("status-demo", "pytest", call_id="t1")
+    assert client.flush(5)
+    client.shutdown()
+    assert cli.main(["status", "--hints", hint_server.endpoint]) == 0
+    out = capsys.readouterr().out
+    assert "1 live sessions, 1 open tool calls" in out
+    row = next(line for line in out.splitlines() if line.startswith("status-demo"))
+    assert row.split()[:5] == ["status-demo", "acme", "tool", "1", "1"]
+    assert row.endswith("plan / pytest")
+
+
+def test_status_without_a_service_says_so(capsys):
+    assert cli.main(["status", "--hints", "127.0.0.1:9"]) == 1
+    assert "hint service not reachable" in capsys.readouterr().err
