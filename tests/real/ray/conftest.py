@@ -90,6 +90,23 @@ def _ready(url: str) -> str | None:
         return None
 
 
+def _wait_until_the_router_sees(cluster: "RayCluster", replicas: int, deadline: float) -> None:
+    """Serve hands the request router its replica list some time after the
+    deployment is ready; a session whose first request comes before that is homed
+    among fewer replicas (and rightly stays there). Session-less probes make the
+    router refresh and publish its view until it holds every replica."""
+    while time.monotonic() < deadline:
+        try:
+            cluster.chat([{"role": "user", "content": "ping"}], max_tokens=1)
+        except Exception:
+            pass
+        seen = [k for k in cluster.router_stats().get("routing", {}) if k.startswith("replica_sessions{")]
+        if len(seen) >= replicas:
+            return
+        time.sleep(1)
+    raise TimeoutError(f"the SAGA router never saw {replicas} replicas")
+
+
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
     pytest.importorskip("ray.serve.llm", reason="Ray Serve LLM not installed (pip install 'ray[serve]==2.60.0')")
@@ -124,6 +141,7 @@ def ray_cluster(tmp_path_factory):
         cluster = RayCluster(url, hints, model)
         while len(cluster.replica_hints()) < 2 and time.monotonic() < deadline:
             time.sleep(1)
+        _wait_until_the_router_sees(cluster, 2, deadline)
         yield cluster
     except Exception:
         if proc is not None:
