@@ -171,19 +171,13 @@ def main(argv: list[str]) -> int:
         print("saga router: --replicas must be at least 1", file=sys.stderr)
         return 2
     default_model = opts.model is None
-    if default_model:
-        from saga_server.serve.model import ModelPrepError, ensure_default_model  # noqa: PLC0415
+    from saga_server.serve.model import ModelPrepError, resolve_model_dir  # noqa: PLC0415
 
-        try:
-            model_dir = str(ensure_default_model())
-        except ModelPrepError as exc:
-            print(f"saga router: {exc}", file=sys.stderr)
-            return 2
-    else:
-        model_dir = opts.model
-        if not os.path.isfile(os.path.join(model_dir, "config.json")):
-            print(f"saga router: --model {model_dir!r} is not a local model directory", file=sys.stderr)
-            return 2
+    try:
+        model_dir = resolve_model_dir(opts.model)
+    except ModelPrepError as exc:
+        print(f"saga router: {exc}", file=sys.stderr)
+        return 2
     cfg = build_llm_config(opts, model_dir, default_model)
     if opts.dry_run:
         print(json.dumps(cfg, indent=2))

@@ -50,8 +50,7 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
         """Apply one batch; the same (client_id, sequence) is applied at most once."""
         ack = pb.HintAck(sequence=batch.sequence)
         if len(batch.events) > Limits.max_events_per_batch:
-            with self._lock:
-                self.counters["events_invalid"] += len(batch.events)
+            self.count("events_invalid", len(batch.events))
             ack.rejected = len(batch.events)
             ack.rejections.add(index=0, reason=f"batch larger than {Limits.max_events_per_batch} events")
             return ack
@@ -86,6 +85,10 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
             c["events_refused"] += refused
             c["sink_errors"] += errors
         return ack
+
+    def count(self, counter: str, n: int = 1) -> None:
+        with self._lock:
+            self.counters[counter] += n
 
     def _seen_before(self, batch: "pb.HintBatch") -> bool:
         if not batch.client_id or batch.sequence == 0:
@@ -149,8 +152,7 @@ class _ApiKeyInterceptor(grpc.ServerInterceptor):
         offered = metadata.get("x-saga-api-key") or metadata.get("authorization", "").removeprefix("Bearer ")
         if hmac.compare_digest(offered.encode(), self._key):
             return continuation(handler_call_details)
-        with self._service._lock:
-            self._service.counters["auth_failures"] += 1
+        self._service.count("auth_failures")
         return self._deny_stream if handler_call_details.method.endswith("StreamHints") else self._deny_unary
 
 

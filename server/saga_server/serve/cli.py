@@ -38,6 +38,8 @@ import tempfile
 import time
 import urllib.request
 
+from .model import ModelPrepError, resolve_model_dir
+
 __all__ = ["main", "build_command", "ServeConfig"]
 
 SAGA_SCHEDULER = "saga_server.engines.vllm.SagaScheduler"
@@ -197,25 +199,11 @@ def main(argv: list[str]) -> int:
     if passthrough and passthrough[0] == "--":
         passthrough = passthrough[1:]
     default_model = opts.model is None
-    if default_model:
-        if opts.dry_run:
-            from .model import DEFAULT_MODEL_NAME, cache_dir  # noqa: PLC0415
-
-            model_dir = str(cache_dir() / "models" / DEFAULT_MODEL_NAME)
-        else:
-            from .model import ModelPrepError, ensure_default_model  # noqa: PLC0415
-
-            try:
-                model_dir = str(ensure_default_model())
-            except ModelPrepError as exc:
-                print(f"saga serve: {exc}", file=sys.stderr)
-                return 2
-    else:
-        model_dir = opts.model
-        if not os.path.isfile(os.path.join(model_dir, "config.json")):
-            print(f"saga serve: --model {model_dir!r} is not a local model directory (no config.json)",
-                  file=sys.stderr)
-            return 2
+    try:
+        model_dir = resolve_model_dir(opts.model, prepare=not opts.dry_run)
+    except ModelPrepError as exc:
+        print(f"saga serve: {exc}", file=sys.stderr)
+        return 2
     cfg = build_command(opts, passthrough, model_dir, default_model)
     if opts.dry_run:
         shown = {k: v for k, v in cfg.env.items() if k.startswith(("SAGA_", "VLLM_", "HF_", "PROMETHEUS"))}

@@ -124,7 +124,7 @@ def write_tool_template(model_dir: Path) -> Path:
 
 def ensure_default_model(log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> Path:
     """Return the converted default model directory, converting it first if needed."""
-    target = cache_dir() / "models" / DEFAULT_MODEL_NAME
+    target = default_model_dir()
     if is_prepared(target):
         return target
     source = gguf_path()
@@ -168,6 +168,22 @@ def ensure_default_model(log=lambda msg: print(msg, file=sys.stderr, flush=True)
             shutil.rmtree(tmp, ignore_errors=True)
     log(f"[saga] model ready: {target}")
     return target
+
+
+def default_model_dir() -> Path:
+    """Where the converted default model lives (whether or not it exists yet)."""
+    return cache_dir() / "models" / DEFAULT_MODEL_NAME
+
+
+def resolve_model_dir(model: str | None, *, prepare: bool = True) -> str:
+    """The model directory to serve: `model` when given (it must be a local
+    Hugging Face directory), else the default model, converted first when
+    `prepare` (a dry run only needs its path). Raises `ModelPrepError`."""
+    if model is None:
+        return str(ensure_default_model() if prepare else default_model_dir())
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        raise ModelPrepError(f"--model {model!r} is not a local model directory (no config.json)")
+    return model
 
 
 if __name__ == "__main__":
