@@ -44,7 +44,7 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def read_report(hint_addr: str, timeout: float = 1.0) -> dict[str, Any]:
+def read_report(hint_addr: str, timeout: float = 2.0) -> dict[str, Any]:
     """The routing report of the engine whose hint service listens on `hint_addr`."""
     from saga_sdk import HintReader  # noqa: PLC0415
 

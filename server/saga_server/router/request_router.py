@@ -7,8 +7,15 @@ policy's replica views from the replicas' reports (`routing_stats["saga"]`,
 see `replica.py`) plus its own in-flight counts, and returns the policy's single
 choice: a session waits for its home rather than scattering to a free replica.
 
-Work stealing: at most every `steal_period_s`, `SessionRouter.plan_steal` may
-move one session off an overloaded replica (preferring one inside a tool call).
+Reports: a replica whose report could not be read (its engine too busy to
+answer within the poll, which is exactly when it is overloaded) keeps its last
+good report for up to `report_ttl_s`, so an overload never hides the sessions
+that could be moved off it.
+
+Work stealing: every `steal_period_s`, from a ticker on the router's event loop
+(not only when a request arrives: an overloaded replica may be receiving none),
+`SessionRouter.plan_steal` may move one session off an overloaded replica
+(preferring one inside a tool call).
 The move is carried out by speculative re-prefill: the session's last request
 is replayed with `max_tokens=1` through the ingress (`ingress_url`) under the
 session id `saga-move:<replica>:<session>`, which this router pins to the
@@ -37,7 +44,7 @@ from saga_server.core.routing import ReplicaView, RoutingConfig, SessionRouter
 
 log = logging.getLogger("ray.serve")
 
-__all__ = ["SagaRequestRouter", "MOVE_PREFIX", "move_session_id", "STATS_KV_KEY"]
+__all__ = ["SagaRequestRouter", "LastGoodReports", "MOVE_PREFIX", "move_session_id", "STATS_KV_KEY"]
 
 MOVE_PREFIX = "saga-move:"
 _LAST_BODIES = 4096
@@ -59,7 +66,8 @@ def _session_of(pending: Optional[PendingRequest]) -> str | None:
 class SagaRequestRouter(RequestRouter):
     def initialize_state(self, steal_gap: float = 3.0, steal_period_s: float = 1.0, kv_weight: float = 4.0,
                          steal_only_in_tool: bool = False, steal_cooldown_s: float = 10.0,
-                         ingress_url: str | None = None, seed: int = 0, **kwargs: Any) -> None:
+                         ingress_url: str | None = None, seed: int = 0, report_ttl_s: float = 30.0,
+                         **kwargs: Any) -> None:
         self.saga = SessionRouter(RoutingConfig(kv_weight=kv_weight, steal_gap=steal_gap,
                                                 steal_only_in_tool=steal_only_in_tool,
                                                 steal_cooldown_s=steal_cooldown_s), seed=seed)
@@ -73,6 +81,8 @@ class SagaRequestRouter(RequestRouter):
         self.moves = collections.Counter()
         self.steals: collections.deque = collections.deque(maxlen=200)  # (session, source, target, in_tool)
         self._published_at = 0.0
+        self._reports = LastGoodReports(report_ttl_s)
+        self._ticker: asyncio.Task | None = None
 
     # -- Serve hooks ----------------------------------------------------------------------
 
@@ -81,6 +91,7 @@ class SagaRequestRouter(RequestRouter):
         if not candidate_replicas:
             return []
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        self._start_ticker()
         try:
             self._refresh(candidate_replicas)
             sid = _session_of(pending_request)
@@ -121,13 +132,31 @@ class SagaRequestRouter(RequestRouter):
 
     # -- internals ------------------------------------------------------------------------
 
+    def _start_ticker(self) -> None:
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+
+    async def _tick_forever(self) -> None:
+        """Steal and publish on a timer, between requests too."""
+        while True:
+            await asyncio.sleep(self._steal_period_s)
+            try:
+                replicas = list(self.curr_replicas.values())
+                if replicas:
+                    self._refresh(replicas)
+                    self._maybe_steal([r.replica_id.unique_id for r in replicas])
+                    self._maybe_publish()
+            except Exception:
+                log.exception("SAGA router tick failed")
+
     def _refresh(self, replicas: List[RunningReplica]) -> None:
         live = {r.replica_id.unique_id for r in replicas}
         for gone in [r for r in self._inflight if r not in live]:
             del self._inflight[gone]  # a dead replica's requests never complete here
+        self._reports.keep_only(live)
         views = []
         for r in replicas:
-            rep = (r.routing_stats or {}).get("saga") or {}
+            rep = self._reports.get(r.replica_id.unique_id, (r.routing_stats or {}).get("saga"))
             # re-prefills run under saga-move ids: their KV belongs to the moved session
             sessions = frozenset(s for s in rep.get("sessions") or () if not s.startswith(MOVE_PREFIX))
             queue = self._inflight.get(r.replica_id.unique_id, 0)
@@ -190,6 +219,31 @@ class SagaRequestRouter(RequestRouter):
 
 
 STATS_KV_KEY = "saga:router:stats"
+
+
+class LastGoodReports:
+    """A replica's latest readable report, or its last good one while that is
+    younger than `ttl_s`. A report is good when it lists sessions (`replica.py`
+    reports only the hint address and an error when its engine did not answer)."""
+
+    def __init__(self, ttl_s: float, clock=time.monotonic) -> None:
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._good: dict[str, tuple[float, dict]] = {}
+
+    def get(self, replica: str, report: dict | None) -> dict:
+        now = self._clock()
+        if report and "sessions" in report:
+            self._good[replica] = (now, report)
+            return report
+        last = self._good.get(replica)
+        if last is not None and now - last[0] <= self._ttl_s:
+            return last[1]
+        return report or {}
+
+    def keep_only(self, replicas: set[str]) -> None:
+        for gone in [r for r in self._good if r not in replicas]:
+            del self._good[gone]
 
 
 def _publish(payload: str) -> None:

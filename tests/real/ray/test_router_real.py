@@ -92,7 +92,8 @@ def test_overloaded_replica_sheds_a_session_in_a_tool_call_and_it_resumes_warm(r
     victim = next(f"victim-{tag}-{i}" for i in range(100) if home_replica(f"victim-{tag}-{i}", replicas) == replicas[0])
     busy = [s for s in (f"busy-{tag}-{i}" for i in range(200)) if home_replica(s, replicas) == replicas[0]][:8]
     try:
-        hints.session_start(victim)
+        for s in [victim, *busy]:
+            hints.session_start(s)
         messages = [{"role": "system", "content": f"Session {victim}. {LONG}"},
                     {"role": "user", "content": "List three prime numbers."}]
         first = ray_cluster.chat(messages, session_id=victim, max_tokens=16, temperature=0)

@@ -1,0 +1,100 @@
+"""`SagaRequestRouter` on Ray Serve's real `RequestRouter` base, fed with replica
+stand-ins (Serve's `RunningReplica` wraps a live actor handle; only its id and
+`routing_stats` are read here)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+
+pytest.importorskip("ray.serve.request_router", reason="Ray Serve not installed")
+
+from ray.serve._private.common import DeploymentHandleSource, DeploymentID  # noqa: E402
+
+from saga_server.router.request_router import LastGoodReports, SagaRequestRouter  # noqa: E402
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_unreadable_report_is_replaced_by_the_last_good_one_until_it_is_too_old():
+    clock = _Clock()
+    reports = LastGoodReports(ttl_s=10, clock=clock)
+    good = {"hint_addr": "a", "sessions": ["s1"], "in_tool": ["s1"]}
+    assert reports.get("r1", good) is good
+    clock.now = 9
+    assert reports.get("r1", {"hint_addr": "a", "error": "deadline exceeded"}) is good
+    assert reports.get("r1", None) is good
+    clock.now = 20
+    assert reports.get("r1", {"hint_addr": "a", "error": "x"}) == {"hint_addr": "a", "error": "x"}
+    assert reports.get("r2", None) == {}
+
+
+def test_reports_of_replicas_that_left_are_dropped():
+    reports = LastGoodReports(ttl_s=10, clock=_Clock())
+    reports.get("r1", {"sessions": ["s1"]})
+    reports.keep_only({"r2"})
+    assert reports.get("r1", None) == {}
+
+
+@dataclass(frozen=True)
+class _ReplicaId:
+    unique_id: str
+
+
+@dataclass
+class _Replica:
+    replica_id: _ReplicaId
+    routing_stats: dict = field(default_factory=dict)
+
+
+def _router() -> SagaRequestRouter:
+    router = SagaRequestRouter(DeploymentID(name="saga"), DeploymentHandleSource.UNKNOWN)
+    router.initialize_state(steal_period_s=0.05, steal_gap=2.0, steal_only_in_tool=True)
+    return router
+
+
+def test_the_ticker_moves_a_session_in_a_tool_call_off_an_overloaded_replica_with_no_request_arriving():
+    router = _router()
+    busy = _Replica(_ReplicaId("busy"), {"saga": {"sessions": ["agent"], "in_tool": ["agent"], "kv_usage": 0.0}})
+    idle = _Replica(_ReplicaId("idle"), {"saga": {"sessions": [], "in_tool": [], "kv_usage": 0.0}})
+    router._replicas = {r.replica_id: r for r in (busy, idle)}
+    router._inflight["busy"] = 5  # requests routed there earlier, still running
+
+    async def scenario():
+        router._start_ticker()
+        # the busy replica's engine stops answering its report polls
+        busy.routing_stats = {"saga": {"hint_addr": "x", "error": "deadline exceeded"}}
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if router.steals:
+                break
+        router._ticker.cancel()
+
+    router._reports.get("busy", {"sessions": ["agent"], "in_tool": ["agent"]})  # last good report
+    asyncio.run(scenario())
+    assert list(router.steals) == [("agent", "busy", "idle", True)]
+    assert router.saga.home_of("agent") == "idle"
+
+
+def test_no_steal_when_the_load_gap_is_small():
+    router = _router()
+    a = _Replica(_ReplicaId("a"), {"saga": {"sessions": ["s"], "in_tool": ["s"]}})
+    b = _Replica(_ReplicaId("b"), {"saga": {"sessions": []}})
+    router._replicas = {r.replica_id: r for r in (a, b)}
+    router._inflight["a"] = 1
+
+    async def scenario():
+        router._start_ticker()
+        await asyncio.sleep(0.3)
+        router._ticker.cancel()
+
+    asyncio.run(scenario())
+    assert not router.steals
