@@ -259,3 +259,24 @@ class ServerStats(_message.Message):
     STATS_FIELD_NUMBER: _ClassVar[int]
     stats: _containers.ScalarMap[str, float]
     def __init__(self, stats: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class PeerService(_message.Message):
+    __slots__ = ("tenant_tokens", "source")
+    class TenantTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    TENANT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    tenant_tokens: _containers.ScalarMap[str, float]
+    source: str
+    def __init__(self, tenant_tokens: _Optional[_Mapping[str, float]] = ..., source: _Optional[str] = ...) -> None: ...
+
+class PeerServiceAck(_message.Message):
+    __slots__ = ("tenants",)
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    tenants: int
+    def __init__(self, tenants: _Optional[int] = ...) -> None: ...

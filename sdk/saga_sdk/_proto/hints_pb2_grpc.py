@@ -61,6 +61,11 @@ class WorkflowHintsStub(object):
                 request_serializer=saga_dot_v1_dot_hints__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=saga_dot_v1_dot_hints__pb2.ServerStats.FromString,
                 _registered_method=True)
+        self.ReportPeerService = channel.unary_unary(
+                '/saga.v1.WorkflowHints/ReportPeerService',
+                request_serializer=saga_dot_v1_dot_hints__pb2.PeerService.SerializeToString,
+                response_deserializer=saga_dot_v1_dot_hints__pb2.PeerServiceAck.FromString,
+                _registered_method=True)
 
 
 class WorkflowHintsServicer(object):
@@ -100,6 +105,14 @@ class WorkflowHintsServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportPeerService(self, request, context):
+        """All or nothing: INVALID_ARGUMENT on a bad value, UNIMPLEMENTED where the
+        service does no fair share (e.g. a stand-alone hint registry).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkflowHintsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +140,11 @@ def add_WorkflowHintsServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=saga_dot_v1_dot_hints__pb2.GetStatsRequest.FromString,
                     response_serializer=saga_dot_v1_dot_hints__pb2.ServerStats.SerializeToString,
+            ),
+            'ReportPeerService': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportPeerService,
+                    request_deserializer=saga_dot_v1_dot_hints__pb2.PeerService.FromString,
+                    response_serializer=saga_dot_v1_dot_hints__pb2.PeerServiceAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +284,33 @@ class WorkflowHints(object):
             '/saga.v1.WorkflowHints/GetStats',
             saga_dot_v1_dot_hints__pb2.GetStatsRequest.SerializeToString,
             saga_dot_v1_dot_hints__pb2.ServerStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportPeerService(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/saga.v1.WorkflowHints/ReportPeerService',
+            saga_dot_v1_dot_hints__pb2.PeerService.SerializeToString,
+            saga_dot_v1_dot_hints__pb2.PeerServiceAck.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,6 +7,7 @@ the policy modules behind it (`aeg`, `eviction`, `pinning`, `prefetch`,
 
 from .aeg import AEG, END, Prediction
 from .categories import CATEGORIES, guess_category
+from .cluster_share import PeerServiceLedger
 from .clock import ManualClock
 from .eviction import EvictionConfig, PriorityIndex, block_key, wa_lru_key
 from .events import (
@@ -15,6 +16,7 @@ from .events import (
     HintSink,
     LlmCallEnd,
     LlmCallStart,
+    PeerServiceSink,
     SessionEnd,
     SessionOutcome,
     SessionSnapshot,
@@ -36,7 +38,7 @@ __all__ = [
     # facade
     "WorkflowCore", "CoreConfig", "Prediction", "PinDecision", "PrefetchCandidate", "PrefetchAction",
     # hint contract
-    "HintEvent", "HintRejected", "HintSink", "SessionSnapshot", "SessionStart", "SessionEnd",
+    "HintEvent", "HintRejected", "HintSink", "PeerServiceSink", "SessionSnapshot", "SessionStart", "SessionEnd",
     "LlmCallStart", "LlmCallEnd", "ToolCallStart", "ToolCallEnd", "ToolOutcome", "SessionOutcome",
     "WorkflowNode", "WorkflowStructure", "SessionRegistry",
     # building blocks
@@ -44,6 +46,6 @@ __all__ = [
     "EvictionConfig", "wa_lru_key", "block_key", "PriorityIndex",
     "PinConfig", "decide_pin", "PinBudget",
     "PrefetchConfig", "plan_prefetch",
-    "FairShare", "FairShareConfig",
+    "FairShare", "FairShareConfig", "PeerServiceLedger",
     "ManualClock",
 ]

@@ -155,3 +155,11 @@ class HintSink(Protocol):
     def sessions(self, limit: int = 100) -> Sequence[SessionSnapshot]: ...
 
     def stats(self) -> Mapping[str, float]: ...
+
+
+class PeerServiceSink(Protocol):
+    """A sink that also ranks tenants across a cluster (Agent Fair Share): it takes
+    the service other engines delivered per tenant since the last report, applies
+    all of it or raises ValueError and applies none (see `core.cluster_share`)."""
+
+    def record_peer_service(self, tokens: Mapping[str, float]) -> int: ...

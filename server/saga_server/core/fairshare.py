@@ -32,6 +32,13 @@ current pace goes ahead of one with slack (the "both tenants meet deadlines that
 FCFS misses" case). With unequal weights the gap stays bounded too, but the
 pairwise argument no longer gives B (unserved pairs drift apart at the weight
 difference); on random loads it stayed within 1.25 B.
+
+Cluster. On several engines each keeps its own queues; `record_peer_service`
+feeds in the service the *other* engines delivered (see `cluster_share`), which
+updates Q exactly like local service but is not counted in `served` (so it is
+never reported back). With that feed every engine's queues follow the cluster's
+service, and a tenant that spreads its sessions over engines is ranked by all
+the service it received, not by one engine's share of it.
 """
 
 from __future__ import annotations
@@ -95,12 +102,22 @@ class FairShare:
         return list(self._seen)
 
     def record_service(self, tenant: str, tokens: float, now: float) -> None:
+        """Service this engine delivered to `tenant`."""
         if tokens < 0:
             raise ValueError(f"service tokens must be >= 0, got {tokens!r}")
-        self.touch(tenant, now)
         self.served[tenant] = self.served.get(tenant, 0.0) + tokens
         if len(self.served) > 4096:  # bounded: forget the least-served counter
             self.served.pop(min(self.served, key=self.served.__getitem__))
+        self._drift(tenant, tokens, now)
+
+    def record_peer_service(self, tenant: str, tokens: float, now: float) -> None:
+        """Service other engines of the cluster delivered to `tenant`."""
+        if not tokens >= 0:  # NaN too
+            raise ValueError(f"service tokens must be >= 0, got {tokens!r}")
+        self._drift(tenant, tokens, now)
+
+    def _drift(self, tenant: str, tokens: float, now: float) -> None:
+        self.touch(tenant, now)
         act = self.active(now)
         w = self._w
         total_w = sum(w.get(t, 1.0) for t in act)

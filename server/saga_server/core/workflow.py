@@ -87,6 +87,7 @@ class WorkflowCore:
         self.fair = FairShare(cfg.fairshare)
         self._counters = {"requests_arrived": 0, "requests_finished": 0, "pins_granted": 0,
                           "pins_refused": 0, "prefetch_planned": 0}
+        self._peer_tokens = 0.0
 
     # -- HintSink -----------------------------------------------------------------
 
@@ -127,6 +128,9 @@ class WorkflowCore:
             out["aeg_sessions"] = float(len(self.aeg))
             out["aeg_workflows"] = float(len(self.aeg.workflows()))
             out["afs_tenants_active"] = float(len(self.fair.active(self._clock())))
+            out["afs_peer_tokens"] = self._peer_tokens
+            for tenant, served in self.fair.served.items():  # read by the cluster router
+                out[f"afs_served_tokens{{{tenant}}}"] = served
             return out
 
     # -- engine events (no hints needed) ---------------------------------------------
@@ -245,6 +249,22 @@ class WorkflowCore:
                 tr = self.aeg.track(session_id)
                 tenant = tr.tenant if tr is not None else ""
             self.fair.record_service(tenant, tokens, self._clock())
+
+    def record_peer_service(self, tokens: Mapping[str, float]) -> int:
+        """Service the cluster's other engines delivered since the last call, per
+        tenant (`cluster_share`): all applied, or ValueError and none. Returns the
+        number of tenants."""
+        for tenant, value in tokens.items():
+            if not isinstance(tenant, str) or len(tenant) > 256:
+                raise ValueError(f"bad tenant {tenant!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ValueError(f"peer service of {tenant!r} must be a finite number >= 0, got {value!r}")
+        with self._lock:
+            now = self._clock()
+            for tenant, value in tokens.items():
+                self.fair.record_peer_service(tenant, float(value), now)
+            self._peer_tokens += float(sum(tokens.values()))
+            return len(tokens)
 
     # -- internals -----------------------------------------------------------------------
 

@@ -14,6 +14,8 @@ the EngineCore, where session state lives) and reports under key "saga":
                (KV residency, as far as the engine's workflow core knows it)
     in_tool    of those, sessions inside a tool call (or an inferred tool gap)
     kv_usage   KV blocks held for sessions / KV blocks in the pool
+    served     tenant -> tokens the engine served it (cumulative; cluster-wide
+               Agent Fair Share, see `peer_service.py`)
 
 A failed read reports what it has (the hint address) and never fails the poll.
 """
@@ -36,6 +38,7 @@ __all__ = ["SagaLLMServer", "read_report", "REPORT_KEY"]
 
 REPORT_KEY = "saga"
 MAX_REPORTED_SESSIONS = 4096
+_SERVED = "afs_served_tokens{"
 
 
 def _free_port(host: str) -> int:
@@ -61,6 +64,7 @@ def read_report(hint_addr: str, timeout: float = 2.0) -> dict[str, Any]:
     out["kv_usage"] = float(stats.get("engine_held_blocks", 0.0)) / blocks if blocks else 0.0
     out["held_sessions"] = float(stats.get("engine_held_sessions", 0.0))
     out["pinned_blocks"] = float(stats.get("engine_pinned_blocks", 0.0))
+    out["served"] = {k[len(_SERVED):-1]: v for k, v in stats.items() if k.startswith(_SERVED) and k.endswith("}")}
     return out
 
 

@@ -22,6 +22,10 @@ session id `saga-move:<replica>:<session>`, which this router pins to the
 target; the prefix then sits in the target's cache when the session resumes.
 (GPU builds could move the KV with vLLM's KV connectors instead; not wired.)
 
+Cluster-wide Agent Fair Share: on the same ticker, `PeerServiceRelay` tells
+every engine what the other engines served per tenant (from the replicas'
+reports), so each engine's AFS ranks tenants by cluster-wide service.
+
 Failures: a replica that leaves the candidate list (died, draining) re-homes
 its sessions by the same hash over the rest; their next request re-prefills.
 Requests in flight on a dead replica fail in Serve with its error (Serve does
@@ -41,6 +45,8 @@ from typing import Any, List, Optional
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from saga_server.core.routing import ReplicaView, RoutingConfig, SessionRouter
+
+from .peer_service import PeerServiceRelay
 
 log = logging.getLogger("ray.serve")
 
@@ -67,7 +73,7 @@ class SagaRequestRouter(RequestRouter):
     def initialize_state(self, steal_gap: float = 3.0, steal_period_s: float = 1.0, kv_weight: float = 4.0,
                          steal_only_in_tool: bool = False, steal_cooldown_s: float = 10.0,
                          ingress_url: str | None = None, seed: int = 0, report_ttl_s: float = 30.0,
-                         **kwargs: Any) -> None:
+                         cluster_fair_share: bool = True, **kwargs: Any) -> None:
         self.saga = SessionRouter(RoutingConfig(kv_weight=kv_weight, steal_gap=steal_gap,
                                                 steal_only_in_tool=steal_only_in_tool,
                                                 steal_cooldown_s=steal_cooldown_s), seed=seed)
@@ -82,6 +88,8 @@ class SagaRequestRouter(RequestRouter):
         self.steals: collections.deque = collections.deque(maxlen=200)  # (session, source, target, in_tool)
         self._published_at = 0.0
         self._reports = LastGoodReports(report_ttl_s)
+        self._current: dict[str, dict] = {}  # replica id -> report used by the last refresh
+        self._peers = PeerServiceRelay() if cluster_fair_share else None
         self._ticker: asyncio.Task | None = None
 
     # -- Serve hooks ----------------------------------------------------------------------
@@ -145,6 +153,8 @@ class SagaRequestRouter(RequestRouter):
                 if replicas:
                     self._refresh(replicas)
                     self._maybe_steal([r.replica_id.unique_id for r in replicas])
+                    if self._peers is not None:
+                        self._peers.relay(self._current, self._tasks)
                     self._maybe_publish()
             except Exception:
                 log.exception("SAGA router tick failed")
@@ -155,8 +165,10 @@ class SagaRequestRouter(RequestRouter):
             del self._inflight[gone]  # a dead replica's requests never complete here
         self._reports.keep_only(live)
         views = []
+        self._current = {}
         for r in replicas:
             rep = self._reports.get(r.replica_id.unique_id, (r.routing_stats or {}).get("saga"))
+            self._current[r.replica_id.unique_id] = rep
             # re-prefills run under saga-move ids: their KV belongs to the moved session
             sessions = frozenset(s for s in rep.get("sessions") or () if not s.startswith(MOVE_PREFIX))
             queue = self._inflight.get(r.replica_id.unique_id, 0)
@@ -190,7 +202,10 @@ class SagaRequestRouter(RequestRouter):
     def stats(self) -> dict[str, Any]:
         """Routing counters, per-replica homes and recent steals (published for
         `saga status`, tests and benchmarks)."""
-        return {"routing": self.saga.stats(), "moves": dict(self.moves), "steals": list(self.steals),
+        moves = dict(self.moves)
+        if self._peers is not None:
+            moves.update(self._peers.counters)
+        return {"routing": self.saga.stats(), "moves": moves, "steals": list(self.steals),
                 "inflight": dict(self._inflight), "at": time.time()}
 
     def _maybe_publish(self) -> None:

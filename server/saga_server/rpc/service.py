@@ -30,6 +30,7 @@ log = logging.getLogger("saga.rpc")
 
 _MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 _MAX_TRACKED_CLIENTS = 10_000
+_MAX_PEER_TENANTS = 4096
 
 
 class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
@@ -42,7 +43,7 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
         self._last_sequence: OrderedDict[str, int] = OrderedDict()
         self.counters = dict.fromkeys(
             ("batches", "duplicate_batches", "events_received", "events_accepted", "events_invalid",
-             "events_refused", "sink_errors", "auth_failures"), 0)
+             "events_refused", "sink_errors", "auth_failures", "peer_reports", "peer_reports_invalid"), 0)
 
     # -- ingestion ------------------------------------------------------------------
 
@@ -132,6 +133,21 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
         for key, value in self.sink.stats().items():
             stats.stats[key] = float(value)
         return stats
+
+
+    def ReportPeerService(self, request, context):
+        apply = getattr(self.sink, "record_peer_service", None)  # PeerServiceSink
+        if apply is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this hint service does no fair share")
+        if len(request.tenant_tokens) > _MAX_PEER_TENANTS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"more than {_MAX_PEER_TENANTS} tenants")
+        try:
+            n = apply(dict(request.tenant_tokens))
+        except ValueError as exc:
+            self.count("peer_reports_invalid")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        self.count("peer_reports")
+        return pb.PeerServiceAck(tenants=n)
 
 
 class _ApiKeyInterceptor(grpc.ServerInterceptor):

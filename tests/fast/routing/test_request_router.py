@@ -98,3 +98,47 @@ def test_no_steal_when_the_load_gap_is_small():
 
     asyncio.run(scenario())
     assert not router.steals
+
+
+def test_the_ticker_tells_each_engine_what_the_others_served_its_tenants():
+    """Two real hint services over real workflow cores stand in for the replicas'
+    engines; their reports are read the way a replica reads its own."""
+    from saga_server.core import WorkflowCore
+    from saga_server.router.replica import read_report
+    from saga_server.rpc import HintServer
+
+    cores = {"r1": WorkflowCore(), "r2": WorkflowCore()}
+    servers = {rid: HintServer(core, "127.0.0.1:0").start() for rid, core in cores.items()}
+    try:
+        router = _router()
+        replicas = {rid: _Replica(_ReplicaId(rid)) for rid in cores}
+        router._replicas = {r.replica_id: r for r in replicas.values()}
+
+        def poll():  # what Serve does with record_routing_stats
+            for rid, rep in replicas.items():
+                rep.routing_stats = {"saga": read_report(servers[rid].endpoint)}
+
+        async def scenario():
+            poll()
+            router._start_ticker()
+            await asyncio.sleep(0.2)  # first reports are baselines
+            cores["r1"].record_service("acme", 500)
+            cores["r2"].record_service("acme", 200)
+            cores["r2"].record_service("zeta", 40)
+            poll()
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                if all(c.stats()["afs_peer_tokens"] > 0 for c in cores.values()) and not router._tasks:
+                    break
+            router._ticker.cancel()
+
+        cores["r1"].record_service("acme", 1)  # tenants known before the baseline
+        cores["r2"].record_service("acme", 1)
+        cores["r2"].record_service("zeta", 1)
+        asyncio.run(scenario())
+        assert cores["r1"].stats()["afs_peer_tokens"] == 240.0  # r2's acme 200 + zeta 40
+        assert cores["r2"].stats()["afs_peer_tokens"] == 500.0
+        assert router.stats()["moves"]["peer_sends"] == 2
+    finally:
+        for s in servers.values():
+            s.stop(grace=None)

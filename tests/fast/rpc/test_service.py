@@ -187,3 +187,32 @@ def test_fuzzed_hints_never_break_the_service(fuzz_target, events, garbage):
     canary = f"canary-{next(_canaries)}"
     assert stub.SendHints(batch(start(canary))).accepted == 1
     assert registry.session(canary).tenant == "t"
+
+
+def test_peer_service_reaches_the_core_and_bad_reports_change_nothing():
+    from saga_server.core import WorkflowCore
+
+    core = WorkflowCore()
+    server = HintServer(core, "127.0.0.1:0").start()
+    channel = grpc.insecure_channel(server.endpoint)
+    stub = hints_pb2_grpc.WorkflowHintsStub(channel)
+    try:
+        ack = stub.ReportPeerService(pb.PeerService(tenant_tokens={"acme": 120.0, "zeta": 30.0}), timeout=5)
+        assert ack.tenants == 2
+        for bad in ({"acme": -1.0}, {"acme": float("nan")}, {"t" * 300: 1.0}):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ReportPeerService(pb.PeerService(tenant_tokens=bad), timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        stats = HintReader(server.endpoint).stats()
+        assert stats["afs_peer_tokens"] == 150.0
+        assert stats["hints_peer_reports"] == 1.0 and stats["hints_peer_reports_invalid"] == 3.0
+    finally:
+        channel.close()
+        server.stop(grace=None)
+
+
+def test_peer_service_to_a_service_without_fair_share_is_unimplemented(stub):
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ReportPeerService(pb.PeerService(tenant_tokens={"acme": 1.0}), timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "fair share" in err.value.details()

@@ -74,6 +74,9 @@ class EngineHintSink:
             n = min(limit, len(self._queue))
             return [self._queue.popleft() for _ in range(n)]
 
+    def record_peer_service(self, tokens: Mapping[str, float]) -> int:
+        return self.core.record_peer_service(tokens)  # AFS only: nothing for the engine loop
+
     def session(self, session_id: str) -> SessionSnapshot | None:
         return self.core.session(session_id)
 

@@ -1,0 +1,80 @@
+"""Cluster-wide Agent Fair Share on Ray Serve: the router's side.
+
+Each replica's routing report carries its engine's cumulative per-tenant
+service (`served`, see `replica.py`). `PeerServiceRelay` feeds those into a
+`core.cluster_share.PeerServiceLedger` and tells every engine, through its hint
+service's `ReportPeerService`, what the others served since the last round.
+Sends run off the router's event loop, one in flight per engine; a failed send
+is kept for the next round, so a slow or restarting engine loses nothing but
+time and never delays routing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Mapping
+
+import grpc
+
+from saga_sdk import SagaConfig
+from saga_sdk._proto import hints_pb2 as pb
+from saga_sdk._proto import hints_pb2_grpc
+
+from saga_server.core.cluster_share import PeerServiceLedger
+
+log = logging.getLogger("ray.serve")
+
+__all__ = ["PeerServiceRelay", "send_peer_service"]
+
+
+def send_peer_service(hint_addr: str, tokens: Mapping[str, float], *, timeout: float = 2.0,
+                      source: str = "saga-router") -> int:
+    """One `ReportPeerService` call; returns the tenants applied (raises grpc.RpcError)."""
+    key = SagaConfig.from_env().api_key
+    metadata = (("authorization", f"Bearer {key}"),) if key else ()
+    with grpc.insecure_channel(hint_addr) as channel:
+        ack = hints_pb2_grpc.WorkflowHintsStub(channel).ReportPeerService(
+            pb.PeerService(tenant_tokens=dict(tokens), source=source), timeout=timeout, metadata=metadata)
+    return ack.tenants
+
+
+class PeerServiceRelay:
+    """Owned by one `SagaRequestRouter`; call `relay` from its event loop."""
+
+    def __init__(self, send=send_peer_service) -> None:
+        self.ledger = PeerServiceLedger()
+        self._send = send
+        self._sending: set[str] = set()
+        self.counters = {"peer_sends": 0, "peer_send_failures": 0}
+
+    def relay(self, reports: Mapping[str, Mapping[str, Any]], tasks: set) -> None:
+        """`reports`: replica id -> its current routing report (live replicas only)."""
+        for gone in [e for e in self.ledger.engines() if e not in reports]:
+            self.ledger.forget(gone)
+        for replica, rep in reports.items():
+            if "served" in rep:
+                self.ledger.observe(replica, rep["served"])
+        loop = asyncio.get_running_loop()
+        for replica, rep in reports.items():
+            addr = rep.get("hint_addr")
+            if not addr or replica in self._sending:
+                continue
+            owed = self.ledger.take(replica)
+            if not owed:
+                continue
+            self._sending.add(replica)
+            task = loop.create_task(self._deliver(replica, addr, owed))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    async def _deliver(self, replica: str, addr: str, owed: dict[str, float]) -> None:
+        try:
+            await asyncio.to_thread(self._send, addr, owed)
+            self.counters["peer_sends"] += 1
+        except Exception as exc:  # the engine may be restarting: try again next round
+            self.counters["peer_send_failures"] += 1
+            self.ledger.give_back(replica, owed)
+            log.debug("SAGA peer service to %s failed: %s", addr, exc)
+        finally:
+            self._sending.discard(replica)
