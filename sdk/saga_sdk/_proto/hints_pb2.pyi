@@ -280,3 +280,17 @@ class PeerServiceAck(_message.Message):
     TENANTS_FIELD_NUMBER: _ClassVar[int]
     tenants: int
     def __init__(self, tenants: _Optional[int] = ...) -> None: ...
+
+class ReleaseSessionRequest(_message.Message):
+    __slots__ = ("session_id", "reason")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    reason: str
+    def __init__(self, session_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReleaseSessionAck(_message.Message):
+    __slots__ = ("queued",)
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    queued: bool
+    def __init__(self, queued: bool = ...) -> None: ...

@@ -66,6 +66,11 @@ class WorkflowHintsStub(object):
                 request_serializer=saga_dot_v1_dot_hints__pb2.PeerService.SerializeToString,
                 response_deserializer=saga_dot_v1_dot_hints__pb2.PeerServiceAck.FromString,
                 _registered_method=True)
+        self.ReleaseSession = channel.unary_unary(
+                '/saga.v1.WorkflowHints/ReleaseSession',
+                request_serializer=saga_dot_v1_dot_hints__pb2.ReleaseSessionRequest.SerializeToString,
+                response_deserializer=saga_dot_v1_dot_hints__pb2.ReleaseSessionAck.FromString,
+                _registered_method=True)
 
 
 class WorkflowHintsServicer(object):
@@ -113,6 +118,13 @@ class WorkflowHintsServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseSession(self, request, context):
+        """UNIMPLEMENTED where the service holds no KV (a registry, the cluster fan-out).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkflowHintsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +157,11 @@ def add_WorkflowHintsServicer_to_server(servicer, server):
                     servicer.ReportPeerService,
                     request_deserializer=saga_dot_v1_dot_hints__pb2.PeerService.FromString,
                     response_serializer=saga_dot_v1_dot_hints__pb2.PeerServiceAck.SerializeToString,
+            ),
+            'ReleaseSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseSession,
+                    request_deserializer=saga_dot_v1_dot_hints__pb2.ReleaseSessionRequest.FromString,
+                    response_serializer=saga_dot_v1_dot_hints__pb2.ReleaseSessionAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +328,33 @@ class WorkflowHints(object):
             '/saga.v1.WorkflowHints/ReportPeerService',
             saga_dot_v1_dot_hints__pb2.PeerService.SerializeToString,
             saga_dot_v1_dot_hints__pb2.PeerServiceAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/saga.v1.WorkflowHints/ReleaseSession',
+            saga_dot_v1_dot_hints__pb2.ReleaseSessionRequest.SerializeToString,
+            saga_dot_v1_dot_hints__pb2.ReleaseSessionAck.FromString,
             options,
             channel_credentials,
             insecure,

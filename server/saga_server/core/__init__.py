@@ -14,6 +14,7 @@ from .events import (
     HintEvent,
     HintRejected,
     HintSink,
+    KvReleaseSink,
     LlmCallEnd,
     LlmCallStart,
     PeerServiceSink,
@@ -38,7 +39,7 @@ __all__ = [
     # facade
     "WorkflowCore", "CoreConfig", "Prediction", "PinDecision", "PrefetchCandidate", "PrefetchAction",
     # hint contract
-    "HintEvent", "HintRejected", "HintSink", "PeerServiceSink", "SessionSnapshot", "SessionStart", "SessionEnd",
+    "HintEvent", "HintRejected", "HintSink", "PeerServiceSink", "KvReleaseSink", "SessionSnapshot", "SessionStart", "SessionEnd",
     "LlmCallStart", "LlmCallEnd", "ToolCallStart", "ToolCallEnd", "ToolOutcome", "SessionOutcome",
     "WorkflowNode", "WorkflowStructure", "SessionRegistry",
     # building blocks

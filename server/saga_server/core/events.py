@@ -163,3 +163,12 @@ class PeerServiceSink(Protocol):
     all of it or raises ValueError and applies none (see `core.cluster_share`)."""
 
     def record_peer_service(self, tokens: Mapping[str, float]) -> int: ...
+
+
+class KvReleaseSink(Protocol):
+    """A sink in front of an engine that holds KV for sessions: `release_session`
+    makes the engine drop its holds and pins for the session (it moved to another
+    engine) while the session's workflow state stays. Returns whether a release was
+    queued; never raises for an unknown session."""
+
+    def release_session(self, session_id: str) -> bool: ...

@@ -15,7 +15,7 @@ the EngineCore, where session state lives) and reports under key "saga":
     in_tool    of those, sessions inside a tool call (or an inferred tool gap)
     kv_usage   KV blocks held for sessions / KV blocks in the pool
     served     tenant -> tokens the engine served it (cumulative; cluster-wide
-               Agent Fair Share, see `peer_service.py`)
+               Agent Fair Share, see `engine_calls.py`)
 
 A failed read reports what it has (the hint address) and never fails the poll.
 """

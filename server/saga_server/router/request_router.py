@@ -20,6 +20,8 @@ The move is carried out by speculative re-prefill: the session's last request
 is replayed with `max_tokens=1` through the ingress (`ingress_url`) under the
 session id `saga-move:<replica>:<session>`, which this router pins to the
 target; the prefix then sits in the target's cache when the session resumes.
+Then the source engine is told to release its copy (`ReleaseSession`): its
+pins and holds go, the blocks stay as ordinary evictable cache.
 (GPU builds could move the KV with vLLM's KV connectors instead; not wired.)
 
 Cluster-wide Agent Fair Share: on the same ticker, `PeerServiceRelay` tells
@@ -46,7 +48,7 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 
 from saga_server.core.routing import ReplicaView, RoutingConfig, SessionRouter
 
-from .peer_service import PeerServiceRelay
+from .engine_calls import PeerServiceRelay, release_session
 
 log = logging.getLogger("ray.serve")
 
@@ -192,12 +194,24 @@ class SagaRequestRouter(RequestRouter):
             self.moves["steals_in_tool"] += 1
         log.info("SAGA steal: session %s %s -> %s (in tool: %s)", steal.session_id, steal.source,
                  steal.target, steal.in_tool)
-        body = self._last_body.get(steal.session_id)
-        if body is None or not self._ingress_url:
-            return  # nothing to replay: the next request re-prefills on the target
-        task = asyncio.get_running_loop().create_task(self._reprefill(steal.session_id, steal.target, body))
+        body = self._last_body.get(steal.session_id) if self._ingress_url else None
+        source_addr = (self._current.get(steal.source) or {}).get("hint_addr")
+        task = asyncio.get_running_loop().create_task(self._move(steal, body, source_addr))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _move(self, steal, body: Any, source_addr: str | None) -> None:
+        """Re-prefill on the target (when the last request is known; otherwise the
+        next request re-prefills there), then release the source's copy."""
+        if body is not None:
+            await self._reprefill(steal.session_id, steal.target, body)
+        if source_addr:
+            try:
+                await asyncio.to_thread(release_session, source_addr, steal.session_id)
+                self.moves["releases_ok"] += 1
+            except Exception as exc:  # its pins expire on their own
+                self.moves["releases_failed"] += 1
+                log.warning("SAGA release of %s on %s failed: %s", steal.session_id, steal.source, exc)
 
     def stats(self) -> dict[str, Any]:
         """Routing counters, per-replica homes and recent steals (published for

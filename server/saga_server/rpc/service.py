@@ -43,7 +43,8 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
         self._last_sequence: OrderedDict[str, int] = OrderedDict()
         self.counters = dict.fromkeys(
             ("batches", "duplicate_batches", "events_received", "events_accepted", "events_invalid",
-             "events_refused", "sink_errors", "auth_failures", "peer_reports", "peer_reports_invalid"), 0)
+             "events_refused", "sink_errors", "auth_failures", "peer_reports", "peer_reports_invalid",
+             "releases"), 0)
 
     # -- ingestion ------------------------------------------------------------------
 
@@ -148,6 +149,19 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         self.count("peer_reports")
         return pb.PeerServiceAck(tenants=n)
+
+
+    def ReleaseSession(self, request, context):
+        release = getattr(self.sink, "release_session", None)  # KvReleaseSink
+        if release is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this hint service holds no KV")
+        sid = request.session_id
+        if not sid or len(sid) > Limits.max_id_chars:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"session_id must be 1..{Limits.max_id_chars} characters")
+        queued = bool(release(sid))
+        self.count("releases")
+        return pb.ReleaseSessionAck(queued=queued)
 
 
 class _ApiKeyInterceptor(grpc.ServerInterceptor):

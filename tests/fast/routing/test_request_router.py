@@ -142,3 +142,33 @@ def test_the_ticker_tells_each_engine_what_the_others_served_its_tenants():
     finally:
         for s in servers.values():
             s.stop(grace=None)
+
+
+def test_a_stolen_session_is_released_on_its_source_engine():
+    from saga_server.core import WorkflowCore
+    from saga_server.engines.vllm.intake import EngineHintSink, ReleaseKv
+    from saga_server.rpc import HintServer
+
+    source = EngineHintSink(WorkflowCore())
+    server = HintServer(source, "127.0.0.1:0").start()
+    try:
+        router = _router()
+        busy = _Replica(_ReplicaId("busy"), {"saga": {"hint_addr": server.endpoint, "sessions": ["agent"],
+                                                      "in_tool": ["agent"]}})
+        idle = _Replica(_ReplicaId("idle"), {"saga": {"sessions": []}})
+        router._replicas = {r.replica_id: r for r in (busy, idle)}
+        router._inflight["busy"] = 5
+
+        async def scenario():
+            router._start_ticker()
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if router.moves["releases_ok"]:
+                    break
+            router._ticker.cancel()
+
+        asyncio.run(scenario())
+        assert router.saga.home_of("agent") == "idle"
+        assert ReleaseKv("agent") in source.drain()
+    finally:
+        server.stop(grace=None)

@@ -216,3 +216,25 @@ def test_peer_service_to_a_service_without_fair_share_is_unimplemented(stub):
         stub.ReportPeerService(pb.PeerService(tenant_tokens={"acme": 1.0}), timeout=5)
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert "fair share" in err.value.details()
+
+
+def test_release_session_reaches_an_engine_sink_and_is_refused_elsewhere(stub):
+    from saga_server.core import WorkflowCore
+    from saga_server.engines.vllm.intake import EngineHintSink, ReleaseKv
+
+    with pytest.raises(grpc.RpcError) as err:  # a registry holds no KV
+        stub.ReleaseSession(pb.ReleaseSessionRequest(session_id="s"), timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    sink = EngineHintSink(WorkflowCore())
+    server = HintServer(sink, "127.0.0.1:0").start()
+    channel = grpc.insecure_channel(server.endpoint)
+    engine = hints_pb2_grpc.WorkflowHintsStub(channel)
+    try:
+        assert engine.ReleaseSession(pb.ReleaseSessionRequest(session_id="s", reason="moved"), timeout=5).queued
+        with pytest.raises(grpc.RpcError) as err:
+            engine.ReleaseSession(pb.ReleaseSessionRequest(session_id=""), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert sink.drain() == [ReleaseKv("s")]
+    finally:
+        channel.close()
+        server.stop(grace=None)

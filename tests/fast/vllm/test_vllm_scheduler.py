@@ -335,3 +335,20 @@ def test_tenant_and_deadline_from_vllm_xargs_reach_the_core(tiny_model):
     s.add_request(R.make(tokens(100, 40), session_id="Y", extra_args={"deadline_s": "soon"}))  # ignored
     run_until_idle(s)
     assert s.saga_counters.get("plugin_errors", 0) == 0
+
+
+def test_a_session_moved_away_releases_its_kv_but_keeps_its_workflow_state(tiny_model):
+    s = saga(tiny_model, num_blocks=32, block_size=BS)
+    R = Requests(BS)
+    s.saga_core.accept(SessionStart("A", s._saga_clock()))
+    s.add_request(R.make(tokens(100, 64), session_id="A"))
+    run_until_idle(s)
+    held = len(s.saga_holds.get("A").blocks)
+    assert held
+    assert s.saga_sink.release_session("A") and s.saga_sink.release_session("never-seen")
+    s.schedule()
+    assert "A" not in s.saga_holds
+    assert s.saga_counters["released_moved"] == held
+    assert s.saga_core.session("A").state != "ended"  # it may come back
+    pool_is_consistent(s)
+    assert s.reset_prefix_cache()  # nothing left referenced

@@ -7,8 +7,8 @@ process, which vLLM spawns): the plugin's `__init__` starts the gRPC
 
 1. applies each hint to the `WorkflowCore` at once (the core locks internally;
    its predictions are then current for the next scheduling decision), and
-2. appends the few hints the scheduler must act on (tool start/end, session end)
-   to a bounded queue that `schedule()` drains on the engine thread, so block
+2. appends the few hints the scheduler must act on (tool start/end, session end,
+   and `ReleaseKv` when the cluster router moved the session away) to a bounded queue that `schedule()` drains on the engine thread, so block
    references are only ever touched by the engine loop.
 
 A flood cannot grow memory: the queue drops its oldest entries beyond
@@ -23,6 +23,7 @@ import collections
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from saga_server.core import HintEvent, SessionEnd, SessionSnapshot, ToolCallEnd, ToolCallStart
@@ -30,11 +31,18 @@ from saga_server.core import HintEvent, SessionEnd, SessionSnapshot, ToolCallEnd
 # Under "vllm." so vLLM's own log handler (and level) shows these lines.
 log = logging.getLogger("vllm.saga")
 
-__all__ = ["EngineHintSink", "start_hint_service", "HINT_ADDR_ENV", "HINT_KEY_ENV"]
+__all__ = ["EngineHintSink", "ReleaseKv", "start_hint_service", "HINT_ADDR_ENV", "HINT_KEY_ENV"]
 
 HINT_ADDR_ENV = "SAGA_HINT_ADDR"
 HINT_KEY_ENV = "SAGA_API_KEY"
 _ENGINE_EVENTS = (ToolCallStart, ToolCallEnd, SessionEnd)
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseKv:
+    """Engine-only event: drop the session's holds (it moved to another engine)."""
+
+    session_id: str
 
 
 class EngineHintSink:
@@ -55,16 +63,19 @@ class EngineHintSink:
     def accept(self, event: HintEvent) -> None:
         self.core.accept(event)  # raises HintRejected unchanged: the service reports it
         if isinstance(event, _ENGINE_EVENTS):
-            with self._lock:
-                if len(self._queue) >= self._max_queue:
-                    self._queue.popleft()
-                    self.dropped += 1
-                    self._on_drop()
-                self._queue.append(event)
+            self._enqueue(event)
         try:
             self._on_accept()
         except Exception:  # gauges are best effort; the hint itself is applied
             log.exception("hint accept hook failed")
+
+    def _enqueue(self, event) -> None:
+        with self._lock:
+            if len(self._queue) >= self._max_queue:
+                self._queue.popleft()
+                self.dropped += 1
+                self._on_drop()
+            self._queue.append(event)
 
     def drain(self, limit: int = 100_000) -> list[HintEvent]:
         """Take queued engine events (called by the scheduler loop)."""
@@ -73,6 +84,11 @@ class EngineHintSink:
                 return []
             n = min(limit, len(self._queue))
             return [self._queue.popleft() for _ in range(n)]
+
+    def release_session(self, session_id: str) -> bool:
+        """Queue a `ReleaseKv` for the engine loop (the session moved elsewhere)."""
+        self._enqueue(ReleaseKv(session_id))
+        return True
 
     def record_peer_service(self, tokens: Mapping[str, float]) -> int:
         return self.core.record_peer_service(tokens)  # AFS only: nothing for the engine loop

@@ -58,7 +58,7 @@ from saga_server.core import (
 )
 
 from .holds import Hold, SessionHolds
-from .intake import EngineHintSink, start_hint_service
+from .intake import EngineHintSink, ReleaseKv, start_hint_service
 from .metrics import SagaMetrics
 from .sessions import request_meta
 
@@ -319,7 +319,11 @@ class SagaSchedulerMixin:
 
     def _saga_apply_hint(self, event, now: float) -> None:
         sid = event.session_id
-        if isinstance(event, SessionEnd):
+        if isinstance(event, ReleaseKv):  # moved to another engine; its workflow state stays
+            self.saga_holds.release(sid, "moved")
+            self._saga_known_tokens.pop(sid, None)
+            self._saga_prefetched.discard(sid)
+        elif isinstance(event, SessionEnd):
             self.saga_holds.release(sid, "session_end")
             self._saga_known_tokens.pop(sid, None)
             if sid in self._saga_prefetched:

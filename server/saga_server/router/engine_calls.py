@@ -1,4 +1,5 @@
-"""Cluster-wide Agent Fair Share on Ray Serve: the router's side.
+"""The router's calls into engines' hint services: cluster-wide Agent Fair Share
+(`PeerServiceRelay`) and releasing a moved session's copy (`release_session`).
 
 Each replica's routing report carries its engine's cumulative per-tenant
 service (`served`, see `replica.py`). `PeerServiceRelay` feeds those into a
@@ -25,17 +26,28 @@ from saga_server.core.cluster_share import PeerServiceLedger
 
 log = logging.getLogger("ray.serve")
 
-__all__ = ["PeerServiceRelay", "send_peer_service"]
+__all__ = ["PeerServiceRelay", "send_peer_service", "release_session"]
+
+
+def _metadata() -> tuple:
+    key = SagaConfig.from_env().api_key
+    return (("authorization", f"Bearer {key}"),) if key else ()
+
+
+def release_session(hint_addr: str, session_id: str, *, timeout: float = 2.0) -> bool:
+    """Tell one engine to drop its holds for a session that moved (raises grpc.RpcError)."""
+    with grpc.insecure_channel(hint_addr) as channel:
+        ack = hints_pb2_grpc.WorkflowHintsStub(channel).ReleaseSession(
+            pb.ReleaseSessionRequest(session_id=session_id, reason="moved"), timeout=timeout, metadata=_metadata())
+    return ack.queued
 
 
 def send_peer_service(hint_addr: str, tokens: Mapping[str, float], *, timeout: float = 2.0,
                       source: str = "saga-router") -> int:
     """One `ReportPeerService` call; returns the tenants applied (raises grpc.RpcError)."""
-    key = SagaConfig.from_env().api_key
-    metadata = (("authorization", f"Bearer {key}"),) if key else ()
     with grpc.insecure_channel(hint_addr) as channel:
         ack = hints_pb2_grpc.WorkflowHintsStub(channel).ReportPeerService(
-            pb.PeerService(tenant_tokens=dict(tokens), source=source), timeout=timeout, metadata=metadata)
+            pb.PeerService(tenant_tokens=dict(tokens), source=source), timeout=timeout, metadata=_metadata())
     return ack.tenants
 
 
