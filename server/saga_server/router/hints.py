@@ -122,6 +122,11 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
         limit = request.limit or 100
         return pb.SessionList(sessions=list(merged.values())[:limit])
 
+    def engine_stats(self) -> dict[str, dict[str, float]]:
+        """endpoint -> that engine's own GetStats, for engines that answered."""
+        return {ep: dict(st.stats)
+                for ep, st in self._each(lambda s: s.GetStats(pb.GetStatsRequest(), timeout=self._timeout))}
+
     def GetStats(self, request, context):
         out = pb.ServerStats()
         replies = self._each(lambda s: s.GetStats(request, timeout=self._timeout))

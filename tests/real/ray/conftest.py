@@ -31,6 +31,7 @@ class RayCluster:
     base_url: str
     hint_addr: str
     model: str
+    metrics_url: str | None = None  # the cluster's /metrics (only for a cluster started here)
 
     def chat(self, messages, *, session_id: str | None = None, timeout: float = 300, **body) -> dict:
         payload = {"model": self.model, "messages": messages, **body}
@@ -114,15 +115,18 @@ def ray_cluster(tmp_path_factory):
 
     url, hints = os.environ.get("SAGA_TEST_RAY_URL"), os.environ.get("SAGA_TEST_RAY_HINTS")
     proc = None
+    metrics_url = None
     if not (url and hints):
         pytest.importorskip("vllm", reason="vLLM not installed (scripts/setup.sh)")
-        port, hint_port = _free_port(), _free_port()
+        port, hint_port, metrics_port = _free_port(), _free_port(), _free_port()
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         url, hints = f"http://127.0.0.1:{port}", f"127.0.0.1:{hint_port}"
         log_path = tmp_path_factory.mktemp("saga-router") / "router.log"
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "sdk"), str(ROOT / "server"), env.get("PYTHONPATH", "")])
         cmd = [sys.executable, "-m", "saga_server.cli", "router", "--replicas", "2", "--port", str(port),
-               "--hint-port", str(hint_port), "--num-cpus", "2", "--kv-blocks", "256",
+               "--hint-port", str(hint_port), "--metrics-port", str(metrics_port),
+               "--num-cpus", "2", "--kv-blocks", "256",
                # Only sessions inside a tool call move: otherwise, while a victim's tool
                # report is still in flight, a steal may take an earlier test's session.
                "--steal-only-in-tool"]
@@ -141,7 +145,7 @@ def ray_cluster(tmp_path_factory):
             if model is None:
                 time.sleep(2)
         ray.init(address="auto", namespace="saga", log_to_driver=False)
-        cluster = RayCluster(url, hints, model)
+        cluster = RayCluster(url, hints, model, metrics_url)
         while len(cluster.replica_hints()) < 2 and time.monotonic() < deadline:
             time.sleep(1)
         _wait_until_the_router_sees(cluster, 2, deadline)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import urllib.error
+import urllib.request
 import uuid
 
 import pytest
@@ -48,13 +49,23 @@ def _turns(cluster, sid: str, turns: int, *, tool_s: float = 0.2, hints: HintCli
     return out
 
 
+def _peer_tokens(cluster) -> dict[str, float]:
+    from saga_sdk import HintReader
+
+    out = {}
+    for rid, addr in cluster.replica_hints().items():
+        with HintReader(addr, timeout=5) as reader:
+            out[rid] = reader.stats().get("afs_peer_tokens", 0.0)
+    return out
+
+
 def test_sessions_stick_to_one_replica_and_follow_ups_hit_the_cache(ray_cluster):
     hints = HintClient(endpoint=ray_cluster.hint_addr)
     sids = [f"stick-{uuid.uuid4().hex[:8]}-{i}" for i in range(6)]
     results: dict[str, list[dict]] = {}
 
     def run(sid):
-        hints.session_start(sid)
+        hints.session_start(sid, tenant=f"tenant-{sid[-1]}")
         results[sid] = _turns(ray_cluster, sid, 3, hints=hints)
 
     threads = [threading.Thread(target=run, args=(s,)) for s in sids]
@@ -77,6 +88,11 @@ def test_sessions_stick_to_one_replica_and_follow_ups_hit_the_cache(ray_cluster)
             assert home_replica(sid, list(resident)) in holders
             assert len(holders) == 1 or sid in stolen, f"{sid} served by {holders} without a steal"
         assert all(any(sid in ss for sid in sids) for ss in resident.values()), "one replica got nothing"
+        # cluster-wide fair share: each engine hears what the other served these tenants
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not all(v > 0 for v in _peer_tokens(ray_cluster).values()):
+            time.sleep(0.5)
+        assert all(v > 0 for v in _peer_tokens(ray_cluster).values()), _peer_tokens(ray_cluster)
     finally:
         for sid in sids:
             hints.session_end(sid)
@@ -122,6 +138,18 @@ def test_overloaded_replica_sheds_a_session_in_a_tool_call_and_it_resumes_warm(r
         assert victim in resident[replicas[1]], "the victim did not move to the idle replica"
         # its whole previous prompt (unique to it) was in the target's cache: re-prefilled there
         assert _cached(resumed) >= first["usage"]["prompt_tokens"] // 32 * 32 - 32
+        # the old copy was released on the source (its holds dropped)
+        from saga_sdk import HintReader
+
+        with HintReader(ray_cluster.replica_hints()[replicas[0]], timeout=5) as reader:
+            assert reader.stats().get("engine_released_moved", 0) > 0
+        if ray_cluster.metrics_url:  # operators see the move and both replicas on /metrics
+            with urllib.request.urlopen(ray_cluster.metrics_url, timeout=30) as resp:
+                text = resp.read().decode()
+            assert f'saga_replica_up{{replica="{replicas[0]}"}} 1.0' in text
+            assert f'saga_replica_up{{replica="{replicas[1]}"}} 1.0' in text
+            steals = [ln for ln in text.splitlines() if ln.startswith('saga_router_steals_total{in_tool="true"}')]
+            assert steals and float(steals[0].split()[-1]) >= 1, steals
     finally:
         for s in [victim, *busy]:
             hints.session_end(s)
