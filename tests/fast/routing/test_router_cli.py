@@ -38,3 +38,9 @@ def test_baseline_routers_and_stock_engine():
 def test_bad_replica_count_is_refused(capsys):
     assert cli.main(["--replicas", "0"]) == 2
     assert "--replicas" in capsys.readouterr().err
+
+
+def test_the_saga_router_gets_the_retrying_ingress_and_baselines_the_stock_one():
+    saga = cli.build_app_config(_opts(), llm_config="cfg")
+    assert saga["ingress_cls_config"]["ingress_cls"] == cli.INGRESS_CLS
+    assert "ingress_cls_config" not in cli.build_app_config(_opts("--router", "pow2"), llm_config="cfg")

@@ -182,3 +182,5 @@ def test_killing_a_replica_loses_no_completed_work_and_agent_runs_finish(ray_clu
     hints.shutdown()
     assert set(results) == set(sids), f"unfinished: {set(sids) - set(results)}; errors {errors}"
     assert all(len(rs) == 5 and all(r["choices"][0]["message"] is not None for r in rs) for rs in results.values())
+    # requests in flight on the dead replica were retried by the ingress: no agent saw an error
+    assert errors == []
