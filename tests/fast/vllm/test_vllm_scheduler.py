@@ -12,7 +12,7 @@ import itertools
 import pytest
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from saga_server.core import CoreConfig, SessionEnd, SessionStart, ToolCallStart, WorkflowCore
+from saga_server.core import CoreConfig, PrefetchCandidate, SessionEnd, SessionStart, ToolCallStart, WorkflowCore
 from saga_server.core.pinning import PinConfig
 from saga_server.engines.vllm import SagaAsyncScheduler, SagaScheduler
 from vllm_builders import Requests, hit_tokens, make_scheduler, run_until_idle, step
@@ -352,3 +352,31 @@ def test_a_session_moved_away_releases_its_kv_but_keeps_its_workflow_state(tiny_
     assert s.saga_core.session("A").state != "ended"  # it may come back
     pool_is_consistent(s)
     assert s.reset_prefix_cache()  # nothing left referenced
+
+
+def test_an_idle_engine_prefetches_at_once_instead_of_just_before_the_predicted_resume(tiny_model):
+    """The step vLLM takes to report the last finished request sees an idle engine:
+    the reclaimed paused session is re-prefilled then, not near its predicted
+    resume (by which time the EngineCore may be asleep on its input queue)."""
+    clock = Clock()
+    s = saga(tiny_model, clock=clock, num_blocks=16, block_size=BS)
+    R = Requests(BS)
+    hist = tokens(100, 64)
+    s.saga_core.accept(SessionStart("A", clock()))
+    s.add_request(R.make(hist, session_id="A"))
+    run_until_idle(s)
+    s.saga_core.accept(ToolCallStart("A", clock(), "bash", call_id="c"))
+    flood = R.make(tokens(50000, 14 * BS))  # needs the whole pool: A is reclaimed
+    s.add_request(flood)
+    run_until_idle(s)
+    plan = s.saga_core.plan_prefetch([PrefetchCandidate("A", 64, 0.0)], 10_000)
+    assert plan and plan[0].start_at > clock()  # the plan alone would wait
+    assert s.has_requests()  # vLLM still has the flood's finish to report
+    step(s)  # that step, at the same instant
+    assert s.saga_counters["prefetch_issued"] == 1
+    run_until_idle(s)
+    step(s)  # reports the prefetch's finish; A is warm, nothing else is due
+    assert not s.has_requests() and s.saga_counters["prefetch_issued"] == 1  # the EngineCore may sleep
+    nxt = R.make(hist + [7, 8, 9], session_id="A")
+    s.add_request(nxt)
+    assert hit_tokens(run_until_idle(s), nxt.request_id) == 64

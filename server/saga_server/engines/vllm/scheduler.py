@@ -21,8 +21,13 @@ What changes relative to stock vLLM (everything else is vLLM's own code path):
   reclaimed and the engine has spare capacity (nothing waiting, few running),
   the session's last known tokens are re-prefilled as an internal one-token
   request whose output never leaves the engine; the resumed request then hits.
-  Limitation: vLLM's EngineCore blocks on its input queue when it has no
-  requests, so prefetch is only considered while some request is in flight.
+  While requests run, a prefetch starts when the plan says (just before the
+  predicted resume); on an idle engine it starts at once, since idle capacity
+  costs nothing. vLLM's EngineCore steps once more after its last request
+  finishes (to report it); that step sees the idle engine and issues the
+  prefetch, and each prefetch's own finish gives the next step, so due
+  prefetches chain. Then the EngineCore blocks on its input queue: a prefetch
+  that only becomes due later waits for the next request.
 - **Hints**: see `intake`; a gRPC hint service runs in this (EngineCore)
   process and feeds the core; tool/session events reach the scheduler through a
   queue drained at each `schedule()`.
@@ -435,12 +440,19 @@ class SagaSchedulerMixin:
     # -- prefetch ------------------------------------------------------------------------
 
     def _saga_maybe_prefetch(self, now: float) -> None:
+        idle = not self.running and not self.waiting and not self.kv_holding_waiting
+        sid = self._saga_next_prefetch(now, idle)
+        if sid is not None:
+            self._saga_issue_prefetch(sid)
+
+    def _saga_next_prefetch(self, now: float, idle: bool) -> str | None:
+        """The session to re-prefill now, if any (one at a time, spare capacity only)."""
         if not self._saga_enabled or self._saga_block_hasher is None:
-            return
+            return None
         if self.waiting or self.kv_holding_waiting or len(self.running) >= max(1, self.max_num_running_reqs // 4):
-            return  # only with spare capacity
+            return None  # only with spare capacity
         if any(rid.startswith(PREFETCH_PREFIX) for rid in (r.request_id for r in self.running)):
-            return  # one at a time: prefetch must never crowd out real work
+            return None  # one at a time: prefetch must never crowd out real work
         candidates = []
         for sid, tokens in self._saga_known_tokens.items():
             if sid in self._saga_prefetched or sid in self._saga_prefetch:
@@ -451,11 +463,12 @@ class SagaSchedulerMixin:
             if missing >= self.block_size * 2:
                 candidates.append(PrefetchCandidate(sid, len(tokens), 0.0))
         if not candidates:
-            return
+            return None
         free_tokens = self.kv_cache_manager.block_pool.get_num_free_blocks() * self.block_size
         for action in self.saga_core.plan_prefetch(candidates, free_tokens)[:1]:
-            if action.start_at <= now:
-                self._saga_issue_prefetch(action.session_id)
+            if idle or action.start_at <= now:
+                return action.session_id
+        return None
 
     def _saga_issue_prefetch(self, sid: str) -> None:
         from vllm.sampling_params import SamplingParams  # noqa: PLC0415
