@@ -212,7 +212,9 @@ def test_afs_orders_waiting_requests_by_fair_share(tiny_model):
     assert order.index(l1.request_id) < order.index(h2.request_id)
 
 
-def test_prefetch_recomputes_a_reclaimed_session_while_idle_and_hides_its_output(tiny_model):
+def _paused_session_reclaimed(tiny_model):
+    """Session A (64 tokens) pauses in a tool; a request needing the whole pool
+    then reclaims its KV. Returns (scheduler, requests, clock, A's history)."""
     clock = Clock()
     s = saga(tiny_model, clock=clock, num_blocks=16, block_size=BS)
     R = Requests(BS)
@@ -221,9 +223,14 @@ def test_prefetch_recomputes_a_reclaimed_session_while_idle_and_hides_its_output
     s.add_request(R.make(hist, session_id="A"))
     run_until_idle(s)
     s.saga_core.accept(ToolCallStart("A", clock(), "bash", call_id="c"))
-    s.add_request(R.make(tokens(50000, 14 * BS)))  # needs the whole pool: A is reclaimed
+    s.add_request(R.make(tokens(50000, 14 * BS)))
     run_until_idle(s)
     assert s.saga_holds.get("A") is None or len(s.saga_holds.get("A").blocks) < 4
+    return s, R, clock, hist
+
+
+def test_prefetch_recomputes_a_reclaimed_session_while_idle_and_hides_its_output(tiny_model):
+    s, R, clock, hist = _paused_session_reclaimed(tiny_model)
     outs = []
     for _ in range(20):  # idle steps: the core plans a prefetch for A
         clock.t += 0.5
@@ -358,17 +365,7 @@ def test_an_idle_engine_prefetches_at_once_instead_of_just_before_the_predicted_
     """The step vLLM takes to report the last finished request sees an idle engine:
     the reclaimed paused session is re-prefilled then, not near its predicted
     resume (by which time the EngineCore may be asleep on its input queue)."""
-    clock = Clock()
-    s = saga(tiny_model, clock=clock, num_blocks=16, block_size=BS)
-    R = Requests(BS)
-    hist = tokens(100, 64)
-    s.saga_core.accept(SessionStart("A", clock()))
-    s.add_request(R.make(hist, session_id="A"))
-    run_until_idle(s)
-    s.saga_core.accept(ToolCallStart("A", clock(), "bash", call_id="c"))
-    flood = R.make(tokens(50000, 14 * BS))  # needs the whole pool: A is reclaimed
-    s.add_request(flood)
-    run_until_idle(s)
+    s, R, clock, hist = _paused_session_reclaimed(tiny_model)
     plan = s.saga_core.plan_prefetch([PrefetchCandidate("A", 64, 0.0)], 10_000)
     assert plan and plan[0].start_at > clock()  # the plan alone would wait
     assert s.has_requests()  # vLLM still has the flood's finish to report
