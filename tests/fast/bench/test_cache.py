@@ -115,3 +115,35 @@ def test_belady_recomputes_no_more_than_any_online_order(seed):
     keys["size"] = lambda s, i, nxt: -length[s]
     for name, key in keys.items():
         assert best <= replay_accesses(acc, cap, key), name
+
+
+def test_a_reused_entry_is_ordered_by_its_new_key_not_a_stale_heap_item():
+    cache = PrefixCache(10, block_tokens=1)
+    idle(cache, "a", 3, key=1.0)  # a's first entry leaves a heap item at key 1
+    cache.admit("a", 3, 3)  # a runs again ...
+    cache.release("a", 3, 5.0)  # ... and is idle again, now the most recent
+    idle(cache, "b", 3, key=3.0)
+    evs = cache.make_room(7)
+    assert [e.session_id for e in evs] == ["b"]  # LRU: b (3) before a (5)
+    assert cache.cached("a") == 3
+
+
+def test_drop_frees_an_entry_at_once_without_counting_an_eviction():
+    cache = PrefixCache(10, block_tokens=1)
+    idle(cache, "a", 4, key=1.0)
+    assert cache.holds("a") and cache.drop("a") == 4
+    assert not cache.holds("a") and cache.free_blocks == 10 and cache.evicted_blocks == 0
+    assert cache.drop("a") == 0
+    idle(cache, "a", 2, key=9.0)  # a later entry of the same session is not hit by old heap items
+    idle(cache, "b", 2, key=2.0)
+    assert [e.session_id for e in cache.make_room(8)] == ["b"]
+
+
+def test_make_room_up_to_a_tier_leaves_pins_alone():
+    cache = PrefixCache(10, block_tokens=1)
+    idle(cache, "soft", 3, key=5.0)
+    idle(cache, "pinned", 5, key=1.0, tier=PINNED)
+    evs = cache.make_room(8, max_tier=SOFT)
+    assert [(e.session_id, e.to_blocks) for e in evs] == [("soft", 0)]
+    assert cache.free_blocks == 5 and cache.cached("pinned") == 5
+    assert [e.session_id for e in cache.make_room(8)] == ["pinned"]  # without the limit it goes

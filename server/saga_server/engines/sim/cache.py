@@ -81,6 +81,10 @@ class PrefixCache:
         e = self._entries.get(session_id)
         return e.blocks if e is not None else 0
 
+    def holds(self, session_id: str) -> bool:
+        """Whether the session has KV here (an idle entry or a running reservation)."""
+        return session_id in self._entries or session_id in self._active
+
     def tier(self, session_id: str) -> int | None:
         e = self._entries.get(session_id)
         return None if e is None else e.tier
@@ -149,10 +153,23 @@ class PrefixCache:
             e.key = key
             self._push(session_id, e)
 
-    def make_room(self, blocks: int) -> list[Eviction]:
-        """Evict until `blocks` are free (or nothing evictable is left)."""
+    def drop(self, session_id: str) -> int:
+        """Free an idle session's entry at once (its KV moved to another worker);
+        returns the blocks freed. Not an eviction: nothing is lost."""
         self._tick()
-        return self._evict(blocks)
+        e = self._entries.pop(session_id, None)
+        if e is None:
+            return 0
+        self.cached_blocks -= e.blocks
+        if e.dead:
+            self.dead_blocks -= e.blocks
+        return e.blocks
+
+    def make_room(self, blocks: int, max_tier: int | None = None) -> list[Eviction]:
+        """Evict until `blocks` are free (or nothing evictable is left); with
+        `max_tier`, only entries of that tier or lower (e.g. `SOFT`: never a pin)."""
+        self._tick()
+        return self._evict(blocks, max_tier)
 
     def flush_time(self) -> None:
         self._tick()
@@ -170,19 +187,23 @@ class PrefixCache:
         self._push(sid, e)
 
     def _push(self, sid: str, e: _Entry) -> None:
-        e.version += 1
+        # Versions are unique across entries: a heap item left by an earlier entry of
+        # the same session (freed by `admit` or `drop`) never matches a later one.
         self._seq += 1
+        e.version = self._seq
         heapq.heappush(self._heap, (e.tier, e.key, self._seq, sid, e.version))
 
-    def _evict(self, want_free: int) -> list[Eviction]:
+    def _evict(self, want_free: int, max_tier: int | None = None) -> list[Eviction]:
         out: list[Eviction] = []
         heap, entries = self._heap, self._entries
         while self.free_blocks < want_free and heap:
-            _, _, _, sid, ver = heap[0]
+            tier, _, _, sid, ver = heap[0]
             e = entries.get(sid)
             if e is None or e.version != ver:
                 heapq.heappop(heap)
                 continue
+            if max_tier is not None and tier > max_tier:
+                break
             take = min(e.blocks, want_free - self.free_blocks)
             before = e.blocks
             e.blocks -= take
