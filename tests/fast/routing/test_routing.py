@@ -183,3 +183,31 @@ def test_home_table_is_bounded():
     for i in range(50):
         r.route(f"s{i}", REPLICAS)
     assert len(r.homes()) == 10 and "s49" in r.homes() and "s0" not in r.homes()
+
+
+def test_new_session_rule_defaults_to_the_hash():
+    assert RoutingConfig().new_session == "hash"
+    r = SessionRouter()
+    # a loaded hash home is still the home: the default ignores load for new sessions
+    sid = next(f"s{i}" for i in range(100) if home_replica(f"s{i}", REPLICAS) == "r0")
+    r.update([ReplicaView("r0", queue_len=50), ReplicaView("r1"), ReplicaView("r2")])
+    assert r.route(sid, REPLICAS).replica == "r0"
+    with pytest.raises(ValueError):
+        RoutingConfig(new_session="random")
+
+
+def test_least_loaded_new_sessions_go_by_load_then_fewest_sessions_then_stick():
+    r = SessionRouter(RoutingConfig(new_session="least_loaded"))
+    r.update([ReplicaView("r0", queue_len=2), ReplicaView("r1", queue_len=0, kv_usage=0.5,
+                                                          sessions=frozenset({"x"})),
+              ReplicaView("r2", queue_len=0, kv_usage=0.5, sessions=frozenset({"y", "z"}))])
+    # loads: r0 2.0, r1 2.0, r2 2.0: the fewest sessions wins (r0 reports none)
+    first = r.route("new", REPLICAS)
+    assert (first.replica, first.reason) == ("r0", "home")
+    # fresher in-flight counts count too
+    assert r.route("other", REPLICAS, queue_lens={"r0": 5}).replica == "r1"
+    # once placed, a session sticks to its home whatever the load
+    r.update([ReplicaView("r0", queue_len=9), ReplicaView("r1"), ReplicaView("r2")])
+    assert r.route("new", REPLICAS) == type(first)("r0", "affinity")
+    # a session whose home left goes to the least loaded of the rest
+    assert r.route("new", ["r1", "r2"], queue_lens={"r1": 1}).replica == "r2"
