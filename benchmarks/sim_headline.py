@@ -11,6 +11,9 @@ Parts (all on a 64-worker cluster of Llama-3-8B on H100-80GB by default):
 3. Two-tenant mix (heavy SWE + light tau-bench) with deadlines: SLO attainment.
 4. Speed: wall time of a 1,000-task replay per policy, one core.
 Prints one table per part and the closing ratios; writes everything as JSON.
+`saga` includes routing by `saga_server.core.routing` (placement and KV-moving
+steals; `saga-no-steal` is without it); `benchmarks/sim_routing.py` measures the
+routing on its own.
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@
 - `tasks_per_hour`, `tokens_per_s`: completed tasks and (prompt + output) tokens per
   unit of time.
 - `belady_ratio`: recomputed tokens under the policy / under `belady` in the same run.
+- `steals`: sessions the router moved (`steals_in_tool`: chosen inside a tool call);
+  `moved_tokens`: KV tokens carried to the target and inserted there
+  (`move_dropped_tokens`: sent but no room, recomputed); `move_s`: inter-node
+  transfer time summed over moves.
+- `imbalance`: max over mean of per-worker busy time (1.0 = perfectly even).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any, Mapping
 
 from saga_server.engines.sim import SimResult
 
-__all__ = ["summarize", "percentile", "add_ratios"]
+__all__ = ["summarize", "percentile", "add_ratios", "imbalance"]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -35,6 +40,12 @@ def percentile(values: list[float], q: float) -> float:
         return math.nan
     k = max(0, min(len(xs) - 1, math.ceil(q / 100.0 * len(xs)) - 1))
     return xs[k]
+
+
+def imbalance(busy: list[float]) -> float:
+    """Max over mean of per-worker busy time; nan without workers or work."""
+    mean = sum(busy) / len(busy) if busy else 0.0
+    return max(busy) / mean if mean > 0 else math.nan
 
 
 def summarize(res: SimResult) -> dict[str, Any]:
@@ -52,6 +63,7 @@ def summarize(res: SimResult) -> dict[str, Any]:
         "llm_calls": res.llm_calls,
         "tct_mean_s": sum(tct) / len(tct) if tct else math.nan,
         "tct_p50_s": percentile(tct, 50),
+        "tct_p90_s": percentile(tct, 90),
         "tct_p99_s": percentile(tct, 99),
         "makespan_s": res.makespan_s,
         "regen_share": res.regen_gpu_s / res.busy_gpu_s if res.busy_gpu_s else 0.0,
@@ -65,6 +77,11 @@ def summarize(res: SimResult) -> dict[str, Any]:
         "tasks_per_hour": done / span * 3600.0,
         "tokens_per_s": tokens / span,
         "steals": res.steals,
+        "steals_in_tool": res.steals_in_tool,
+        "moved_tokens": res.moved_tokens,
+        "move_dropped_tokens": res.move_dropped_tokens,
+        "move_s": res.move_s,
+        "imbalance": imbalance(res.worker_busy_s),
     }
     by_tenant: dict[str, list] = defaultdict(list)
     for t in res.tasks:

@@ -2,17 +2,23 @@
 
 `make_policy(name)` returns a fresh policy (policies hold per-run state). Ablations:
 `saga-only-<m>` is `apc-lru` plus the one SAGA mechanism `m`; `saga-no-<m>` is full
-SAGA without it (mechanisms: walru, ttl, prefetch, afs, steal).
+SAGA without it (mechanisms: walru, ttl, prefetch, afs, steal). `saga` routes with
+`saga_server.core.routing` (new sessions to the least loaded worker, periodic
+steals that move the KV); `saga-hash` is the same with the Ray router's
+rendezvous-hash homes for new sessions.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from saga_server.engines.sim import ApcLru, ApcLruOffload, Belady, ContinuumTtl, Infinite, KvFlow, SimPolicy, Vanilla
-from saga_server.engines.sim.saga_policy import MECHANISMS, SagaPolicy
+from saga_server.engines.sim.saga_policy import MECHANISMS, SIM_ROUTING, SagaPolicy
 
 __all__ = ["POLICIES", "DEFAULT_POLICIES", "ABLATIONS", "make_policy", "policy_names"]
+
+_HASH_ROUTING = replace(SIM_ROUTING, new_session="hash")
 
 POLICIES: dict[str, Callable[[], SimPolicy]] = {
     "vanilla": Vanilla,
@@ -21,6 +27,7 @@ POLICIES: dict[str, Callable[[], SimPolicy]] = {
     "continuum-ttl": ContinuumTtl,
     "kvflow": KvFlow,
     "saga": SagaPolicy,
+    "saga-hash": lambda: SagaPolicy(name="saga-hash", routing=_HASH_ROUTING),
     "infinite": Infinite,
     "belady": Belady,
 }

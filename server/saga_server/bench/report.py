@@ -24,6 +24,9 @@ _COLUMNS = [
     ("Belady ratio", "belady_ratio", "{:.2f}"),
     ("tasks/h", "tasks_per_hour", "{:.0f}"),
     ("tok/s", "tokens_per_s", "{:.0f}"),
+    ("steals", "steals", "{}"),
+    ("moved tok", "moved_tokens", "{}"),
+    ("imbalance", "imbalance", "{:.2f}"),
     ("SLO", "slo", None),
     ("wall s", "wall_s", "{:.1f}"),
 ]

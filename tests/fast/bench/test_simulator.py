@@ -58,7 +58,8 @@ def test_infinite_cache_is_a_lower_bound_on_mean_tct(seed):
     insts = random_instances(16, seed=seed)
     inf = run("infinite", insts, kv_tokens=10_000, workers=2)
     base = sum(t.tct_s for t in inf.tasks)
-    for policy in ("vanilla", "apc-lru", "continuum-ttl", "kvflow", "belady", "saga"):
+    # same (stock) placement as `infinite`: `saga` also routes, so it may balance below it
+    for policy in ("vanilla", "apc-lru", "continuum-ttl", "kvflow", "belady", "saga-no-steal"):
         res = run(policy, insts, kv_tokens=10_000, workers=2)
         assert base <= sum(t.tct_s for t in res.tasks) * (1 + 1e-9), policy
 

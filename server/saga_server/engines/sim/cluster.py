@@ -5,10 +5,25 @@ Model (deterministic under a seed; all times in simulated seconds):
 - **Sessions** replay a task's steps closed-loop: a step's request arrives at the
   session's worker, is queued, admitted, prefilled, decoded; then the step's tools run
   (their trace durations) and the next step's request arrives.
-- **Router**: a session is placed at start on the worker with the fewest live sessions
-  (then most free KV) and stays there (session affinity, for every policy: without it
-  no prefix cache survives). Policies with `steals` may move a session whose home
-  queue is backed up to an idle worker that has room (its prefix is recomputed there).
+- **Router**: a session is placed at start and stays there (session affinity, for
+  every policy: without it no prefix cache survives). Baselines model a stock router:
+  the worker with the fewest live sessions (then most free KV). Policies with `steals`
+  route through `saga_server.core.routing.SessionRouter`, the policy of the Ray Serve
+  router, fed `ReplicaView`s built from the workers at every decision (queue = waiting
+  + running requests, KV usage = blocks held for live sessions / pool, sessions whose
+  KV is resident here (GPU or host tier) and which of them are in a tool): it places
+  new sessions (`SimPolicy.place`) and, every `steal_period_s`, may move one session
+  off the most loaded worker (`SimPolicy.plan_steal`).
+- **A steal moves the KV**: the session's resident prefix (GPU entry, and the host
+  tier's copy beyond it) is sent to the target over the inter-node link
+  (`CostModel.net_transfer_s`, one transfer at a time per worker NIC) and freed on the
+  source at once; when it lands it is inserted into the target's pool, evicting idle
+  unpinned prefixes there if needed (what still does not fit is recomputed later). A
+  session in a tool moves at once, so a transfer shorter than the tool is hidden and
+  the next request is a full hit; a queued request leaves the source queue and joins
+  the target's when its KV lands (keeping its place in the order); a running request
+  finishes where it is and the session moves as its tool starts. A request arriving
+  while its KV is in flight waits for it.
 - **Admission** (vLLM's scheduler): the waiting queue in policy order; the head is
   admitted when fewer than `max_num_seqs` run and its KV (prompt + output, in blocks)
   fits after evicting idle prefixes; otherwise the queue waits (head-of-line, as vLLM).
@@ -30,10 +45,11 @@ from __future__ import annotations
 
 import heapq
 import math
-import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
+
+from saga_server.core.routing import ReplicaView, Steal
 
 from .cache import PINNED, PROTECTED, SOFT, Eviction, HostTier, PrefixCache
 from .hardware import CostModel
@@ -44,8 +60,9 @@ __all__ = ["SimConfig", "Simulator", "SimResult", "TaskRecord", "Session", "Requ
            "unloaded_time_s"]
 
 # Event kinds (a step's arrival is handled inline by the tool end that causes it).
-_TOOL_END, _WORKER, _LOADED, _PIN_EXPIRE, _PREFETCH, _TASK_START, _SAMPLE = range(7)
+_TOOL_END, _WORKER, _LOADED, _PIN_EXPIRE, _PREFETCH, _TASK_START, _SAMPLE, _STEAL, _MOVED = range(9)
 _EPS = 1e-6
+_ARRIVE = "arrive"  # Session.held: its next request arrived while its KV was in flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +70,7 @@ class SimConfig:
     workers: int = 4
     concurrency: int | None = None  # closed-loop task limit; None: use arrival times
     host_tier_factor: float = 4.0  # host KV capacity as a multiple of the GPU pool
-    steal_min_queue: int = 2  # a home queue this long lets a session be stolen
+    steal_period_s: float = 1.0  # policies with `steals`: plan_steal every this many seconds
     sample_every_s: float = 5.0  # memory utilisation time series
     seed: int = 0
 
@@ -97,7 +114,14 @@ class SimResult:
     useful_block_s: float = 0.0  # time integral of live + cached-live blocks
     evicted_blocks: int = 0
     prefetched_tokens: int = 0
-    steals: int = 0
+    steals: int = 0  # sessions moved (their KV with them)
+    steals_in_tool: int = 0  # of those, inside a tool call when the router chose them
+    moved_tokens: int = 0  # KV tokens transferred and inserted on the target
+    move_dropped_tokens: int = 0  # transferred but no room on the target: recomputed there
+    move_s: float = 0.0  # inter-node transfer time, summed over moves
+    # (time, session, source, target, in tool when chosen, tokens sent)
+    steal_log: list[tuple[float, str, int, int, bool, int]] = field(default_factory=list)
+    worker_busy_s: list[float] = field(default_factory=list)  # per worker: time with a non-empty batch
     # Closed loop: the window while every slot was busy (until the last task started).
     saturated_s: float = 0.0
     saturated_tasks: int = 0
@@ -109,7 +133,8 @@ class SimResult:
 class Session:
     __slots__ = ("session_id", "task", "tenant", "worker", "step", "started_at",
                  "last_access", "state", "next_use", "tool_names", "kv_tokens", "base",
-                 "pin_version", "prefetch_ready_at", "unloaded_s", "deadline_s")
+                 "pin_version", "prefetch_ready_at", "unloaded_s", "deadline_s",
+                 "move_to", "move_in_tool", "in_transit", "held")
 
     def __init__(self, inst: TaskInstance, now: float, base: int) -> None:
         self.session_id = inst.session_id
@@ -128,6 +153,10 @@ class Session:
         self.prefetch_ready_at = 0.0
         self.unloaded_s = 0.0
         self.deadline_s: float | None = None
+        self.move_to = -1  # a planned move not yet started (the session was running)
+        self.move_in_tool = False  # the router chose it while it was in a tool
+        self.in_transit = False  # its KV is on the way to `worker`
+        self.held = None  # what waits for the KV: _ARRIVE or a stolen queue item
 
 
 class Request:
@@ -151,7 +180,7 @@ class Request:
 class _Worker:
     __slots__ = ("wid", "cache", "host", "queue", "dec", "pf", "pf_total", "pf_done",
                  "dec_clock", "ctx", "tau", "pf_rate", "t", "version", "busy", "running",
-                 "link_free", "live", "offloaded")
+                 "link_free", "net_free", "live", "offloaded")
 
     def __init__(self, wid: int, cache: PrefixCache, host: HostTier | None) -> None:
         self.wid = wid
@@ -170,6 +199,7 @@ class _Worker:
         self.busy = 0.0
         self.running = 0  # admitted and not finished (loading, prefill or decode)
         self.link_free = 0.0
+        self.net_free = 0.0  # when its NIC is free (KV moves between workers)
         self.live = 0  # live sessions placed here
         self.offloaded: set[str] = set()  # sessions with a host copy beyond their GPU prefix
 
@@ -197,7 +227,6 @@ class Simulator:
         self.instances = list(instances)
         self.progress = progress
         self.now = 0.0
-        self.rng = random.Random(config.seed)
         policy.bind(lambda: self.now, config.seed)
         bt = cost.block_tokens
         cap = 10**12 if policy.unbounded else cost.kv_capacity_tokens // bt
@@ -211,6 +240,9 @@ class Simulator:
         ]
         self.capacity_blocks = cap
         self.sessions: dict[str, Session] = {}
+        self._live_sessions: dict[str, Session] = {}
+        self._names = [f"w{i}" for i in range(config.workers)]  # replica ids for the router
+        self._wid = {n: i for i, n in enumerate(self._names)}
         self._events: list = []
         self._seq = 0
         self._pending = deque(i for i in self.instances)
@@ -236,6 +268,8 @@ class Simulator:
                 self._push(inst.arrival_s or 0.0, _TASK_START, inst)
             self._pending.clear()
         self._push(0.0, _SAMPLE)
+        if self.policy.steals and len(self.workers) > 1:
+            self._push(self.cfg.steal_period_s, _STEAL)
         ev = self._events
         pop = heapq.heappop
         while ev:
@@ -258,6 +292,10 @@ class Simulator:
                 self._start_task(a)
             elif kind == _SAMPLE:
                 self._sample()
+            elif kind == _STEAL:
+                self._steal_tick()
+            elif kind == _MOVED:
+                self._moved(a, b)
         return self._finish_result()
 
     # --- sessions ------------------------------------------------------
@@ -268,7 +306,12 @@ class Simulator:
         if inst.deadline_factor is not None:
             s.deadline_s = inst.deadline_factor * s.unloaded_s
         self.sessions[s.session_id] = s
-        w = min(self.workers, key=lambda w: (w.live, -w.cache.free_blocks, w.wid))
+        self._live_sessions[s.session_id] = s
+        target = self.policy.place(s, self.views(), self.now) if self.policy.steals else None
+        if target is not None:
+            w = self.workers[self._wid[target]]
+        else:
+            w = min(self.workers, key=lambda w: (w.live, -w.cache.free_blocks, w.wid))
         w.live += 1
         s.worker = w.wid
         self._live += 1
@@ -277,14 +320,18 @@ class Simulator:
 
     def _arrive(self, s: Session) -> None:
         """The session's next step reaches its worker."""
+        s.state = "queued"
+        s.next_use = self.now
+        self.policy.on_llm_start(s, self.now)
+        if s.in_transit:  # its KV is on the way to its new worker: wait for it there
+            s.held = _ARRIVE
+            return
+        self._enqueue(s)
+
+    def _enqueue(self, s: Session) -> None:
         now = self.now
         st = s.task.steps[s.step]
-        s.state = "queued"
-        s.next_use = now
-        self.policy.on_llm_start(s, now)
         w = self.workers[s.worker]
-        if self.policy.steals and len(w.queue) >= self.cfg.steal_min_queue:
-            w = self._maybe_steal(s, w, st.prompt_tokens + st.output_tokens)
         w.cache.set_key(s.session_id, self.policy.key(s, now),
                         PROTECTED if self.policy.protect_queued else SOFT)
         s.pin_version += 1
@@ -297,25 +344,121 @@ class Simulator:
         self._seq += 1
         return self._seq
 
-    def _maybe_steal(self, s: Session, home: _Worker, tokens: int) -> _Worker:
-        need = -(-tokens // self.cost.block_tokens)
-        best = None
-        for w in self.rng.sample(self.workers, min(2, len(self.workers))):
-            if w is home or w.queue or w.cache.free_blocks < need:
+    # --- routing: views, steals, KV moves ---------------------------------------
+    def views(self) -> list[ReplicaView]:
+        """What each worker would report to the router now (see the module doc)."""
+        names, workers = self._names, self.workers
+        held: list[list[str]] = [[] for _ in workers]
+        in_tool: list[list[str]] = [[] for _ in workers]
+        for sid, s in self._live_sessions.items():
+            if s.in_transit:
                 continue
-            if best is None or w.cache.free_blocks > best.cache.free_blocks:
-                best = w
-        if best is None:
-            return home
-        home.cache.mark_dead(s.session_id, -math.inf)
-        home.offloaded.discard(s.session_id)
-        if home.host is not None:
-            home.host.drop(s.session_id)
-        home.live -= 1
-        best.live += 1
-        s.worker = best.wid
-        self.result.steals += 1
-        return best
+            w = workers[s.worker]
+            if w.cache.holds(sid) or (w.host is not None and w.host.end(sid) > 0):
+                held[w.wid].append(sid)
+                if s.state == "tool":
+                    in_tool[w.wid].append(sid)
+        cap = self.capacity_blocks
+        return [ReplicaView(names[w.wid], queue_len=len(w.queue) + w.running,
+                            kv_usage=min(w.cache.useful_blocks / cap, 1.0),
+                            sessions=frozenset(held[w.wid]), in_tool=frozenset(in_tool[w.wid]))
+                for w in workers]
+
+    def _steal_tick(self) -> None:
+        if self._done >= len(self.instances):
+            return
+        steal = self.policy.plan_steal(self.views(), self.now)
+        if steal is not None:
+            self._apply_steal(steal)
+        self._push(self.now + self.cfg.steal_period_s, _STEAL)
+
+    def _apply_steal(self, steal: Steal) -> None:
+        s = self._live_sessions.get(steal.session_id)
+        dst = self._wid.get(steal.target)
+        if s is None or dst is None:
+            return
+        if dst == s.worker:
+            s.move_to = -1
+            return
+        s.move_to = dst
+        s.move_in_tool = steal.in_tool
+        if not s.in_transit and s.state in ("tool", "queued"):
+            self._start_move(s)
+        # running: moves when its request finishes; in transit: when the KV lands
+
+    def _start_move(self, s: Session) -> None:
+        """Send the session's resident KV to `s.move_to` and free it here."""
+        src, dst = self.workers[s.worker], self.workers[s.move_to]
+        s.move_to = -1
+        sid = s.session_id
+        queued = None
+        if s.state == "queued":  # its request leaves this queue and waits for the KV there
+            q = src.queue
+            i = next(i for i, item in enumerate(q) if item[2].sess is s)
+            queued = q[i]
+            q[i] = q[-1]
+            q.pop()
+            heapq.heapify(q)
+        blocks = 0
+        if self.policy.caches:
+            blocks = max(src.cache.cached(sid), src.host.end(sid) if src.host is not None else 0)
+        tier = src.cache.tier(sid)
+        src.cache.drop(sid)
+        if src.host is not None:
+            src.host.drop(sid)
+        src.offloaded.discard(sid)
+        src.live -= 1
+        dst.live += 1
+        s.worker = dst.wid
+        tokens = blocks * self.cost.block_tokens
+        dur = self.cost.net_transfer_s(tokens)
+        start = max(self.now, src.net_free, dst.net_free, s.prefetch_ready_at)
+        end = start + dur
+        if tokens:
+            src.net_free = dst.net_free = end
+        s.prefetch_ready_at = 0.0
+        s.in_transit = True
+        s.held = queued
+        res = self.result
+        res.steals += 1
+        res.steals_in_tool += s.move_in_tool
+        res.move_s += dur
+        res.steal_log.append((self.now, sid, src.wid, dst.wid, s.move_in_tool, tokens))
+        self._push(end, _MOVED, s, (blocks, tier))
+        if queued is not None:
+            self._touch(src)  # the queue head may have changed
+
+    def _moved(self, s: Session, what: tuple[int, int | None]) -> None:
+        """The KV of a moved session lands on its new worker."""
+        blocks, tier = what
+        w = self.workers[s.worker]
+        cache, pol, bt = w.cache, self.policy, self.cost.block_tokens
+        s.in_transit = False
+        sid = s.session_id
+        if blocks > 0:
+            have = cache.cached(sid)
+            need = blocks - have
+            if need > 0 and cache.free_blocks < need:
+                evs = cache.make_room(need, SOFT)  # idle unpinned prefixes only
+                if evs:
+                    self._evicted(w, evs)
+            put = max(min(need, cache.free_blocks), 0)
+            if put:
+                cache.grow(sid, put, pol.key(s, self.now))
+            self.result.moved_tokens += put * bt
+            self.result.move_dropped_tokens += (blocks - have - put) * bt
+            if s.state == "queued":
+                cache.set_key(sid, pol.key(s, self.now), PROTECTED if pol.protect_queued else SOFT)
+            elif tier == PINNED and s.state == "tool":
+                cache.set_key(sid, pol.key(s, self.now), PINNED)
+        held, s.held = s.held, None
+        if held is _ARRIVE:
+            self._enqueue(s)
+        elif held is not None:
+            heapq.heappush(w.queue, held)
+            self._touch(w)
+        if s.move_to >= 0 and s.state in ("tool", "queued"):
+            self._start_move(s)
 
     def _tool_end(self, s: Session) -> None:
         if s.tool_names:
@@ -480,8 +623,11 @@ class Simulator:
             self._push(now + gap, _TOOL_END, s)
             if w.host is not None and w.offloaded:
                 self._plan_prefetch(w)
+            if s.move_to >= 0:  # stolen while running: it moves now, behind its tool
+                self._start_move(s)
         else:
             s.state = "ended"
+            s.move_to = -1
             pol.on_session_end(s, now)
             if keep > 0:
                 w.cache.release(s.session_id, keep, pol.key(s, now))
@@ -495,6 +641,7 @@ class Simulator:
             self._end_task(s)
 
     def _end_task(self, s: Session) -> None:
+        self._live_sessions.pop(s.session_id, None)
         self._live -= 1
         self._done += 1
         self.result.tasks.append(TaskRecord(s.session_id, s.tenant, s.task.task_id,
@@ -575,6 +722,7 @@ class Simulator:
         for w in self.workers:
             w.cache.flush_time()
             res.busy_gpu_s += w.busy
+            res.worker_busy_s.append(w.busy)
             res.useful_block_s += w.cache.useful_block_seconds
         res.capacity_block_s = self.capacity_blocks * len(self.workers) * res.makespan_s
         return res

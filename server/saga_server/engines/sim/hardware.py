@@ -21,6 +21,12 @@ Sources for the constants (public datasheets and model configs):
   PCIe Gen5 x16 (NVIDIA H100 datasheet). H200-SXM-141GB: 989 TFLOP/s, 4.8 TB/s HBM3e
   (NVIDIA H200 datasheet). Host links are priced at about 80% of the PCIe peak
   (25 GB/s Gen4, 50 GB/s Gen5), what pinned-memory copies reach in practice.
+- Inter-node links (`net_bw`, used when the router moves a session's KV to another
+  worker): one InfiniBand NIC per GPU, as in NVIDIA's DGX reference systems
+  (DGX A100: 8x ConnectX-6 HDR 200 Gb/s = 25 GB/s per GPU; DGX H100/H200: 8x
+  ConnectX-7 NDR 400 Gb/s = 50 GB/s per GPU), priced like the host links at about
+  80% of line rate: 20 GB/s (A100), 40 GB/s (H100, H200). A TP worker moves each
+  shard over its own GPU's NIC, in parallel.
 - Llama-3-8B: 8.03e9 parameters, 32 layers, 32 query heads, 8 KV heads, head dim 128;
   Llama-3.1-70B: 70.6e9 parameters, 80 layers, 64 query heads, 8 KV heads, head dim
   128 (the models' Hugging Face `config.json`). BF16 weights and KV: 2 bytes.
@@ -47,6 +53,7 @@ class GpuSpec:
     peak_flops: float  # dense BF16 FLOP/s
     hbm_bw: float  # bytes/s
     host_bw: float  # bytes/s, effective GPU<->CPU copy bandwidth
+    net_bw: float = 40e9  # bytes/s, effective inter-node (GPU NIC) bandwidth
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +80,9 @@ class ModelSpec:
 
 
 GPUS: dict[str, GpuSpec] = {
-    "a100-80gb": GpuSpec("a100-80gb", 80e9, 312e12, 2.039e12, 25e9),
-    "h100-80gb": GpuSpec("h100-80gb", 80e9, 989e12, 3.35e12, 50e9),
-    "h200-141gb": GpuSpec("h200-141gb", 141e9, 989e12, 4.8e12, 50e9),
+    "a100-80gb": GpuSpec("a100-80gb", 80e9, 312e12, 2.039e12, 25e9, 20e9),
+    "h100-80gb": GpuSpec("h100-80gb", 80e9, 989e12, 3.35e12, 50e9, 40e9),
+    "h200-141gb": GpuSpec("h200-141gb", 141e9, 989e12, 4.8e12, 50e9, 40e9),
 }
 
 MODELS: dict[str, ModelSpec] = {
@@ -138,6 +145,10 @@ class CostModel:
     def transfer_s(self, tokens: float) -> float:
         """Seconds to move `tokens` of KV between GPU and host (each TP shard in parallel)."""
         return tokens * self.model.kv_bytes_per_token / (self.tp * self.gpu.host_bw)
+
+    def net_transfer_s(self, tokens: float) -> float:
+        """Seconds to move `tokens` of KV to another worker over the inter-node link."""
+        return tokens * self.model.kv_bytes_per_token / (self.tp * self.gpu.net_bw)
 
 
 def make_cost_model(gpu: str = "h100-80gb", model: str = "llama3-8b", tp: int | None = None,

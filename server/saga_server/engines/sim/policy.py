@@ -11,11 +11,16 @@ scheduler would:
 3. `plan_prefetch(worker_id, candidates, free_tokens, now)`: for sessions in a tool
    whose KV sits partly in the host tier, which to bring back and when.
 4. `queue_priority(session, now)`: the order of a worker's waiting queue (lower first).
+5. With `steals` only: `place(session, views, now)`, the worker (replica id `w<i>`) of
+   a new session, and `plan_steal(views, now)`, called every `steal_period_s`, a
+   `saga_server.core.routing.Steal` or None; `views` are `ReplicaView`s of every
+   worker (see `cluster`). Without `steals` the simulator places a session on the
+   worker with the fewest live sessions, as a stock router would, and never moves it.
 
 Flags say which machinery it uses: `caches` (prefix caching at all), `host_tier`
-(offload evicted tails to CPU memory and load them back on a hit), `steals` (the
-router may move a waiting session to an idle worker), `unbounded` (infinite GPU KV),
-`protect_queued` (a session whose request is queued keeps its KV until every idle
+(offload evicted tails to CPU memory and load them back on a hit), `steals` (route
+through `place`/`plan_steal`; a stolen session's KV moves with it), `unbounded`
+(infinite GPU KV), `protect_queued` (a session whose request is queued keeps its KV until every idle
 and pinned prefix is gone; among them `key` orders, as the SAGA vLLM plugin does).
 Hint hooks (`on_*`) see what an SDK would send; baselines ignore most of them.
 
@@ -31,6 +36,8 @@ import math
 from typing import TYPE_CHECKING, Callable, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
+    from saga_server.core.routing import ReplicaView, Steal
+
     from .cluster import Request, Session
 
 __all__ = [
@@ -73,6 +80,12 @@ class SimPolicy:
                       free_tokens: int, now: float) -> list[tuple[str, float]]:
         return []
 
+    def place(self, s: "Session", views: Sequence["ReplicaView"], now: float) -> str | None:
+        return None  # the simulator's stock placement
+
+    def plan_steal(self, views: Sequence["ReplicaView"], now: float) -> "Steal | None":
+        return None
+
     # Hints, in the order an SDK sends them.
     def on_session_start(self, s: "Session", now: float) -> None: ...
     def on_llm_start(self, s: "Session", now: float) -> None: ...
@@ -107,7 +120,9 @@ class ApcLruOffload(ApcLru):
 
 
 class Infinite(ApcLru):
-    """Unbounded KV memory: nothing is ever evicted; the lower bound on time."""
+    """Unbounded KV memory: nothing is ever evicted; the lower bound on time for
+    policies that place sessions as a stock router does (`saga`, which also routes
+    and steals, can balance load better and finish slightly below it)."""
 
     name = "infinite"
     unbounded = True

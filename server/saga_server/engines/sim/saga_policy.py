@@ -4,7 +4,8 @@ start, LLM call start/end, tool start/end with the trace's tool name and categor
 session end) and the engine events (request arrival/finish) on simulated time.
 
 Each mechanism can be switched off for ablations; switched off, the simulator falls
-back to what `apc-lru` does there (LRU key, no pin, no host tier, FCFS, no stealing).
+back to what `apc-lru` does there (LRU key, no pin, no host tier, FCFS, stock
+placement by fewest live sessions and no stealing).
 `walru` is the plugin's whole reclaim order: idle prefixes by the core's WA-LRU key,
 then pins, then sessions whose next request is already queued, the back of the queue
 first (Belady for a FIFO; arrival order stands in for queue position).
@@ -13,6 +14,22 @@ Difference from the vLLM plugin today: the plugin prefetches by re-prefilling a
 paused session's prefix when the engine is idle; the simulated cluster has a CPU
 tier, so here `prefetch` loads offloaded KV back over the host link on the core's
 `plan_prefetch` schedule (the core's candidates support both sources).
+
+`steal` is routing by `saga_server.core.routing.SessionRouter`, the policy object
+the Ray Serve router (`saga_server.router`) runs, on simulated time and the run's
+seed: it places new sessions and plans one steal per `steal_period_s`, and the
+simulator moves the stolen session's KV over the inter-node link (the Ray router
+re-prefills it on the target instead). Its `RoutingConfig` is the Ray router's
+default except `new_session="least_loaded"`. With 64 workers and 18 sessions each,
+rendezvous hashing leaves the busiest worker ~1.6x the mean number of sessions and
+the idlest ~0.5x; on the SWE traces that alone costs 5% mean TCT against the stock
+fewest-sessions placement (`saga-hash-no-steal` vs `saga-no-steal` in
+`benchmarks/sim_routing.py`; placing by load without steals is within 0.1% of the
+stock placement). One steal per second undoes it (`saga-hash`, hash homes plus
+steals, ends within 0.3% of `saga`), but placing by load does not depend on it.
+The Ray router keeps the hash because it has no fresh view of every replica at
+each new session and several routers must agree; the simulator has one router and
+fresh views.
 """
 
 from __future__ import annotations
@@ -30,20 +47,22 @@ from saga_server.core import (
     ToolCallStart,
     WorkflowCore,
 )
+from saga_server.core.routing import ReplicaView, RoutingConfig, SessionRouter, Steal
 
 from .policy import PrefetchRequest, SimPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cluster import Request, Session
 
-__all__ = ["SagaPolicy", "MECHANISMS"]
+__all__ = ["SagaPolicy", "MECHANISMS", "SIM_ROUTING"]
 
 MECHANISMS = ("walru", "ttl", "prefetch", "afs", "steal")
+SIM_ROUTING = RoutingConfig(new_session="least_loaded")
 
 
 class SagaPolicy(SimPolicy):
     def __init__(self, mechanisms: Sequence[str] = MECHANISMS, name: str = "saga",
-                 config: CoreConfig | None = None) -> None:
+                 config: CoreConfig | None = None, routing: RoutingConfig | None = None) -> None:
         unknown = set(mechanisms) - set(MECHANISMS)
         if unknown:
             raise ValueError(f"unknown SAGA mechanisms: {sorted(unknown)}")
@@ -53,10 +72,27 @@ class SagaPolicy(SimPolicy):
         self.steals = "steal" in self.mechanisms
         self.protect_queued = "walru" in self.mechanisms
         self._config = config
+        self.routing = routing or SIM_ROUTING
         self.core: WorkflowCore | None = None
+        self.router: SessionRouter | None = None
 
     def bind(self, clock: Callable[[], float], seed: int) -> None:
         self.core = WorkflowCore(self._config, clock=clock, seed=seed)
+        if self.steals:
+            self.router = SessionRouter(self.routing, seed=seed, clock=clock)
+
+    # --- routing (mechanism "steal") ------------------------------------------
+    def place(self, s: "Session", views: Sequence[ReplicaView], now: float) -> str | None:
+        if self.router is None:
+            return None
+        self.router.update(views)
+        return self.router.route(s.session_id, [v.replica for v in views]).replica
+
+    def plan_steal(self, views: Sequence[ReplicaView], now: float) -> Steal | None:
+        if self.router is None:
+            return None
+        self.router.update(views)
+        return self.router.plan_steal()
 
     # --- decisions ------------------------------------------------------
     def key(self, s: "Session", now: float) -> float:
@@ -112,3 +148,5 @@ class SagaPolicy(SimPolicy):
 
     def on_session_end(self, s: "Session", now: float) -> None:
         self.core.accept(SessionEnd(s.session_id, now))
+        if self.router is not None:
+            self.router.forget(s.session_id)
