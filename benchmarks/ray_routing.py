@@ -37,8 +37,9 @@ a decoded token costs ~15 prefilled ones and prompts are short, so saved
 prefill moves task time little (see serve_trace_replay.py for the same effect).
 
 Needs `ray[serve]==2.60.0` (README "Many hosts") and ~8 GB free per cluster (the
-clusters run one after another). The 64-worker figure for the same policy comes
-from the simulator (`saga bench`), not from here.
+clusters run one after another). The 64-worker figure for the same policy
+(`saga_server.core.routing` placing and stealing, the KV moved over the network)
+comes from the simulator: `benchmarks/sim_routing.py`.
 """
 
 from __future__ import annotations

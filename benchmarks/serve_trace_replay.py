@@ -35,6 +35,11 @@ Measured here (2 shared CPU cores, other jobs running; 8 sessions x 10 steps):
   --max-num-seqs 4:                               hit rate 0.40 vs 0.21; task time 1.47x in one run,
                                                    0.90x in another under heavy outside load
   --max-num-seqs 4 --kv-blocks 560 (roomy KV):    hit rate 0.77 vs 0.67, task time 1.07x
+  defaults again, after prefetch was made to start at once on an idle engine:
+                                                   hit rate 0.574 vs 0.145, regen 0.30 vs 0.73,
+                                                   task time mean 145 vs 183 s (1.26x), p90 1.26x
+                                                   (no prefetch ran: 8 sessions on 2 sequences
+                                                   leave the engine no idle step)
 On CPU one decoded token costs about as much as 15 prefilled ones (on the trace's
 GPU hosts it is nearer 100), so saved prefill moves task time less here than the
 hit rates suggest.
