@@ -88,6 +88,7 @@ class WorkflowCore:
         self._counters = {"requests_arrived": 0, "requests_finished": 0, "pins_granted": 0,
                           "pins_refused": 0, "prefetch_planned": 0}
         self._peer_tokens = 0.0
+        self._moved_away: dict[str, None] = {}  # insertion-ordered set, bounded by max_sessions
 
     # -- HintSink -----------------------------------------------------------------
 
@@ -151,7 +152,17 @@ class WorkflowCore:
                 self.aeg.observe_prompt(tr, prompt_tokens)
             if tr.tenant:
                 self.fair.touch(tr.tenant, now)
+            self._moved_away.pop(session_id, None)
             self.aeg.expire(now)
+
+    def on_session_moved(self, session_id: str) -> None:
+        """The session's KV left this engine (a cluster router moved it): the engine
+        no longer holds its context (`kv_resident` = 0 until its next request here).
+        Its workflow state stays: it may come back."""
+        with self._lock:
+            self._moved_away[session_id] = None
+            while len(self._moved_away) > self.config.max_sessions:
+                self._moved_away.pop(next(iter(self._moved_away)))
 
     def on_request_finished(self, session_id: str, prompt_tokens: int, output_tokens: int) -> None:
         """The engine finished a request. Without hints the session is now in a gap
@@ -315,7 +326,8 @@ class WorkflowCore:
         return {"p_continue": p.p_continue, "resume_mean_s": p.resume_mean_s, "resume_p50_s": p.resume_p50_s,
                 "resume_p90_s": p.resume_p90_s, "prompt_growth_tokens": p.prompt_growth_tokens,
                 "remaining_steps": p.remaining_steps, "remaining_time_s": p.remaining_time_s,
-                "context_tokens": float(tr.context_tokens), "owed_service_tokens": self.fair.owed(tr.tenant)}
+                "context_tokens": float(tr.context_tokens), "owed_service_tokens": self.fair.owed(tr.tenant),
+                "kv_resident": 0.0 if session_id in self._moved_away or not tr.context_tokens else 1.0}
 
 
 def _with_metrics(snap: SessionSnapshot, metrics: dict[str, float]) -> SessionSnapshot:

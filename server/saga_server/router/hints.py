@@ -8,9 +8,9 @@ new engine then already knows its workflow history. Hints are tiny and replicas
 few, so the cost is N small RPCs per batch, sent in parallel. Engines that never
 served a session do not report it as resident (see `replica.read_report`).
 
-Reads are merged: `GetSession` answers from the engine that served the session
-(largest `context_tokens`), `ListSessions` merges by id the same way, and
-`GetStats` sums the engines' figures and adds the fan-out's own counters.
+Reads are merged: `GetSession` answers from the engine that holds the session's
+KV (`kv_resident`, then the largest `context_tokens`), `ListSessions` merges by id
+the same way, and `GetStats` sums the engines' figures and adds the fan-out's own counters.
 
 Replica endpoints are discovered through `discover()` (Ray's internal KV in
 `cli.py`: each replica registers its hint address there, which works across
@@ -39,6 +39,12 @@ HINT_KV_PREFIX = "saga:hint:"  # Ray internal KV key prefix: one entry per repli
 
 
 _PER_REPLICA = ("requests_arrived", "engine_held_sessions", "engine_pinned_blocks", "engine_held_blocks")
+
+
+def _holder_rank(state: "pb.SessionState") -> tuple[float, float]:
+    """Which engine's view of a session to show: the one holding its KV, then the
+    one that saw the longest context."""
+    return state.metrics.get("kv_resident", 0.0), state.metrics.get("context_tokens", 0.0)
 
 
 class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
@@ -110,14 +116,14 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
         found = [r for _, r in self._each(lambda s: s.GetSession(request, timeout=self._timeout))]
         if not found:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown session {request.session_id!r}")
-        return max(found, key=lambda st: st.metrics.get("context_tokens", 0.0))
+        return max(found, key=_holder_rank)
 
     def ListSessions(self, request, context):
         merged: dict[str, pb.SessionState] = {}
         for _, lst in self._each(lambda s: s.ListSessions(request, timeout=self._timeout)):
             for st in lst.sessions:
                 cur = merged.get(st.session_id)
-                if cur is None or st.metrics.get("context_tokens", 0.0) > cur.metrics.get("context_tokens", 0.0):
+                if cur is None or _holder_rank(st) > _holder_rank(cur):
                     merged[st.session_id] = st
         limit = request.limit or 100
         return pb.SessionList(sessions=list(merged.values())[:limit])

@@ -10,8 +10,9 @@ there (see `engines/vllm/intake.py`): every replica has its own hint endpoint.
 the EngineCore, where session state lives) and reports under key "saga":
 
     hint_addr  the replica's hint endpoint
-    sessions   session ids the engine has served a prompt for and not seen end
-               (KV residency, as far as the engine's workflow core knows it)
+    sessions   session ids the engine has served a prompt for, not seen end and
+               not released to another replica (KV residency, as far as the
+               engine's workflow core knows it)
     in_tool    of those, sessions inside a tool call (or an inferred tool gap)
     kv_usage   KV blocks held for sessions / KV blocks in the pool
     served     tenant -> tokens the engine served it (cumulative; cluster-wide
@@ -56,8 +57,9 @@ def read_report(hint_addr: str, timeout: float = 2.0) -> dict[str, Any]:
         sessions = reader.sessions(MAX_REPORTED_SESSIONS)
         stats = reader.stats()
     # Hints reach every engine (see hints.py), so a session the engine merely heard
-    # of is not resident: only those it served a prompt for (context_tokens > 0).
-    live = [s for s in sessions if s.state != "ended" and s.metrics.get("context_tokens", 0.0) > 0]
+    # of is not resident: only those it served a prompt for and still holds
+    # (kv_resident: it served a prompt there and was not moved away since).
+    live = [s for s in sessions if s.state != "ended" and s.metrics.get("kv_resident", 0.0) > 0]
     out["sessions"] = [s.session_id for s in live]
     out["in_tool"] = [s.session_id for s in live if s.state == "tool"]
     blocks = stats.get("engine_kv_blocks") or 0.0

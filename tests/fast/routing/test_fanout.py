@@ -92,3 +92,34 @@ def test_router_figures_join_the_cluster_stats(engines):
         assert stats["router_steals"] == 3.0 and stats["router_routes_affinity"] == 10.0
     finally:
         server.stop(None)
+
+
+def test_a_moved_session_is_reported_by_its_new_engine_only():
+    """Two engines served the session; the first released it (a steal). Replica
+    reports, which a restarted router learns homes from, and the fan-out's reads
+    both point at the engine that holds its KV now."""
+    from saga_server.core import SessionStart, WorkflowCore
+    from saga_server.engines.vllm.intake import EngineHintSink
+    from saga_server.router.replica import read_report
+
+    cores = [WorkflowCore(), WorkflowCore()]
+    servers = [HintServer(EngineHintSink(c), "127.0.0.1:0").start() for c in cores]
+    server, _, port = start_fanout(lambda: [s.endpoint for s in servers], "127.0.0.1:0")
+    try:
+        for core in cores:
+            core.accept(SessionStart("s", core._clock()))
+        cores[0].on_request_arrival("s", 900)  # served here first, with a longer context
+        cores[1].on_request_arrival("s", 600)  # then re-prefilled on the new engine
+        assert "s" in read_report(servers[0].endpoint)["sessions"]
+        servers[0].service.sink.release_session("s")
+        assert "s" not in read_report(servers[0].endpoint)["sessions"]
+        assert "s" in read_report(servers[1].endpoint)["sessions"]
+        with HintReader(f"127.0.0.1:{port}") as reader:
+            assert reader.session("s").metrics["kv_resident"] == 1.0
+            assert reader.session("s").metrics["context_tokens"] == 600.0
+        cores[0].on_request_arrival("s", 1000)  # it came back: resident again
+        assert "s" in read_report(servers[0].endpoint)["sessions"]
+    finally:
+        server.stop(None)
+        for s in servers:
+            s.stop(grace=None)

@@ -62,7 +62,8 @@ class RayCluster:
         return json.loads(raw) if raw else {}
 
     def resident(self) -> dict[str, set[str]]:
-        """replica id -> sessions its engine served (live ones only; unreachable: skipped)."""
+        """replica id -> sessions whose KV its engine holds (live, not moved away;
+        unreachable replicas: skipped)."""
         from saga_sdk import HintReader
 
         out = {}
@@ -70,7 +71,7 @@ class RayCluster:
             try:
                 with HintReader(addr, timeout=2) as r:
                     out[rid] = {s.session_id for s in r.sessions(1000)
-                                if s.state != "ended" and s.metrics.get("context_tokens", 0) > 0}
+                                if s.state != "ended" and s.metrics.get("kv_resident", 0) > 0}
             except Exception:
                 pass
         return out

@@ -59,6 +59,29 @@ def _peer_tokens(cluster) -> dict[str, float]:
     return out
 
 
+def _restart_ingress(cluster, timeout_s: float = 300) -> None:
+    """Kill the ingress replica (its SAGA router with it) and wait until Serve's new
+    one routes and its router has learned homes from the replicas' reports."""
+    import ray
+    from ray.util import list_named_actors
+
+    ingress = [a for a in list_named_actors(all_namespaces=True) if "#SagaIngress#" in a["name"]]
+    assert len(ingress) == 1, ingress
+    killed_at = time.time()
+    ray.kill(ray.get_actor(ingress[0]["name"], namespace=ingress[0]["namespace"]), no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            cluster.chat([{"role": "user", "content": "ping"}], max_tokens=1, timeout=30)
+        except Exception:
+            pass
+        stats = cluster.router_stats()
+        if stats.get("at", 0) > killed_at and stats.get("routing", {}).get("learned", 0) >= 1:
+            return
+        time.sleep(1)
+    raise TimeoutError("the restarted router never learned homes from the replicas' reports")
+
+
 def test_sessions_stick_to_one_replica_and_follow_ups_hit_the_cache(ray_cluster):
     hints = HintClient(endpoint=ray_cluster.hint_addr)
     sids = [f"stick-{uuid.uuid4().hex[:8]}-{i}" for i in range(6)]
@@ -100,7 +123,8 @@ def test_sessions_stick_to_one_replica_and_follow_ups_hit_the_cache(ray_cluster)
         hints.shutdown()
 
 
-def test_overloaded_replica_sheds_a_session_in_a_tool_call_and_it_resumes_warm(ray_cluster):
+def test_overloaded_replica_sheds_a_session_in_a_tool_call_it_resumes_warm_and_a_restarted_router_keeps_it(
+        ray_cluster):
     replicas = sorted(ray_cluster.replica_hints())
     assert len(replicas) == 2
     hints = HintClient(endpoint=ray_cluster.hint_addr)
@@ -150,6 +174,16 @@ def test_overloaded_replica_sheds_a_session_in_a_tool_call_and_it_resumes_warm(r
             assert f'saga_replica_up{{replica="{replicas[1]}"}} 1.0' in text
             steals = [ln for ln in text.splitlines() if ln.startswith('saga_router_steals_total{in_tool="true"}')]
             assert steals and float(steals[0].split()[-1]) >= 1, steals
+        # A restarted router rebuilds its homes from the replicas' reports: the moved
+        # session (hash home: replicas[0]) still goes where its KV is, replicas[1].
+        _restart_ingress(ray_cluster)
+        messages += [{"role": "assistant", "content": resumed["choices"][0]["message"]["content"] or "ok"},
+                     {"role": "user", "content": "Tool result: done. Continue."}]
+        again = ray_cluster.chat(messages, session_id=victim, max_tokens=16, temperature=0)
+        time.sleep(1.0)
+        resident = ray_cluster.resident()
+        assert victim in resident[replicas[1]] and victim not in resident[replicas[0]], resident
+        assert _cached(again) >= resumed["usage"]["prompt_tokens"] // 32 * 32 - 32
     finally:
         for s in [victim, *busy]:
             hints.session_end(s)

@@ -86,7 +86,9 @@ class EngineHintSink:
             return [self._queue.popleft() for _ in range(n)]
 
     def release_session(self, session_id: str) -> bool:
-        """Queue a `ReleaseKv` for the engine loop (the session moved elsewhere)."""
+        """Queue a `ReleaseKv` for the engine loop (the session moved elsewhere); from
+        now on this engine reports the session as not resident."""
+        self.core.on_session_moved(session_id)
         self._enqueue(ReleaseKv(session_id))
         return True
 
