@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=["llama3-8b", "llama3-70b"])
     p.add_argument("--tp", type=int)
     p.add_argument("--kv-tokens", type=int, help="KV pool per worker in tokens (default: from memory)")
+    p.add_argument("--mfu", type=float, help="prefill compute efficiency (default: the preset's 0.5)")
+    p.add_argument("--bw-eff", type=float, help="decode memory-bandwidth efficiency (default: the preset's 0.8)")
     p.add_argument("--concurrency", type=int, help="closed loop: tasks in flight")
     p.add_argument("--rate", type=float, help="open loop: Poisson task arrivals per second")
     p.add_argument("--host-tier-factor", type=float, help="host KV capacity / GPU pool")
@@ -72,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 def scenario_from_args(a: argparse.Namespace) -> Scenario:
     sc = load_scenario(a.config) if a.config else Scenario()
     changes = {}
-    for field in ("name", "tasks", "workers", "gpu", "model", "tp", "seed", "host_tier_factor"):
+    for field in ("name", "tasks", "workers", "gpu", "model", "tp", "seed", "host_tier_factor", "mfu", "bw_eff"):
         v = getattr(a, field)
         if v is not None:
             changes[field] = v

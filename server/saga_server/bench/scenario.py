@@ -11,6 +11,8 @@ gpu = "h100-80gb"          # a100-80gb, h100-80gb, h200-141gb
 model = "llama3-8b"        # llama3-8b, llama3-70b (TP=4 by default)
 concurrency = 160          # closed loop; or rate = 0.5 (Poisson tasks/s)
 kv_tokens = 200000         # per-worker KV pool override (default: from GPU memory)
+mfu = 0.64                 # cost-model overrides (default: the preset's 0.5 and 0.8)
+bw_eff = 0.8
 policies = ["apc-lru", "saga"]
 sweep_load = [64, 128, 192]  # concurrency (or rates when `rate` is set)
 sweep_kv = [150000, 300000]
@@ -56,6 +58,8 @@ class Scenario:
     model: str = "llama3-8b"
     tp: int | None = None
     kv_tokens: int | None = None
+    mfu: float | None = None  # cost-model overrides (default: the preset's, see engines/sim/hardware.py)
+    bw_eff: float | None = None
     concurrency: int | None = 36
     rate: float | None = None
     host_tier_factor: float = 4.0
@@ -68,6 +72,7 @@ class Scenario:
     def cost_model(self, kv_tokens: int | None = None) -> CostModel:
         kv = self.kv_tokens if kv_tokens is None else kv_tokens
         extra = {"kv_capacity_override": kv} if kv is not None else {}
+        extra.update({k: v for k, v in (("mfu", self.mfu), ("bw_eff", self.bw_eff)) if v is not None})
         return make_cost_model(self.gpu, self.model, self.tp, **extra)
 
     def sim_config(self, concurrency: int | None = None) -> SimConfig:

@@ -56,3 +56,20 @@ def test_unknown_policy_or_missing_trace_exit_2(tmp_path, capsys):
     assert main(["--policies", "nope", "--out", str(tmp_path), "--quiet"]) == 2
     assert main(["--trace", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path), "--quiet"]) == 2
     assert "saga bench:" in capsys.readouterr().err
+
+
+def test_cost_model_overrides_from_toml_and_flags_change_the_result(tmp_path):
+    from saga_server.bench.cli import build_parser, scenario_from_args
+
+    cfg = tmp_path / "s.toml"
+    cfg.write_text('[scenario]\nmfu = 0.64\n')
+    sc = scenario_from_args(build_parser().parse_args(["--config", str(cfg), "--bw-eff", "0.7"]))
+    cost = sc.cost_model()
+    assert (cost.mfu, cost.bw_eff) == (0.64, 0.7)
+    tct = {}
+    for mfu in ("0.2", "0.9"):  # cheaper prefill: a cache-less run finishes sooner
+        out = tmp_path / mfu
+        assert main(["--trace", str(trace(tmp_path)), "--tasks", "3", "--workers", "1", "--concurrency", "2",
+                     "--policies", "vanilla", "--mfu", mfu, "--out", str(out), "--no-plots", "--quiet"]) == 0
+        tct[mfu] = json.loads((out / "bench.json").read_text())["policies"]["vanilla"]["tct_mean_s"]
+    assert tct["0.9"] < tct["0.2"]
