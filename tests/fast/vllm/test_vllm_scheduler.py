@@ -161,12 +161,18 @@ def test_pin_ttl_expiry_turns_a_pin_into_a_soft_hold(tiny_model):
     assert s.saga_counters["pins_expired"] == 1
 
 
-def test_session_end_hint_releases_the_sessions_kv(tiny_model):
+def _session_holding_kv(tiny_model):
+    """A scheduler where session A's finished request left its 64 tokens held."""
     s = saga(tiny_model, num_blocks=32, block_size=BS)
     R = Requests(BS)
     s.saga_core.accept(SessionStart("A", s._saga_clock()))
     s.add_request(R.make(tokens(100, 64), session_id="A"))
     run_until_idle(s)
+    return s
+
+
+def test_session_end_hint_releases_the_sessions_kv(tiny_model):
+    s = _session_holding_kv(tiny_model)
     assert "A" in s.saga_holds
     s.saga_sink.accept(SessionEnd("A", s._saga_clock()))
     s.schedule()
@@ -345,11 +351,7 @@ def test_tenant_and_deadline_from_vllm_xargs_reach_the_core(tiny_model):
 
 
 def test_a_session_moved_away_releases_its_kv_but_keeps_its_workflow_state(tiny_model):
-    s = saga(tiny_model, num_blocks=32, block_size=BS)
-    R = Requests(BS)
-    s.saga_core.accept(SessionStart("A", s._saga_clock()))
-    s.add_request(R.make(tokens(100, 64), session_id="A"))
-    run_until_idle(s)
+    s = _session_holding_kv(tiny_model)
     held = len(s.saga_holds.get("A").blocks)
     assert held
     assert s.saga_sink.release_session("A") and s.saga_sink.release_session("never-seen")
