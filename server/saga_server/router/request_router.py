@@ -14,8 +14,11 @@ that could be moved off it.
 
 Work stealing: every `steal_period_s`, from a ticker on the router's event loop
 (not only when a request arrives: an overloaded replica may be receiving none),
-`SessionRouter.plan_steal` may move one session off an overloaded replica
-(preferring one inside a tool call).
+`SessionRouter.plan_steal` may move one session off an overloaded replica.
+By default only sessions inside a tool call move (`steal_only_in_tool`): a move
+re-prefills the prefix on the target, which only a running tool hides; moving a
+session whose next request is due makes that request cold (measured with
+`benchmarks/ray_routing.py`: steals of any session cost hit rate).
 The move is carried out by speculative re-prefill: the session's last request
 is replayed with `max_tokens=1` through the ingress (`ingress_url`) under the
 session id `saga-move:<replica>:<session>`, which this router pins to the
@@ -73,7 +76,7 @@ def _session_of(pending: Optional[PendingRequest]) -> str | None:
 
 class SagaRequestRouter(RequestRouter):
     def initialize_state(self, steal_gap: float = 3.0, steal_period_s: float = 1.0, kv_weight: float = 4.0,
-                         steal_only_in_tool: bool = False, steal_cooldown_s: float = 10.0,
+                         steal_only_in_tool: bool = True, steal_cooldown_s: float = 10.0,
                          ingress_url: str | None = None, seed: int = 0, report_ttl_s: float = 30.0,
                          cluster_fair_share: bool = True, **kwargs: Any) -> None:
         self.saga = SessionRouter(RoutingConfig(kv_weight=kv_weight, steal_gap=steal_gap,

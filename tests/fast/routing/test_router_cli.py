@@ -44,3 +44,10 @@ def test_the_saga_router_gets_the_retrying_ingress_and_baselines_the_stock_one()
     saga = cli.build_app_config(_opts(), llm_config="cfg")
     assert saga["ingress_cls_config"]["ingress_cls"] == cli.INGRESS_CLS
     assert "ingress_cls_config" not in cli.build_app_config(_opts("--router", "pow2"), llm_config="cfg")
+
+
+def test_only_sessions_in_a_tool_call_move_unless_asked():
+    kwargs = cli.build_llm_config(_opts(), "/m", True)["deployment_config"]["request_router_config"]
+    assert kwargs["request_router_kwargs"]["steal_only_in_tool"] is True
+    kwargs = cli.build_llm_config(_opts("--steal-any"), "/m", True)["deployment_config"]["request_router_config"]
+    assert kwargs["request_router_kwargs"]["steal_only_in_tool"] is False

@@ -127,10 +127,7 @@ def ray_cluster(tmp_path_factory):
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "sdk"), str(ROOT / "server"), env.get("PYTHONPATH", "")])
         cmd = [sys.executable, "-m", "saga_server.cli", "router", "--replicas", "2", "--port", str(port),
                "--hint-port", str(hint_port), "--metrics-port", str(metrics_port),
-               "--num-cpus", "2", "--kv-blocks", "256",
-               # Only sessions inside a tool call move: otherwise, while a victim's tool
-               # report is still in flight, a steal may take an earlier test's session.
-               "--steal-only-in-tool"]
+               "--num-cpus", "2", "--kv-blocks", "256"]  # default: only sessions in a tool call move
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                     start_new_session=True)
