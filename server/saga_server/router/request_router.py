@@ -24,7 +24,9 @@ is replayed with `max_tokens=1` through the ingress (`ingress_url`) under the
 session id `saga-move:<replica>:<session>`, which this router pins to the
 target; the prefix then sits in the target's cache when the session resumes.
 Then the source engine is told to release its copy (`ReleaseSession`): its
-pins and holds go, the blocks stay as ordinary evictable cache.
+pins and holds go, the blocks stay as ordinary evictable cache. A request of the
+session that arrives while its re-prefill runs (the tool ended early) waits for
+it, up to `move_wait_s`, instead of racing it and arriving cold.
 (GPU builds could move the KV with vLLM's KV connectors instead; not wired.)
 
 Cluster-wide Agent Fair Share: on the same ticker, `PeerServiceRelay` tells
@@ -78,7 +80,7 @@ class SagaRequestRouter(RequestRouter):
     def initialize_state(self, steal_gap: float = 3.0, steal_period_s: float = 1.0, kv_weight: float = 4.0,
                          steal_only_in_tool: bool = True, steal_cooldown_s: float = 10.0,
                          ingress_url: str | None = None, seed: int = 0, report_ttl_s: float = 30.0,
-                         cluster_fair_share: bool = True, **kwargs: Any) -> None:
+                         cluster_fair_share: bool = True, move_wait_s: float = 10.0, **kwargs: Any) -> None:
         self.saga = SessionRouter(RoutingConfig(kv_weight=kv_weight, steal_gap=steal_gap,
                                                 steal_only_in_tool=steal_only_in_tool,
                                                 steal_cooldown_s=steal_cooldown_s), seed=seed)
@@ -96,6 +98,8 @@ class SagaRequestRouter(RequestRouter):
         self._current: dict[str, dict] = {}  # replica id -> report used by the last refresh
         self._peers = PeerServiceRelay() if cluster_fair_share else None
         self._ticker: asyncio.Task | None = None
+        self._moving: dict[str, asyncio.Event] = {}  # session -> set when its re-prefill is done
+        self._move_wait_s = move_wait_s
 
     # -- Serve hooks ----------------------------------------------------------------------
 
@@ -113,6 +117,13 @@ class SagaRequestRouter(RequestRouter):
                 if target in by_id:
                     return [[by_id[target]]]
                 sid = None
+            moving = self._moving.get(sid) if sid else None
+            if moving is not None:  # its KV is being re-prefilled on the new home: wait for it
+                try:
+                    await asyncio.wait_for(moving.wait(), self._move_wait_s)
+                    self.moves["waited_for_move"] += 1
+                except asyncio.TimeoutError:
+                    self.moves["move_wait_timeouts"] += 1
             if sid and pending_request is not None and pending_request.args:
                 self._last_body[sid] = pending_request.args[0]
                 self._last_body.move_to_end(sid)
@@ -199,6 +210,8 @@ class SagaRequestRouter(RequestRouter):
                  steal.target, steal.in_tool)
         body = self._last_body.get(steal.session_id) if self._ingress_url else None
         source_addr = (self._current.get(steal.source) or {}).get("hint_addr")
+        if body is not None:
+            self._moving[steal.session_id] = asyncio.Event()
         task = asyncio.get_running_loop().create_task(self._move(steal, body, source_addr))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -207,7 +220,12 @@ class SagaRequestRouter(RequestRouter):
         """Re-prefill on the target (when the last request is known; otherwise the
         next request re-prefills there), then release the source's copy."""
         if body is not None:
-            await self._reprefill(steal.session_id, steal.target, body)
+            try:
+                await self._reprefill(steal.session_id, steal.target, body)
+            finally:
+                done = self._moving.pop(steal.session_id, None)
+                if done is not None:
+                    done.set()
         if source_addr:
             try:
                 await asyncio.to_thread(release_session, source_addr, steal.session_id)

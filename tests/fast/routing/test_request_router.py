@@ -172,3 +172,65 @@ def test_a_stolen_session_is_released_on_its_source_engine():
         assert ReleaseKv("agent") in source.drain()
     finally:
         server.stop(grace=None)
+
+
+class _Body:
+    """What Serve hands the router as a chat request (a pydantic model in Ray)."""
+
+    def __init__(self, sid: str) -> None:
+        self.session_id = sid
+
+    def model_dump(self, **_):
+        return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
+
+
+@dataclass
+class _Meta:
+    session_id: str
+    request_id: str = "r"
+    internal_request_id: str = "r"
+
+
+@dataclass
+class _Pending:
+    metadata: _Meta
+    args: list
+
+
+def test_a_request_arriving_during_its_sessions_move_waits_for_the_re_prefill(monkeypatch):
+    import time as _time
+
+    from saga_server.router import request_router
+
+    posted = []
+
+    def slow_post(url, payload, session_header):  # the target prefilling the prefix
+        _time.sleep(0.4)
+        posted.append((session_header, payload["max_tokens"]))
+        return True
+
+    monkeypatch.setattr(request_router, "_post", slow_post)
+    router = SagaRequestRouter(DeploymentID(name="saga"), DeploymentHandleSource.UNKNOWN)
+    router.initialize_state(steal_period_s=0.05, steal_gap=2.0, ingress_url="http://ingress")
+    busy = _Replica(_ReplicaId("busy"), {"saga": {"sessions": ["agent"], "in_tool": ["agent"]}})
+    idle = _Replica(_ReplicaId("idle"), {"saga": {"sessions": []}})
+    router._replicas = {r.replica_id: r for r in (busy, idle)}
+
+    async def scenario():
+        first = await router.choose_replicas([busy, idle], _Pending(_Meta("agent"), [_Body("agent")]))
+        assert [r.replica_id.unique_id for r in first[0]] == ["busy"]
+        router._inflight["busy"] = 5  # now overloaded: the ticker moves the agent (in its tool)
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if router.steals:
+                break
+        assert router._moving  # re-prefill under way
+        nxt = await router.choose_replicas([busy, idle], _Pending(_Meta("agent"), [_Body("agent")]))
+        prefilled_when_routed = list(posted)
+        router._ticker.cancel()
+        return nxt, prefilled_when_routed
+
+    chosen, prefilled_when_routed = asyncio.run(scenario())
+    assert [r.replica_id.unique_id for r in chosen[0]] == ["idle"]
+    assert prefilled_when_routed == [("saga-move:idle:agent", 1)]  # the prefix was there first
+    assert router.moves["waited_for_move"] == 1
