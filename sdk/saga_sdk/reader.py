@@ -33,7 +33,9 @@ class HintReader:
         key = api_key if api_key is not None else config.api_key
         self._metadata = (("authorization", f"Bearer {key}"),) if key else ()
         self._timeout = timeout
-        self._channel = grpc.insecure_channel(self.endpoint)
+        # Own subchannel pool: a service restarted on the same address must not look
+        # unavailable because another channel is backing off from its predecessor.
+        self._channel = grpc.insecure_channel(self.endpoint, options=[("grpc.use_local_subchannel_pool", 1)])
         self._stub = hints_pb2_grpc.WorkflowHintsStub(self._channel)
 
     def session(self, session_id: str) -> "pb.SessionState":

@@ -29,6 +29,12 @@ log = logging.getLogger("ray.serve")
 __all__ = ["PeerServiceRelay", "send_peer_service", "release_session"]
 
 
+def _channel(hint_addr: str) -> grpc.Channel:
+    # Own subchannel pool: an engine restarted on the same address must not inherit
+    # the connect-failure backoff another channel recorded for its predecessor.
+    return grpc.insecure_channel(hint_addr, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
 def _metadata() -> tuple:
     key = SagaConfig.from_env().api_key
     return (("authorization", f"Bearer {key}"),) if key else ()
@@ -36,7 +42,7 @@ def _metadata() -> tuple:
 
 def release_session(hint_addr: str, session_id: str, *, timeout: float = 2.0) -> bool:
     """Tell one engine to drop its holds for a session that moved (raises grpc.RpcError)."""
-    with grpc.insecure_channel(hint_addr) as channel:
+    with _channel(hint_addr) as channel:
         ack = hints_pb2_grpc.WorkflowHintsStub(channel).ReleaseSession(
             pb.ReleaseSessionRequest(session_id=session_id, reason="moved"), timeout=timeout, metadata=_metadata())
     return ack.queued
@@ -45,7 +51,7 @@ def release_session(hint_addr: str, session_id: str, *, timeout: float = 2.0) ->
 def send_peer_service(hint_addr: str, tokens: Mapping[str, float], *, timeout: float = 2.0,
                       source: str = "saga-router") -> int:
     """One `ReportPeerService` call; returns the tenants applied (raises grpc.RpcError)."""
-    with grpc.insecure_channel(hint_addr) as channel:
+    with _channel(hint_addr) as channel:
         ack = hints_pb2_grpc.WorkflowHintsStub(channel).ReportPeerService(
             pb.PeerService(tenant_tokens=dict(tokens), source=source), timeout=timeout, metadata=_metadata())
     return ack.tenants

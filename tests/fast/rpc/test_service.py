@@ -14,9 +14,16 @@ from saga_server.core.registry import SessionRegistry
 from saga_server.rpc import HintServer, Limits
 
 
+def _channel(endpoint: str) -> grpc.Channel:
+    """A channel with its own subchannel pool: gRPC shares connections per address
+    across channels, so a port reused from an earlier test's stopped server could
+    hand this one that server's connect-failure backoff."""
+    return grpc.insecure_channel(endpoint, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
 @pytest.fixture
 def stub(hint_server):
-    channel = grpc.insecure_channel(hint_server.endpoint)
+    channel = _channel(hint_server.endpoint)
     yield hints_pb2_grpc.WorkflowHintsStub(channel)
     channel.close()
 
@@ -83,7 +90,7 @@ def test_too_many_sessions_are_refused_and_idle_ones_expire():
     now = [0.0]
     registry = SessionRegistry(max_sessions=3, idle_ttl_s=60, clock=lambda: now[0])
     server = HintServer(registry, "127.0.0.1:0", clock=lambda: now[0]).start()
-    channel = grpc.insecure_channel(server.endpoint)
+    channel = _channel(server.endpoint)
     stub = hints_pb2_grpc.WorkflowHintsStub(channel)
     try:
         ack = stub.SendHints(batch(*[start(f"s{i}") for i in range(4)]))
@@ -126,7 +133,7 @@ class ExplodingSink(SessionRegistry):
 def test_a_sink_bug_rejects_one_event_and_the_service_survives():
     sink = ExplodingSink()
     server = HintServer(sink, "127.0.0.1:0").start()
-    channel = grpc.insecure_channel(server.endpoint)
+    channel = _channel(server.endpoint)
     try:
         ack = hints_pb2_grpc.WorkflowHintsStub(channel).SendHints(batch(start("boom"), start("fine")))
         assert (ack.accepted, reasons(ack)) == (1, ["internal error"])
@@ -163,7 +170,7 @@ wire_events = st.builds(
 def fuzz_target():
     registry = SessionRegistry(max_sessions=100_000)
     server = HintServer(registry, "127.0.0.1:0").start()
-    channel = grpc.insecure_channel(server.endpoint)
+    channel = _channel(server.endpoint)
     raw_send = channel.unary_unary("/saga.v1.WorkflowHints/SendHints")  # bytes in, bytes out
     yield hints_pb2_grpc.WorkflowHintsStub(channel), raw_send, registry
     channel.close()
@@ -194,7 +201,7 @@ def test_peer_service_reaches_the_core_and_bad_reports_change_nothing():
 
     core = WorkflowCore()
     server = HintServer(core, "127.0.0.1:0").start()
-    channel = grpc.insecure_channel(server.endpoint)
+    channel = _channel(server.endpoint)
     stub = hints_pb2_grpc.WorkflowHintsStub(channel)
     try:
         ack = stub.ReportPeerService(pb.PeerService(tenant_tokens={"acme": 120.0, "zeta": 30.0}), timeout=5)
@@ -227,7 +234,7 @@ def test_release_session_reaches_an_engine_sink_and_is_refused_elsewhere(stub):
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
     sink = EngineHintSink(WorkflowCore())
     server = HintServer(sink, "127.0.0.1:0").start()
-    channel = grpc.insecure_channel(server.endpoint)
+    channel = _channel(server.endpoint)
     engine = hints_pb2_grpc.WorkflowHintsStub(channel)
     try:
         assert engine.ReleaseSession(pb.ReleaseSessionRequest(session_id="s", reason="moved"), timeout=5).queued
@@ -238,3 +245,24 @@ def test_release_session_reaches_an_engine_sink_and_is_refused_elsewhere(stub):
     finally:
         channel.close()
         server.stop(grace=None)
+
+
+def test_a_reader_reaches_a_service_restarted_on_the_same_port():
+    """gRPC shares connections per address across channels: without its own pool a
+    new reader would inherit the failed connection to the stopped service and
+    report a live one unavailable."""
+    first = HintServer(SessionRegistry(), "127.0.0.1:0").start()
+    port = first.port
+    stale = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = hints_pb2_grpc.WorkflowHintsStub(stale)
+    stub.GetStats(pb.GetStatsRequest(), timeout=5)
+    first.stop(grace=None)
+    with pytest.raises(grpc.RpcError):
+        stub.GetStats(pb.GetStatsRequest(), timeout=1)
+    second = HintServer(SessionRegistry(), f"127.0.0.1:{port}").start()
+    try:
+        with HintReader(f"127.0.0.1:{port}") as reader:
+            assert "hints_batches" in reader.stats()
+    finally:
+        stale.close()
+        second.stop(grace=None)
