@@ -66,7 +66,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_common import ROOT, free_port, pct  # noqa: E402
+from serve_common import ROOT, free_port, pct, write_results  # noqa: E402
 from serve_trace_replay import DEFAULT_TRACE, SessionResult, TokenSource, load_tasks, run_session  # noqa: E402
 
 
@@ -235,9 +235,7 @@ def main() -> int:
     print(f"{'':18}" + "".join(f"{r['router']:>12}" for r in out))
     for k in rows:
         print(f"{k:18}" + "".join(f"{r[k]:>12.3f}" if isinstance(r[k], float) else f"{r[k]:>12}" for r in out))
-    if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": out},
-                                        indent=2))
+    write_results(args.json, args, out)
     return 0
 
 

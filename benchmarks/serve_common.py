@@ -141,3 +141,10 @@ def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     i = min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))
     return s[i]
+
+
+def write_results(path: Path | None, args, results: list[dict]) -> None:
+    """The run's arguments and per-mode results as JSON at `path` (if given)."""
+    if path:
+        path.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
+                                   indent=2))

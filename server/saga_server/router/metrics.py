@@ -31,12 +31,13 @@ import logging
 import re
 from typing import Callable, Iterator, Mapping
 
+from saga_server.core.cluster_share import served_from_stats
+
 log = logging.getLogger("saga.router")
 
 __all__ = ["ClusterCollector", "serve_metrics"]
 
 _REPLICA_KEY = re.compile(r"^(?P<name>[a-z_]+)\{(?P<label>.*)\}$")
-_SERVED = "afs_served_tokens"
 
 
 class ClusterCollector:
@@ -80,10 +81,8 @@ class ClusterCollector:
                     fam.add_metric([replica], float(stats[key]))
             if "requests_arrived" in stats:
                 requests.add_metric([replica], float(stats["requests_arrived"]))
-            for key, value in stats.items():
-                m = _REPLICA_KEY.match(key)
-                if m and m["name"] == _SERVED:
-                    served[m["label"]] = served.get(m["label"], 0.0) + float(value)
+            for tenant, tokens in served_from_stats(stats).items():
+                served[tenant] = served.get(tenant, 0.0) + tokens
         yield up
         yield from gauges.values()
         yield requests

@@ -31,6 +31,7 @@ from typing import Any
 
 from ray.serve.llm.deployment import LLMServer
 
+from saga_server.core.cluster_share import served_from_stats
 from saga_server.engines.vllm.intake import HINT_ADDR_ENV
 
 log = logging.getLogger("ray.serve")
@@ -39,7 +40,6 @@ __all__ = ["SagaLLMServer", "read_report", "REPORT_KEY"]
 
 REPORT_KEY = "saga"
 MAX_REPORTED_SESSIONS = 4096
-_SERVED = "afs_served_tokens{"
 
 
 def _free_port(host: str) -> int:
@@ -66,7 +66,7 @@ def read_report(hint_addr: str, timeout: float = 2.0) -> dict[str, Any]:
     out["kv_usage"] = float(stats.get("engine_held_blocks", 0.0)) / blocks if blocks else 0.0
     out["held_sessions"] = float(stats.get("engine_held_sessions", 0.0))
     out["pinned_blocks"] = float(stats.get("engine_pinned_blocks", 0.0))
-    out["served"] = {k[len(_SERVED):-1]: v for k, v in stats.items() if k.startswith(_SERVED) and k.endswith("}")}
+    out["served"] = served_from_stats(stats)
     return out
 
 

