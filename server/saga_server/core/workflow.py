@@ -35,7 +35,7 @@ from .events import (
     ToolCallEnd,
     ToolCallStart,
 )
-from .fairshare import FairShare, FairShareConfig, urgency
+from .fairshare import FairShare, FairShareConfig, seniority, urgency
 from .pinning import PinConfig, PinDecision, decide_pin
 from .prefetch import PrefetchAction, PrefetchCandidate, PrefetchConfig, plan_prefetch
 from .registry import SessionRegistry
@@ -252,6 +252,17 @@ class WorkflowCore:
                     _, rem_s = self.aeg.remaining(tr)
                     u = urgency(rem_s, tr.deadline_at, now, self.config.fairshare.urgency_cap)
             return self.fair.priority(tenant, u, now)
+
+    def request_rank(self, session_id: str, tenant: str, arrived_at: float) -> tuple[float, float]:
+        """Order key of a waiting request that arrived at `arrived_at` (core clock):
+        (`request_priority`, task seniority); LOWER = schedule sooner, ties FCFS.
+        Seniority orders a tenant's tasks by when they started (rule and bound:
+        `fairshare`); an unknown session counts as a task started on arrival."""
+        priority = self.request_priority(session_id, tenant)
+        with self._lock:
+            tr = self.aeg.track(session_id) if session_id else None
+            started = tr.started_at if tr is not None and not tr.ended else None
+            return priority, seniority(started, arrived_at, self.config.fairshare.seniority_window_s)
 
     def record_service(self, tenant: str, tokens: int, session_id: str = "") -> None:
         """Service delivered (prefill + decode tokens); the tenant defaults to the session's."""

@@ -21,12 +21,14 @@ from saga_server.core import (
     ToolCallStart,
     WorkflowCore,
 )
-from saga_server.core.fairshare import urgency
+from saga_server.core import CoreConfig
+from saga_server.core.fairshare import seniority, urgency
 
 # A tiny single-server agent-task simulator: one server runs LLM steps one at a
 # time (non-preemptive); between a task's steps a tool runs off the server. The
 # waiting queue is ordered by FCFS (request ready time) or by the core's
-# `request_priority` (ties: FCFS). The real WorkflowCore sees every step as hints.
+# `request_rank` (as the engine does; ties: FCFS). The real WorkflowCore sees
+# every step as hints.
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ def simulate(tasks: list[Task], policy: str, core: WorkflowCore, clock: ManualCl
             if policy == "fcfs":
                 pick = min(waiting)
             else:
-                pick = min(waiting, key=lambda w: (core.request_priority(w[2]), w[0], w[1]))
+                pick = min(waiting, key=lambda w: (core.request_rank(w[2], "", w[0]), w[0], w[1]))
             waiting.remove(pick)
             psid = pick[2]
             core.accept(LlmCallStart(psid, now, step=done_steps[psid]))
@@ -205,3 +207,62 @@ def test_weights_split_owed_service() -> None:
     fs.record_service("other", 0, 0.0)
     fs.record_service("other", 4000, 0.0)  # a third tenant took all service
     assert fs.owed("gold") == pytest.approx(3 * fs.owed("free"))
+
+
+def test_task_seniority_finishes_equal_tasks_in_order_instead_of_all_at_the_end() -> None:
+    """One tenant, eight equal 10-step tasks started a second apart. Request-level
+    FCFS (window 0) interleaves them, so all finish near the end; by seniority they
+    finish one after another: mean completion falls, the last one not at all later."""
+    results = {}
+    for window in (0.0, 900.0):
+        clock = ManualClock()
+        core = WorkflowCore(CoreConfig(fairshare=FairShareConfig(seniority_window_s=window)), clock=clock)
+        tasks = [Task(f"t{i}", "swe", float(i), 10, 1.0, 0.5, deadline_s=None) for i in range(8)]
+        fin = simulate(tasks, "afs", core, clock)
+        results[window] = ([fin[t.sid] - t.arrive for t in tasks], max(fin.values()))
+    (fcfs_ct, fcfs_end), (senior_ct, senior_end) = results[0.0], results[900.0]
+    assert sum(senior_ct) < 0.7 * sum(fcfs_ct)
+    assert senior_end <= fcfs_end + 1e-9  # same work, no idle server: nobody pays for it
+    assert senior_ct[0] == min(senior_ct)  # the first task started is the first done
+
+
+def test_seniority_rank_within_a_tenant_and_fair_share_across_tenants() -> None:
+    clock = ManualClock()
+    core = WorkflowCore(clock=clock)
+    core.accept(SessionStart("old", 0.0, tenant="a"))
+    clock.t = 50.0
+    core.accept(SessionStart("young", 50.0, tenant="a"))
+    clock.t = 60.0
+    # young asked first, but old is the senior task of the same tenant
+    assert core.request_rank("old", "a", 60.0) < core.request_rank("young", "a", 55.0)
+    # a request without a known session is a task that started when it arrived
+    assert core.request_rank("", "a", 40.0)[1] == 40.0
+    assert core.request_rank("old", "a", 60.0) < core.request_rank("", "a", 40.0)
+    # across tenants the fair share decides first: tenant a has been served a lot
+    core.accept(SessionStart("b1", 59.0, tenant="b"))
+    core.record_service("a", 50_000)
+    assert core.request_rank("b1", "b", 60.0) < core.request_rank("old", "a", 60.0)
+    # an ended session's next request is a new task
+    core.accept(SessionEnd("old", 60.0))
+    assert core.request_rank("old", "a", 61.0)[1] == 61.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(started=st.one_of(st.none(), st.floats(-1e6, 1e6)), t1=st.floats(-1e6, 1e6),
+       gap=st.floats(0, 1e6), window=st.floats(0, 1e5), started2=st.one_of(st.none(), st.floats(-1e6, 1e6)))
+def test_seniority_lets_a_request_be_overtaken_only_within_the_window(started, t1, gap, window, started2) -> None:
+    """The documented bound: a request arriving more than `window` after another
+    never ranks before it, whatever either task's start."""
+    first = seniority(started, t1, window)
+    assert first <= t1  # never behind its own arrival
+    t2 = t1 + window + gap + 1e-3
+    if t2 - window > t1:  # representable as floats
+        assert seniority(started2, t2, window) > first
+    assert seniority(started, t1, 0.0) == t1  # window 0: request-level FCFS
+
+
+def test_seniority_window_must_be_non_negative() -> None:
+    with pytest.raises(ValueError):
+        FairShareConfig(seniority_window_s=-1.0)
+    with pytest.raises(ValueError):
+        FairShareConfig(seniority_window_s=float("nan"))
