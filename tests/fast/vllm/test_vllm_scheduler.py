@@ -12,7 +12,15 @@ import itertools
 import pytest
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from saga_server.core import CoreConfig, PrefetchCandidate, SessionEnd, SessionStart, ToolCallStart, WorkflowCore
+from saga_server.core import (
+    CoreConfig,
+    FairShareConfig,
+    PrefetchCandidate,
+    SessionEnd,
+    SessionStart,
+    ToolCallStart,
+    WorkflowCore,
+)
 from saga_server.core.pinning import PinConfig
 from saga_server.engines.vllm import SagaAsyncScheduler, SagaScheduler
 from vllm_builders import Requests, hit_tokens, make_scheduler, run_until_idle, step
@@ -216,6 +224,46 @@ def test_afs_orders_waiting_requests_by_fair_share(tiny_model):
     outs = run_until_idle(s)
     order = [n.req_id for o in outs for n in o.scheduled_new_reqs]
     assert order.index(l1.request_id) < order.index(h2.request_id)
+
+
+@pytest.mark.parametrize("window", [900.0, 0.0])
+def test_within_a_tenant_the_senior_task_goes_first(tiny_model, window):
+    """Sessions `old` and `young` of one tenant both wait for the single slot;
+    young asked first. By seniority old's request runs first; with the window at
+    0 (request-level FCFS, as stock) young's does."""
+    clock = Clock()
+    core = WorkflowCore(CoreConfig(fairshare=FairShareConfig(seniority_window_s=window)), clock=clock)
+    s = saga(tiny_model, clock=clock, core=core, num_blocks=64, block_size=BS, max_num_seqs=1)
+    R = Requests(BS)
+    s.saga_core.accept(SessionStart("old", clock(), tenant="t"))
+    clock.t += 30
+    s.saga_core.accept(SessionStart("young", clock(), tenant="t"))
+    s.add_request(R.make(tokens(1, 40), session_id="filler"))
+    step(s)  # the filler holds the only slot
+    young = R.make(tokens(2000, 40), session_id="young")
+    s.add_request(young)
+    clock.t += 1
+    old = R.make(tokens(3000, 40), session_id="old")
+    s.add_request(old)
+    outs = run_until_idle(s)
+    order = [n.req_id for o in outs for n in o.scheduled_new_reqs]
+    first, second = (old, young) if window else (young, old)
+    assert order.index(first.request_id) < order.index(second.request_id)
+
+
+def test_engine_knobs_from_the_environment_and_bad_values_ignored(tiny_model, monkeypatch):
+    def knobs():
+        s = make_scheduler(SagaScheduler, tiny_model, num_blocks=16, block_size=BS, start_hints=False)
+        return s.saga_core.config.fairshare.seniority_window_s, s.saga_holds.max_pin_blocks
+
+    default = (FairShareConfig().seniority_window_s, 7)  # half of the 15 usable blocks
+    for window, fraction in (("soon", "lots"), ("-1", "1.5"), ("nan", "nan")):
+        monkeypatch.setenv("SAGA_SENIORITY_WINDOW_S", window)
+        monkeypatch.setenv("SAGA_PIN_MAX_FRACTION", fraction)
+        assert knobs() == default
+    monkeypatch.setenv("SAGA_SENIORITY_WINDOW_S", "0")
+    monkeypatch.setenv("SAGA_PIN_MAX_FRACTION", "0.25")
+    assert knobs() == (0.0, 3)
 
 
 def _paused_session_reclaimed(tiny_model):

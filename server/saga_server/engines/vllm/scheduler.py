@@ -15,8 +15,11 @@ What changes relative to stock vLLM (everything else is vLLM's own code path):
   core's `eviction_priority` order (WA-LRU), pins after them in `reclaim_order`.
   So allocation never fails where stock vLLM would have succeeded.
 - **AFS**: before each step the FCFS waiting queue is stably re-sorted by the
-  core's `request_priority` (preempted requests stay in front); service is
-  recorded per tenant after each step.
+  core's `request_rank`: tenants' fair-share priority, then within a tenant the
+  task's seniority (older tasks first, so tasks finish in the order they began;
+  preempted requests stay in front). Service is recorded per tenant after each
+  step. `SAGA_SENIORITY_WINDOW_S` bounds how far seniority reaches back (0:
+  request-level FCFS within a tenant, as stock).
 - **Prefetch**: when the core plans it for a paused session whose KV was
   reclaimed and the engine has spare capacity (nothing waiting, few running),
   the session's last known tokens are re-prefilled as an internal one-token
@@ -53,6 +56,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from saga_server.core import (
+    CoreConfig,
+    FairShareConfig,
     HintRejected,
     PrefetchCandidate,
     SessionEnd,
@@ -74,8 +79,25 @@ __all__ = ["SagaScheduler", "SagaAsyncScheduler", "SagaSchedulerMixin", "PREFETC
 
 PREFETCH_PREFIX = "saga-prefetch-"
 PIN_FRACTION_ENV = "SAGA_PIN_MAX_FRACTION"
+SENIORITY_WINDOW_ENV = "SAGA_SENIORITY_WINDOW_S"
 _KNOWN_TOKENS_SESSIONS = 4096
 _AFS_MAX_QUEUE = 2048  # sessions whose last token ids we remember (prefetch)
+
+
+def _env_float(name: str, default: float, lo: float, hi: float = math.inf) -> float:
+    """A SAGA knob from the environment; a malformed or out-of-range value is
+    logged and the default kept (serving never fails over a SAGA knob)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not lo <= value <= hi:
+        log.warning("SAGA: ignoring %s=%r (want a number in [%g, %g]); using %g", name, raw, lo, hi, default)
+        return default
+    return value
 
 
 def _guarded(where: str, default: Any = None):
@@ -106,13 +128,17 @@ class SagaSchedulerMixin:
         (then: a fresh `WorkflowCore`, `time.monotonic`, hint service per env)."""
         super().__init__(*args, **kwargs)
         self._saga_clock = clock or time.monotonic
-        self.saga_core = core if core is not None else WorkflowCore(clock=self._saga_clock)
+        if core is None:
+            window = _env_float(SENIORITY_WINDOW_ENV, FairShareConfig().seniority_window_s, 0.0)
+            core = WorkflowCore(CoreConfig(fairshare=FairShareConfig(seniority_window_s=window)),
+                                clock=self._saga_clock)
+        self.saga_core = core
         self._saga_metrics = SagaMetrics.get()
         pool = self.kv_cache_manager.block_pool
         self._saga_enabled = bool(self.cache_config.enable_prefix_caching)
         if not self._saga_enabled:
             log.warning("SAGA: prefix caching is off, so there is no KV to keep: pins/WA-LRU/prefetch disabled")
-        fraction = float(os.environ.get(PIN_FRACTION_ENV, "0.5"))
+        fraction = _env_float(PIN_FRACTION_ENV, 0.5, 0.0, 1.0)
         self.saga_holds = SessionHolds(pool, pool.num_gpu_blocks - 1, self.block_size,
                                        max_pin_fraction=fraction, on_release=self._saga_on_release)
         self._saga_core_gauges_at = -1e18
@@ -175,7 +201,7 @@ class SagaSchedulerMixin:
     def _saga_on_arrival(self, request: Request) -> None:
         if request.request_id.startswith(PREFETCH_PREFIX):
             return
-        meta = request_meta(request)
+        meta = request_meta(request, self._saga_clock())
         self._saga_req_meta[request.request_id] = meta
         if meta.session_id is None:
             return
@@ -356,6 +382,7 @@ class SagaSchedulerMixin:
         if not 2 <= len(waiting) <= _AFS_MAX_QUEUE or not isinstance(waiting, FCFSRequestQueue):
             return
         core = self.saga_core
+        now = self._saga_clock()
         keyed = []
         tenant_prio: dict[str, float] = {}
         for pos, req in enumerate(waiting):
@@ -363,17 +390,17 @@ class SagaSchedulerMixin:
             sid = meta.session_id if meta else None
             tenant = meta.tenant if meta else ""
             front = 0 if req.status == RequestStatus.PREEMPTED else 1
-            # Requests without a session compete as their tenant ("" if none), so
-            # they are neither starved nor favoured.
-            prio = core.request_priority(sid or "", tenant)
+            # Requests without a session compete as their tenant ("" if none) and
+            # as a task that started on arrival, so they are neither starved nor favoured.
+            prio, senior = core.request_rank(sid or "", tenant, meta.arrived_at if meta else now)
             tenant_prio[tenant] = min(prio, tenant_prio.get(tenant, math.inf))
-            keyed.append((front, prio, pos, req))
+            keyed.append((front, prio, senior, pos, req))
         for tenant, prio in tenant_prio.items():
             self._saga_metrics.set_afs(tenant, prio)
-        keyed.sort(key=lambda t: (t[0], t[1], t[2]))
-        if [t[3] for t in keyed] != list(waiting):
+        keyed.sort(key=lambda t: t[:4])
+        if [t[4] for t in keyed] != list(waiting):
             waiting.clear()
-            waiting.extend(t[3] for t in keyed)
+            waiting.extend(t[4] for t in keyed)
             self.saga_counters["afs_reorders"] += 1
 
     @_guarded("after_schedule")

@@ -1,4 +1,5 @@
-"""What a vLLM `Request` says about its agent session: id, tenant, deadline.
+"""What a vLLM `Request` says about its agent session: id, tenant, deadline (and
+when the scheduler saw it arrive, for the queue order).
 
 The session id comes from vLLM itself (`request.session_id`, filled from the body
 field `session_id`, the `X-Session-ID` header or `vllm_xargs.session_id`); tenant
@@ -22,6 +23,8 @@ class RequestMeta:
     session_id: str | None
     tenant: str
     deadline_s: float | None
+    arrived_at: float = 0.0  # scheduler clock
+
 
 
 def _clean_id(value) -> str | None:
@@ -33,7 +36,7 @@ def _clean_id(value) -> str | None:
     return value
 
 
-def request_meta(request) -> RequestMeta:
+def request_meta(request, arrived_at: float = 0.0) -> RequestMeta:
     extra = getattr(getattr(request, "sampling_params", None), "extra_args", None) or {}
     if not isinstance(extra, dict):
         extra = {}
@@ -46,4 +49,4 @@ def request_meta(request) -> RequestMeta:
         deadline = None
     if deadline is not None and not (math.isfinite(deadline) and deadline > 0):
         deadline = None
-    return RequestMeta(sid, tenant, deadline)
+    return RequestMeta(sid, tenant, deadline, arrived_at)
