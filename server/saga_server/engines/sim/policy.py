@@ -10,7 +10,8 @@ scheduler would:
    (0: no pin). A pinned prefix is evicted only when no unpinned one is left.
 3. `plan_prefetch(worker_id, candidates, free_tokens, now)`: for sessions in a tool
    whose KV sits partly in the host tier, which to bring back and when.
-4. `queue_priority(session, now)`: the order of a worker's waiting queue (lower first).
+4. `queue_priority(session, now)`: the order of a worker's waiting queue (lower first;
+   a float, or a tuple compared element by element; one type per policy).
 5. With `steals` only: `place(session, views, now)`, the worker (replica id `w<i>`) of
    a new session, and `plan_steal(views, now)`, called every `steal_period_s`, a
    `saga_server.core.routing.Steal` or None; `views` are `ReplicaView`s of every

@@ -115,10 +115,10 @@ class SagaPolicy(SimPolicy):
         cands = [PrefetchCandidate(sid, tokens, load_s) for sid, tokens, load_s in candidates]
         return [(a.session_id, a.start_at) for a in self.core.plan_prefetch(cands, free_tokens)]
 
-    def queue_priority(self, s: "Session", now: float) -> float:
+    def queue_priority(self, s: "Session", now: float) -> float | tuple[float, float]:
         if "afs" not in self.mechanisms:
             return now
-        return self.core.request_priority(s.session_id, s.tenant)
+        return self.core.request_rank(s.session_id, s.tenant, now)
 
     # --- hints and engine events -------------------------------------------
     def on_session_start(self, s: "Session", now: float) -> None:
