@@ -92,7 +92,9 @@ class Server:
 
 
 def start_server(saga: bool, vllm_args: list[str], *, fast_start: bool = True, timeout: float = 900,
-                 log_dir: Path | None = None) -> Server:
+                 log_dir: Path | None = None, env: dict[str, str] | None = None) -> Server:
+    """`saga serve` (or `--no-saga`) in a subprocess, ready to serve; `env` adds
+    environment variables (SAGA knobs) for it."""
     port, hint_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "saga_server.cli", "serve", "--port", str(port), "--hint-port", str(hint_port)]
     if fast_start:
@@ -100,7 +102,7 @@ def start_server(saga: bool, vllm_args: list[str], *, fast_start: bool = True, t
     if not saga:
         cmd.append("--no-saga")
     cmd += vllm_args
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "sdk"), str(ROOT / "server"), env.get("PYTHONPATH", "")])
     log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
     log_path = log_dir / f"saga-serve-{'saga' if saga else 'stock'}-{port}.log"
