@@ -38,14 +38,17 @@ def model_dir(root: Path) -> Path:
 
 
 def make_scheduler(cls, model_path: Path, *, num_blocks: int = 24, block_size: int = 16,
-                   max_num_seqs: int = 8, max_batched: int = 2048, prefix_caching: bool = True, **kwargs):
+                   max_num_seqs: int = 8, max_batched: int = 2048, prefix_caching: bool = True,
+                   kv_offloading_size: float | None = None, **kwargs):
+    """`kv_offloading_size` (GiB) is `--kv-offloading-size`: VllmConfig turns it
+    into vLLM's native CPU offload tier (`OffloadingConnector`)."""
     model_config = ModelConfig(model=str(model_path), tokenizer=None, skip_tokenizer_init=True,
                                max_model_len=2048, dtype="float32", seed=0)
     scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
                                        max_model_len=2048, is_encoder_decoder=False,
                                        enable_chunked_prefill=True, async_scheduling=False)
     cache_config = CacheConfig(block_size=block_size, cache_dtype="auto",
-                               enable_prefix_caching=prefix_caching)
+                               enable_prefix_caching=prefix_caching, kv_offloading_size=kv_offloading_size)
     cache_config.num_gpu_blocks = num_blocks
     vllm_config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config,
                              cache_config=cache_config)
