@@ -30,7 +30,9 @@ What changes relative to stock vLLM (everything else is vLLM's own code path):
   finishes (to report it); that step sees the idle engine and issues the
   prefetch, and each prefetch's own finish gives the next step, so due
   prefetches chain. Then the EngineCore blocks on its input queue: a prefetch
-  that only becomes due later waits for the next request.
+  that only becomes due later waits for the next request. The prefetch is an
+  ordinary request to vLLM, so with a CPU offload tier (`--kv-offloading-size`,
+  vLLM's `OffloadingConnector`) its prefix is loaded from the tier, not recomputed.
 - **Hints**: see `intake`; a gRPC hint service runs in this (EngineCore)
   process and feeds the core; tool/session events reach the scheduler through a
   queue drained at each `schedule()`.
