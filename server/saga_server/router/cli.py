@@ -226,13 +226,29 @@ def main(argv: list[str]) -> int:
     from .hints import start_fanout  # noqa: PLC0415
     from .metrics import ClusterCollector, serve_metrics  # noqa: PLC0415
 
+    # Listen on the hint and metrics ports before starting Ray: Ray takes a minute
+    # and starts many processes, one of which could take a port chosen for us in
+    # the meantime. A taken port then fails here, at once and clearly. (Both
+    # servers only call into Ray when asked, and survive it not being up yet.)
+    fanout = metrics = None
+    try:
+        fanout, servicer, hint_port = start_fanout(_kv_endpoints, f"{opts.host}:{opts.hint_port}",
+                                                 _router_stats if opts.router == "saga" else dict)
+        if opts.metrics_port:
+            collector = ClusterCollector(lambda: _engine_stats_by_replica(servicer), _published_router_stats)
+            metrics = serve_metrics(collector, opts.host, opts.metrics_port)
+    except OSError as exc:
+        print(f"saga router: cannot listen ({exc}); choose other --hint-port/--metrics-port "
+              "(--metrics-port 0 turns metrics off)", file=sys.stderr)
+        if fanout is not None:
+            fanout.stop(0)
+        return 2
     if opts.ray_address:
         ray.init(address=opts.ray_address, namespace="saga")
     else:
         ray.init(num_cpus=opts.num_cpus, namespace="saga", include_dashboard=False)
     stop = threading.Event()
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    fanout = metrics = None
     url = f"http://{opts.host}:{opts.port}"
     try:
         serve.start(http_options={"host": opts.host, "port": opts.port})
@@ -240,13 +256,9 @@ def main(argv: list[str]) -> int:
         started = time.monotonic()
         print(f"[saga] deploying {opts.replicas} replica(s), router {opts.router}, model {model_dir}", flush=True)
         serve.run(app, name=APP_NAME, blocking=False)
-        fanout, servicer, hint_port = start_fanout(_kv_endpoints, f"{opts.host}:{opts.hint_port}",
-                                                 _router_stats if opts.router == "saga" else dict)
         print(f"[saga] OpenAI API : {url}/v1", flush=True)
         print(f"[saga] hints gRPC : {opts.host}:{hint_port} (fan-out to every replica)", flush=True)
-        if opts.metrics_port:
-            collector = ClusterCollector(lambda: _engine_stats_by_replica(servicer), _published_router_stats)
-            metrics = serve_metrics(collector, opts.host, opts.metrics_port)
+        if metrics is not None:
             print(f"[saga] metrics    : http://{opts.host}:{metrics.server_port}/metrics", flush=True)
         if not _wait_ready(url, opts.ready_timeout):
             print(f"[saga] not ready after {opts.ready_timeout:.0f} s", file=sys.stderr, flush=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from saga_server.router import cli
 
 
@@ -51,3 +53,32 @@ def test_only_sessions_in_a_tool_call_move_unless_asked():
     assert kwargs["request_router_kwargs"]["steal_only_in_tool"] is True
     kwargs = cli.build_llm_config(_opts("--steal-any"), "/m", True)["deployment_config"]["request_router_config"]
     assert kwargs["request_router_kwargs"]["steal_only_in_tool"] is False
+
+
+def test_a_taken_port_fails_at_once_before_ray_starts(tmp_path, monkeypatch, capsys):
+    """The hint and metrics ports are bound before Ray starts (a minute, many
+    processes that could take a port chosen for the router meanwhile); a taken one
+    ends the command with a clear error, Ray never started, the other port freed."""
+    import socket
+
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.serve.llm")
+
+    def ray_must_not_start(*args, **kwargs):
+        raise AssertionError("ray.init called although a port was taken")
+
+    monkeypatch.setattr(ray, "init", ray_must_not_start)
+    (tmp_path / "config.json").write_text("{}")
+    with socket.socket() as taken, socket.socket() as probe:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        probe.bind(("127.0.0.1", 0))
+        hint_port = probe.getsockname()[1]
+        probe.close()
+        argv = ["--model", str(tmp_path), "--host", "127.0.0.1", "--hint-port", str(hint_port),
+                "--metrics-port", str(taken.getsockname()[1])]
+        assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot listen" in err and "--metrics-port" in err
+    with socket.socket() as again:  # the hint server was stopped, its port is free
+        again.bind(("127.0.0.1", hint_port))
