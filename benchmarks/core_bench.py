@@ -8,7 +8,7 @@ median (and p90) per call over `--rounds` batches, against the 20 us target:
 - score update: `eviction_priority` for a session + `PriorityIndex.update`
 - victim selection: `PriorityIndex.pop_victim` + re-insert (the index stays full)
 - TTL decision: `pin_decision`
-- AFS priority: `request_priority`
+- AFS rank: `request_rank` (fair-share priority and task seniority: what the engine sorts by)
 - also: `predict`, a hint through `accept` (ToolCallStart + ToolCallEnd pair)
 
     python benchmarks/core_bench.py [--entries 100000]
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def afs(r, n):
         for i in range(n):
-            core.request_priority(picks[(r * n + i) & 4095])
+            core.request_rank(picks[(r * n + i) & 4095], "", clock.t)
 
     def predict(r, n):
         for i in range(n):
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         ("score update (100k entries)", score_update, True),
         ("victim selection (100k entries)", victim, True),
         ("TTL decision", ttl, True),
-        ("AFS priority", afs, True),
+        ("AFS rank", afs, True),
         ("predict", predict, False),
         ("hint accept (per event)", hints, False),
     ]

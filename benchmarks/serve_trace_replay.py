@@ -28,7 +28,7 @@ stock/SAGA, prefix-hit rate (cached / prompt tokens) and regen share (tokens
 computed before and recomputed now / prompt tokens).
 
     .venv/bin/python benchmarks/serve_trace_replay.py                 # all three modes, ~13 min on 2 cores
-    .venv/bin/python benchmarks/serve_trace_replay.py --modes saga,no-saga --json out.json
+    .venv/bin/python benchmarks/serve_trace_replay.py --modes saga,no-saga --json out.json --plot tct.png
 
 Measured here (2 CPU cores; 8 sessions x 10 steps, KV 400 blocks, --max-num-seqs 2):
 
@@ -40,11 +40,15 @@ Measured here (2 CPU cores; 8 sessions x 10 steps, KV 400 blocks, --max-num-seqs
   -> no-saga / saga: mean 2.10x, p90 1.50x
   Second run, stock first: no-saga 247.7 / 261.0 s, saga 107.7 / 166.2 s (mean / p90):
   2.30x and 1.57x, the same hit rates. A third (no-saga, saga-request-fcfs) gave
-  246.6 vs 200.9 s: 1.23x for the cache policies alone.
+  246.6 vs 200.9 s: 1.23x for the cache policies alone. A fourth, all three modes
+  on a quieter machine: saga 91.4 / 136.6 s, worst task 146.7 s; saga-request-fcfs
+  176.9 / 185.6 / 188.0 s; no-saga 216.9 / 230.4 / 232.5 s: 2.37x mean, 1.69x p90,
+  and SAGA's last task finished before stock's first (--plot draws this).
 
 The cache policies alone (pins, WA-LRU, prefetch) reach a 0.57 hit rate and
-0.97-1.28x (0.97x in the first run above, 1.23x in the third, 1.26-1.28x in
-earlier ones: run-to-run noise on a shared machine is of that order); ordering a tenant's requests by task seniority does the rest: tasks
+0.97-1.28x (0.97x in the first run above, 1.23x in the third and fourth,
+1.26-1.28x in earlier ones: run-to-run noise on a shared machine is of that
+order); ordering a tenant's requests by task seniority does the rest: tasks
 finish in the order they began instead of all near the end, and the few tasks
 being served keep their KV, so almost nothing is recomputed. Earlier variants,
 without seniority: --max-num-seqs 4 gave hit rate 0.40 vs 0.21 and 1.47x in one
@@ -253,6 +257,7 @@ def main() -> int:
     p.add_argument("--compiled", action="store_true", help="start without --enforce-eager")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--plot", type=Path, help="also draw each mode's task completion times here (PNG)")
     args = p.parse_args()
 
     from saga_server.serve.model import ensure_default_model
@@ -291,7 +296,31 @@ def main() -> int:
                   f"{n['hit_rate']:.3f}; regen share {s['regen_share']:.3f} vs {n['regen_share']:.3f}")
             print(f"  {mode} metrics: {json.dumps(s['metrics'])}")
     write_results(args.json, args, out)
+    if args.plot:
+        plot_completion_times(out, args.plot)
+        print(f"wrote {args.plot}")
     return 0
+
+
+def plot_completion_times(results: list[dict], path: Path) -> None:
+    """Each mode's task completion times as a step CDF (one PNG)."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in results:
+        times = r["tct_s"]
+        ax.step(times, range(1, len(times) + 1), where="post", label=f"{r['mode']} (mean {r['tct_mean_s']:.0f} s)")
+    ax.set_xlabel("task completion time (s)")
+    ax.set_ylabel("tasks done within that time")
+    ax.set_title("SWE sessions replayed on vLLM")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
