@@ -23,7 +23,7 @@ Both servers run with the same vLLM flags and a KV cache of --kv-blocks blocks o
 `saga-request-fcfs` (SAGA with request-level FCFS inside a tenant, i.e. without
 task seniority: what the cache policies alone give) and `no-saga` (stock vLLM,
 prefix caching on). Reported per mode: task
-completion time (first request to last answer) mean and p90, their ratio
+completion time (first request to last answer) mean, p90 and worst, the ratios
 stock/SAGA, prefix-hit rate (cached / prompt tokens) and regen share (tokens
 computed before and recomputed now / prompt tokens).
 

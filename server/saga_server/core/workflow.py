@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
-from .aeg import AEG, Prediction
+from .aeg import AEG, Prediction, SessionTrack
 from .cluster_share import served_stat_key
 from .eviction import EvictionConfig, wa_lru_key
 from .events import (
@@ -243,26 +243,18 @@ class WorkflowCore:
         bound: `fairshare`); LOWER = schedule sooner, ties stay FCFS. Asking marks
         the tenant active (backlogged) for the virtual queues."""
         with self._lock:
-            now = self._clock()
-            tr = self.aeg.track(session_id)
-            u = 0.0
-            if tr is not None:
-                tenant = tenant or tr.tenant
-                if tr.deadline_at is not None:
-                    _, rem_s = self.aeg.remaining(tr)
-                    u = urgency(rem_s, tr.deadline_at, now, self.config.fairshare.urgency_cap)
-            return self.fair.priority(tenant, u, now)
+            return self._priority(self.aeg.track(session_id), tenant)
 
     def request_rank(self, session_id: str, tenant: str, arrived_at: float) -> tuple[float, float]:
         """Order key of a waiting request that arrived at `arrived_at` (core clock):
         (`request_priority`, task seniority); LOWER = schedule sooner, ties FCFS.
         Seniority orders a tenant's tasks by when they started (rule and bound:
         `fairshare`); an unknown session counts as a task started on arrival."""
-        priority = self.request_priority(session_id, tenant)
         with self._lock:
-            tr = self.aeg.track(session_id) if session_id else None
+            tr = self.aeg.track(session_id)
             started = tr.started_at if tr is not None and not tr.ended else None
-            return priority, seniority(started, arrived_at, self.config.fairshare.seniority_window_s)
+            return (self._priority(tr, tenant),
+                    seniority(started, arrived_at, self.config.fairshare.seniority_window_s))
 
     def record_service(self, tenant: str, tokens: int, session_id: str = "") -> None:
         """Service delivered (prefill + decode tokens); the tenant defaults to the session's."""
@@ -290,6 +282,17 @@ class WorkflowCore:
             return len(tokens)
 
     # -- internals -----------------------------------------------------------------------
+
+    def _priority(self, tr: SessionTrack | None, tenant: str) -> float:
+        """`request_priority` of a session's track (None: unknown); lock held."""
+        now = self._clock()
+        u = 0.0
+        if tr is not None:
+            tenant = tenant or tr.tenant
+            if tr.deadline_at is not None:
+                _, rem_s = self.aeg.remaining(tr)
+                u = urgency(rem_s, tr.deadline_at, now, self.config.fairshare.urgency_cap)
+        return self.fair.priority(tenant, u, now)
 
     def _apply(self, ev: HintEvent) -> None:
         aeg = self.aeg

@@ -23,26 +23,18 @@ from __future__ import annotations
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
 
-from saga_server.core import CoreConfig, SessionStart, ToolCallStart, WorkflowCore
+from saga_server.core import CoreConfig, ManualClock, SessionStart, ToolCallStart, WorkflowCore
 from saga_server.core.pinning import PinConfig
 from saga_server.engines.vllm import SagaScheduler
 from saga_server.engines.vllm.scheduler import PREFETCH_PREFIX
-from vllm_builders import Requests, hit_tokens, make_scheduler
+from vllm_builders import Requests, hit_tokens, make_scheduler, model_output
 
 BS = 16
 HIST = 64  # A's prompt: 4 full blocks
 OFFLOAD_GIB = 0.001  # ~1 MiB: room for every chunk this test stores
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class OffloadWorker:
@@ -77,16 +69,7 @@ class OffloadWorker:
                 finished_recving=recving or None,
                 kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(done, 1))
                 if done else None)
-        req_ids = list(out.num_scheduled_tokens)
-        sampled = []
-        for rid in req_ids:
-            req = s.requests[rid]
-            finished_prefill = req.num_computed_tokens + out.num_scheduled_tokens[rid] >= req.num_tokens
-            sampled.append([token] if finished_prefill else [])
-        s.update_from_output(out, ModelRunnerOutput(
-            req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[],
-            kv_connector_output=kv_out))
+        s.update_from_output(out, model_output(s, out, token, kv_connector_output=kv_out))
         return out
 
     def drain(self, s, max_steps: int = 200) -> list:
@@ -107,7 +90,7 @@ def tokens(base: int, n: int) -> list[int]:
 def _paused_session(tiny_model, offload_gib: float | None):
     """Session A's 64-token request has run; A is paused in a tool.
     Returns (scheduler, worker, requests, A's history, A's request)."""
-    clock = Clock()
+    clock = ManualClock(100.0)
     core = WorkflowCore(CoreConfig(pin=PinConfig(min_tokens=2 * BS)), clock=clock)
     s = make_scheduler(SagaScheduler, tiny_model, core=core, clock=clock, start_hints=False,
                        num_blocks=16, block_size=BS, kv_offloading_size=offload_gib)

@@ -15,6 +15,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from saga_server.core import (
     CoreConfig,
     FairShareConfig,
+    ManualClock,
     PrefetchCandidate,
     SessionEnd,
     SessionStart,
@@ -28,16 +29,8 @@ from vllm_builders import Requests, hit_tokens, make_scheduler, run_until_idle, 
 BS = 16
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def saga(model, clock=None, core=None, cls=SagaScheduler, **kw):
-    clock = clock or Clock()
+    clock = clock or ManualClock(100.0)
     core = core or WorkflowCore(CoreConfig(pin=PinConfig(min_tokens=2 * BS)), clock=clock)
     return make_scheduler(cls, model, core=core, clock=clock, start_hints=False, **kw)
 
@@ -132,7 +125,7 @@ def test_reclaim_follows_the_cores_eviction_order_not_lru(tiny_model):
         def eviction_priority(self, session_id, kv_tokens, last_access):
             return {"old": 3.0, "mid": 1.0, "new": 2.0}.get(session_id, 0.0)
 
-    clock = Clock()
+    clock = ManualClock(100.0)
     s = saga(tiny_model, clock=clock, core=Core(CoreConfig(pin=PinConfig(min_tokens=10**9)), clock=clock),
              num_blocks=16, block_size=BS)
     R = Requests(BS)
@@ -155,7 +148,7 @@ def test_reclaim_follows_the_cores_eviction_order_not_lru(tiny_model):
 
 
 def test_pin_ttl_expiry_turns_a_pin_into_a_soft_hold(tiny_model):
-    clock = Clock()
+    clock = ManualClock(100.0)
     s = saga(tiny_model, clock=clock, num_blocks=32, block_size=BS)
     R = Requests(BS)
     s.saga_core.accept(SessionStart("A", clock()))
@@ -231,7 +224,7 @@ def test_within_a_tenant_the_senior_task_goes_first(tiny_model, window):
     """Sessions `old` and `young` of one tenant both wait for the single slot;
     young asked first. By seniority old's request runs first; with the window at
     0 (request-level FCFS, as stock) young's does."""
-    clock = Clock()
+    clock = ManualClock(100.0)
     core = WorkflowCore(CoreConfig(fairshare=FairShareConfig(seniority_window_s=window)), clock=clock)
     s = saga(tiny_model, clock=clock, core=core, num_blocks=64, block_size=BS, max_num_seqs=1)
     R = Requests(BS)
@@ -269,7 +262,7 @@ def test_engine_knobs_from_the_environment_and_bad_values_ignored(tiny_model, mo
 def _paused_session_reclaimed(tiny_model):
     """Session A (64 tokens) pauses in a tool; a request needing the whole pool
     then reclaims its KV. Returns (scheduler, requests, clock, A's history)."""
-    clock = Clock()
+    clock = ManualClock(100.0)
     s = saga(tiny_model, clock=clock, num_blocks=16, block_size=BS)
     R = Requests(BS)
     hist = tokens(100, 64)
@@ -317,7 +310,7 @@ def test_survives_any_interleaving_of_hints_and_requests(tiny_model, seed):
     from saga_server.core import HintRejected, LlmCallEnd, LlmCallStart, ToolCallEnd
 
     rnd = random.Random(seed)
-    clock = Clock()
+    clock = ManualClock(100.0)
     s = saga(tiny_model, clock=clock, num_blocks=20, block_size=BS, max_num_seqs=4)
     R = Requests(BS)
     sids = [f"s{i}" for i in range(6)]
@@ -366,7 +359,7 @@ def test_a_queued_sessions_kv_is_reclaimed_last(tiny_model):
         def eviction_priority(self, session_id, kv_tokens, last_access):
             return {"A": 1.0, "B": 2.0}.get(session_id, 0.0)
 
-    clock = Clock()
+    clock = ManualClock(100.0)
     s = saga(tiny_model, clock=clock, core=Core(CoreConfig(pin=PinConfig(min_tokens=10**9)), clock=clock),
              num_blocks=16, block_size=BS, max_num_seqs=1)
     R = Requests(BS)

@@ -78,20 +78,24 @@ class Requests:
                        session_id=session_id)
 
 
-def step(scheduler, token: int = 7):
-    """One engine step with a synthetic model output (every scheduled request
-    samples `token` when its prefill is done). Returns the SchedulerOutput."""
-    out = scheduler.schedule()
+def model_output(scheduler, out, token: int = 7, kv_connector_output=None) -> ModelRunnerOutput:
+    """A synthetic model output for the SchedulerOutput `out`: every scheduled
+    request samples `token` when its prefill is done."""
     req_ids = list(out.num_scheduled_tokens)
     sampled = []
     for rid in req_ids:
         req = scheduler.requests[rid]
         done = req.num_computed_tokens + out.num_scheduled_tokens[rid] >= req.num_tokens
         sampled.append([token] if done else [])
-    mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                            sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
-                            pooler_output=[])
-    scheduler.update_from_output(out, mro)
+    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                             sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+                             pooler_output=[], kv_connector_output=kv_connector_output)
+
+
+def step(scheduler, token: int = 7):
+    """One engine step with a synthetic model output. Returns the SchedulerOutput."""
+    out = scheduler.schedule()
+    scheduler.update_from_output(out, model_output(scheduler, out, token))
     return out
 
 

@@ -26,7 +26,6 @@ class RequestMeta:
     arrived_at: float = 0.0  # scheduler clock
 
 
-
 def _clean_id(value) -> str | None:
     if not isinstance(value, str):
         return None
