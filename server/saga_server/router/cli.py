@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -185,6 +186,25 @@ def _router_stats() -> dict[str, float]:
     return out
 
 
+def _reserve_port(host: str, port: int) -> socket.socket:
+    """Bind `host:port` (0: any free port) without listening: nobody else can take
+    the port until `_release_port`. Raises OSError when it is taken."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _release_port(sock: socket.socket) -> int:
+    """Give a reserved port back for its server to bind at once; returns the port."""
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
 def _wait_ready(url: str, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -226,22 +246,22 @@ def main(argv: list[str]) -> int:
     from .hints import start_fanout  # noqa: PLC0415
     from .metrics import ClusterCollector, serve_metrics  # noqa: PLC0415
 
-    # Listen on the hint and metrics ports before starting Ray: Ray takes a minute
+    # Reserve the hint and metrics ports before starting Ray: Ray takes a minute
     # and starts many processes, one of which could take a port chosen for us in
-    # the meantime. A taken port then fails here, at once and clearly. (Both
-    # servers only call into Ray when asked, and survive it not being up yet.)
-    fanout = metrics = None
+    # the meantime; a taken port then fails here, at once and clearly. Reserving is
+    # a bare bind, no server: Ray forks its node processes during `ray.init` and
+    # runs Python in the child before exec, which can deadlock while other threads
+    # (a gRPC server's) hold locks. The servers start right after `ray.init`.
+    reserved: list[socket.socket] = []
     try:
-        fanout, servicer, hint_port = start_fanout(_kv_endpoints, f"{opts.host}:{opts.hint_port}",
-                                                 _router_stats if opts.router == "saga" else dict)
+        reserved.append(_reserve_port(opts.host, opts.hint_port))
         if opts.metrics_port:
-            collector = ClusterCollector(lambda: _engine_stats_by_replica(servicer), _published_router_stats)
-            metrics = serve_metrics(collector, opts.host, opts.metrics_port)
+            reserved.append(_reserve_port(opts.host, opts.metrics_port))
     except OSError as exc:
         print(f"saga router: cannot listen ({exc}); choose other --hint-port/--metrics-port "
               "(--metrics-port 0 turns metrics off)", file=sys.stderr)
-        if fanout is not None:
-            fanout.stop(0)
+        for sock in reserved:
+            sock.close()
         return 2
     if opts.ray_address:
         ray.init(address=opts.ray_address, namespace="saga")
@@ -249,8 +269,14 @@ def main(argv: list[str]) -> int:
         ray.init(num_cpus=opts.num_cpus, namespace="saga", include_dashboard=False)
     stop = threading.Event()
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    fanout = metrics = None
     url = f"http://{opts.host}:{opts.port}"
     try:
+        fanout, servicer, hint_port = start_fanout(_kv_endpoints, f"{opts.host}:{_release_port(reserved[0])}",
+                                                 _router_stats if opts.router == "saga" else dict)
+        if opts.metrics_port:
+            collector = ClusterCollector(lambda: _engine_stats_by_replica(servicer), _published_router_stats)
+            metrics = serve_metrics(collector, opts.host, _release_port(reserved[1]))
         serve.start(http_options={"host": opts.host, "port": opts.port})
         app = build_openai_app(build_app_config(opts, LLMConfig(**cfg)))
         started = time.monotonic()
@@ -268,6 +294,8 @@ def main(argv: list[str]) -> int:
             pass
         return 0
     finally:
+        for sock in reserved:
+            sock.close()  # closing twice is harmless
         for s, h in old.items():
             signal.signal(s, h)
         print("[saga] stopping", file=sys.stderr, flush=True)

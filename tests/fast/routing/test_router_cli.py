@@ -56,7 +56,7 @@ def test_only_sessions_in_a_tool_call_move_unless_asked():
 
 
 def test_a_taken_port_fails_at_once_before_ray_starts(tmp_path, monkeypatch, capsys):
-    """The hint and metrics ports are bound before Ray starts (a minute, many
+    """The hint and metrics ports are reserved before Ray starts (a minute, many
     processes that could take a port chosen for the router meanwhile); a taken one
     ends the command with a clear error, Ray never started, the other port freed."""
     import socket
