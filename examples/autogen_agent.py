@@ -19,7 +19,9 @@ Why the tool choice is forced: the default model, SmolLM2-135M-Instruct, never p
 tool by itself (ENGINE_NOTES, trap 5), and `AssistantAgent` always asks with
 `tool_choice="auto"`. `RequiredToolChoice` turns "auto" into "required" whenever tools
 are offered, so each of the researcher's steps calls a tool (guided decoding makes the
-call valid), and the tool-iteration limit ends its turn. With a capable model, use
+call valid), and the tool-iteration limit ends its turn. `read_file` takes a file name
+from an enum (a free string lets the small model ramble until `max_tokens`, and a
+truncated call is no call). With a capable model, use
 `OpenAIChatCompletionClient` directly and the agents behave the same on their own.
 """
 
@@ -33,6 +35,7 @@ import sys
 import tempfile
 import urllib.request
 from pathlib import Path
+from typing import Literal
 
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.conditions import MaxMessageTermination
@@ -71,7 +74,7 @@ def write_corpus(directory: Path) -> Path:
 
 
 def make_tools(corpus: Path) -> list[FunctionTool]:
-    def read_file(name: str) -> str:
+    def read_file(name: Literal["saga.txt", "numbers.txt"]) -> str:
         """Read one file of the corpus by name (saga.txt or numbers.txt)."""
         path = (corpus / Path(name).name)
         return path.read_text() if path.is_file() else f"no file named {name!r}; try one of {sorted(CORPUS)}"
@@ -85,7 +88,7 @@ def make_tools(corpus: Path) -> list[FunctionTool]:
 
 
 def build_model_client(base_url: str, model: str, *, hints: HintClient | None = None,
-                       max_tokens: int = 48) -> SagaChatCompletionClient:
+                       max_tokens: int = 160) -> SagaChatCompletionClient:
     inner = RequiredToolChoice(model=model, base_url=base_url, api_key="unused", model_info=MODEL_INFO,
                                max_tokens=max_tokens, temperature=0.0)
     return SagaChatCompletionClient(inner, client=hints)

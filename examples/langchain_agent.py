@@ -15,7 +15,9 @@ Why the tool choice is forced: the default model, SmolLM2-135M-Instruct, never c
 a tool by itself (see ENGINE_NOTES, trap 5). The `force_tools` middleware therefore asks
 for a tool on every step (`tool_choice="required"`, with `strict` tool schemas so the
 server's guided decoding yields valid calls), lets the model pick which, and on the last
-step names `final_answer`, so the run always terminates. With a capable model, drop the
+step names `final_answer`, so the run always terminates. Every argument is bounded (an
+enum of file names, `max_length` on strings): an unbounded string lets the small model
+ramble until `max_tokens`, and a truncated call is no call. With a capable model, drop the
 middleware and the agent behaves the same way on its own.
 """
 
@@ -30,12 +32,14 @@ import sys
 import tempfile
 import urllib.request
 from pathlib import Path
+from typing import Annotated, Literal
 
 from langchain.agents import create_agent
 from langchain.agents.middleware import wrap_model_call
 from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
+from pydantic import Field
 
 from saga_sdk import HintClient, HintReader
 from saga_sdk.integrations.langchain import SagaCallbackHandler, saga_tool_hint
@@ -67,7 +71,7 @@ def _evaluate(node: ast.AST) -> float:
 
 def make_tools(corpus_dir: Path):
     @tool
-    def calculator(expression: str) -> str:
+    def calculator(expression: Annotated[str, Field(max_length=40)]) -> str:
         """Evaluate an arithmetic expression such as "6 * 7" and return the result."""
         try:
             return str(_evaluate(ast.parse(expression, mode="eval")))
@@ -76,7 +80,7 @@ def make_tools(corpus_dir: Path):
 
     @saga_tool_hint(expected_duration_s=0.05, category="io")
     @tool
-    def read_file(name: str) -> str:
+    def read_file(name: Literal["saga.txt", "vllm.txt", "numbers.txt"]) -> str:
         """Read one file of the local corpus. Files: saga.txt, vllm.txt, numbers.txt."""
         path = (corpus_dir / Path(name).name)  # no path traversal out of the corpus
         if not path.is_file():
@@ -84,7 +88,7 @@ def make_tools(corpus_dir: Path):
         return path.read_text()
 
     @tool(return_direct=True)
-    def final_answer(answer: str) -> str:
+    def final_answer(answer: Annotated[str, Field(max_length=80)]) -> str:
         """Give the final answer to the user and stop."""
         return answer
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.http import free_port, post_chat
+from tests.support.http import REQUEST_TIMEOUT_S, free_port, post_chat
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,7 +49,8 @@ class RunningSaga:
     started_here: bool
     kv_blocks: int | None  # when started here: the KV cache size in blocks of 32 tokens
 
-    def chat(self, messages, *, session_id: str | None = None, timeout: float = 120, **body) -> dict:
+    def chat(self, messages, *, session_id: str | None = None, timeout: float = REQUEST_TIMEOUT_S,
+             **body) -> dict:
         """POST /v1/chat/completions; returns the JSON."""
         return post_chat(self.openai_url + "/chat/completions", self.model, messages, session_id=session_id,
                          timeout=timeout, **body)

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import urllib.request
 
-__all__ = ["free_port", "post_chat"]
+__all__ = ["free_port", "post_chat", "REQUEST_TIMEOUT_S"]
+
+# One request to the real engine, sized for a busy 2-core machine without AVX-512
+# (prefill ~200 tokens/s, shared with the other tests' traffic): generous, because a
+# timeout here is a flaky test, never a finding.
+REQUEST_TIMEOUT_S = float(os.environ.get("SAGA_TEST_REQUEST_TIMEOUT_S", "600"))
 
 
 def free_port() -> int:
@@ -16,10 +22,11 @@ def free_port() -> int:
 
 
 def post_chat(chat_url: str, model: str, messages: list, *, session_id: str | None = None,
-              timeout: float = 120, **body) -> dict:
+              timeout: float = REQUEST_TIMEOUT_S, **body) -> dict:
     """POST a chat completion to `chat_url` (…/v1/chat/completions); returns the JSON.
-    `session_id` goes in the `X-Session-ID` header, as an agent's SDK sends it."""
-    payload = {"model": model, "messages": messages, **body}
+    `session_id` goes in the `X-Session-ID` header, as an agent's SDK sends it.
+    Greedy and seeded unless the body says otherwise: real-tier answers must not vary."""
+    payload = {"model": model, "messages": messages, "temperature": 0.0, "seed": 0, **body}
     headers = {"Content-Type": "application/json"}
     if session_id:
         headers["X-Session-ID"] = session_id

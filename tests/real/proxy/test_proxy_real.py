@@ -16,6 +16,7 @@ import pytest
 from saga_sdk import HintClient, HintReader
 from saga_server.proxy import ProxyConfig, SagaProxy
 from saga_server.proxy.server import BackgroundServer
+from tests.support.http import REQUEST_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parents[3]
 TOOLS = [{"type": "function", "function": {
@@ -35,7 +36,7 @@ def proxy(saga_server):
 
 
 def client_for(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=REQUEST_TIMEOUT_S)
 
 
 def comparable(obj: dict) -> dict:
@@ -52,8 +53,8 @@ def comparable(obj: dict) -> dict:
 def test_non_streaming_answers_match_direct(saga_server, proxy):
     body = {"model": saga_server.model, "temperature": 0, "max_tokens": 16, "seed": 1,
             "messages": [{"role": "user", "content": "Say hello to the airline customer."}]}
-    direct = httpx.post(saga_server.openai_url + "/chat/completions", json=body, timeout=120)
-    proxied = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=120)
+    direct = httpx.post(saga_server.openai_url + "/chat/completions", json=body, timeout=REQUEST_TIMEOUT_S)
+    proxied = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT_S)
     assert proxied.status_code == direct.status_code == 200
     assert comparable(proxied.json()) == comparable(direct.json())
 
@@ -63,7 +64,7 @@ def test_streaming_answers_match_direct_chunk_for_chunk(saga_server, proxy):
             "messages": [{"role": "user", "content": "Name three airports."}]}
 
     def chunks(url):
-        with httpx.stream("POST", url + "/chat/completions", json=body, timeout=120) as r:
+        with httpx.stream("POST", url + "/chat/completions", json=body, timeout=REQUEST_TIMEOUT_S) as r:
             assert r.headers["content-type"].startswith("text/event-stream")
             raw = b"".join(r.iter_raw())
         events = [e for e in raw.split(b"\n\n") if e.strip()]
@@ -76,8 +77,8 @@ def test_streaming_answers_match_direct_chunk_for_chunk(saga_server, proxy):
 def test_upstream_errors_come_back_unchanged(saga_server, proxy):
     for body in ({"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]},
                  {"model": saga_server.model, "messages": "not a list"}):
-        direct = httpx.post(saga_server.openai_url + "/chat/completions", json=body, timeout=60)
-        proxied = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=60)
+        direct = httpx.post(saga_server.openai_url + "/chat/completions", json=body, timeout=REQUEST_TIMEOUT_S)
+        proxied = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT_S)
         assert proxied.status_code == direct.status_code >= 400
         assert proxied.json() == direct.json()
 

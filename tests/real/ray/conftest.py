@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.http import free_port, post_chat
+from tests.support.http import REQUEST_TIMEOUT_S, free_port, post_chat
 
 ROOT = Path(__file__).resolve().parents[3]
 KV_PREFIX = "saga:hint:"
@@ -34,7 +34,7 @@ class RayCluster:
     model: str
     metrics_url: str | None = None  # the cluster's /metrics (only for a cluster started here)
 
-    def chat(self, messages, *, session_id: str | None = None, timeout: float = 300, **body) -> dict:
+    def chat(self, messages, *, session_id: str | None = None, timeout: float = REQUEST_TIMEOUT_S, **body) -> dict:
         return post_chat(self.base_url + "/v1/chat/completions", self.model, messages, session_id=session_id,
                          timeout=timeout, **body)
 
