@@ -28,6 +28,11 @@ _STAMP = ".saga-converted"
 # Hermes-style: tool schemas inside <tools></tools> in the system turn; the model
 # answers with <tool_call>{"name": ..., "arguments": ...}</tool_call>; tool results
 # come back as <tool_response> in a user-role turn (SmolLM2 knows only three roles).
+# A replayed assistant turn renders exactly what the model generated after the
+# generation prompt "<|im_start|>assistant\n": its content, then each call in the form
+# vLLM's hermes structural tag makes it write (`<tool_call>\n{...}\n</tool_call>`,
+# no separator), then <|im_end|>. Then the next prompt starts with the previous prompt
+# plus the answer token for token, and the prefix cache serves the answer's KV too.
 HERMES_TOOL_TEMPLATE = r"""{%- set has_tools = tools is defined and tools -%}
 {%- if messages and messages[0]['role'] == 'system' -%}
 {%- set system_message = messages[0]['content'] -%}
@@ -54,9 +59,7 @@ To call a function, answer with a JSON object inside <tool_call></tool_call> tag
 {% for message in loop_messages -%}
 {%- if message['role'] == 'assistant' -%}
 <|im_start|>assistant
-{%- if message['content'] %}
-{{ message['content'] }}
-{%- endif %}
+{% if message['content'] %}{{ message['content'] }}{% endif %}
 {%- if message.tool_calls is defined and message.tool_calls %}
 {%- for tc in message.tool_calls %}
 {%- set fn = tc.function if tc.function is defined else tc %}
@@ -113,12 +116,15 @@ def gguf_path() -> Path:
 
 
 def is_prepared(model_dir: Path) -> bool:
-    return (model_dir / _STAMP).is_file() and (model_dir / TOOL_TEMPLATE_FILE).is_file()
+    return (model_dir / _STAMP).is_file()
 
 
 def write_tool_template(model_dir: Path) -> Path:
+    """Write the tool template into `model_dir` unless it is already current (a
+    directory converted by an older release gets this release's template)."""
     path = Path(model_dir) / TOOL_TEMPLATE_FILE
-    path.write_text(HERMES_TOOL_TEMPLATE)
+    if not path.is_file() or path.read_text() != HERMES_TOOL_TEMPLATE:
+        path.write_text(HERMES_TOOL_TEMPLATE)
     return path
 
 
@@ -126,6 +132,7 @@ def ensure_default_model(log=lambda msg: print(msg, file=sys.stderr, flush=True)
     """Return the converted default model directory, converting it first if needed."""
     target = default_model_dir()
     if is_prepared(target):
+        write_tool_template(target)
         return target
     source = gguf_path()
     log(f"[saga] converting {source.name} once into {target} (~20 s, ~260 MB)...")
