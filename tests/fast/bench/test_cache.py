@@ -13,7 +13,9 @@ from saga_server.engines.sim.offline import ORDERS
 
 def idle(cache: PrefixCache, sid: str, blocks: int, key: float, tier: int = SOFT) -> None:
     cache.admit(sid, 0, blocks)
-    cache.release(sid, blocks * cache.block_tokens, key, tier)
+    cache.release(sid, blocks * cache.block_tokens, key, SOFT if tier == PINNED else tier)
+    if tier == PINNED:
+        assert cache.pin(sid, key, ttl_s=1e9)
 
 
 def test_lru_evicts_the_least_recent_entry_first_and_tail_first():

@@ -2,44 +2,35 @@
 
 vLLM keeps KV in fixed-size blocks and reuses a block when a new prompt starts with
 the same tokens. Agent histories are append-only, so what a session can reuse is
-always a *prefix* of its last prompt plus answer. We therefore keep, per session, one
-entry: the number of leading blocks of its history still resident. Evicting takes
-blocks from the *tail* of the victim's prefix (vLLM frees a request's blocks tail
-first, so the hash chain stays valid), which leaves partial hits possible.
+always a *prefix* of its last prompt plus answer. The blocks of a session are
+therefore "the first n blocks of its history", and a pool only needs counts.
 
-Memory is `capacity_blocks` shared by
+`PrefixCache` is the pool of one worker: `capacity_blocks` shared by
 - *active* blocks, reserved by running requests (prompt + output, not evictable), and
-- *cached* blocks, entries of idle sessions, evictable by *tier* then key (lower
-  first): `SOFT` entries first, then `PINNED` ones (a pin is released only when no
-  soft entry is left), then `PROTECTED` ones (sessions whose next request is already
-  queued: their KV is about to be used).
+- *cached* blocks, the prefixes of idle sessions, held by the core's `HoldLedger`
+  (the same object the vLLM plugin uses): soft holds first, then pins (within the pin
+  budget, until their TTL), then protected prefixes (sessions whose next request is
+  queued), each tier by key, tail first. So the simulator releases KV in the plugin's
+  order by construction. A stock vLLM's free queue is this with every prefix a soft
+  hold keyed by its last use (LRU).
 
 Keys are set by the caller whenever a session's state changes (request finished, tool
-started/ended, session ended, pin expired), as the plugin re-scores a session's blocks
-on hints; the cache owns the heap and invalidates stale heap items lazily.
+started/ended, session ended, pin expired), as the plugin re-scores a session's hold
+on hints.
 
 `HostTier` is the CPU copy of evicted tails, for policies that offload and prefetch.
 """
 
 from __future__ import annotations
 
-import heapq
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["PrefixCache", "HostTier", "Eviction", "SOFT", "PINNED", "PROTECTED"]
+from saga_server.core.holds import PINNED, PROTECTED, SOFT, HoldLedger, Release
 
-SOFT, PINNED, PROTECTED = 0, 1, 2  # eviction tiers, lowest first
-
-
-@dataclass(slots=True)
-class _Entry:
-    blocks: int
-    key: float
-    tier: int
-    version: int
-    dead: bool = False
+__all__ = ["PrefixCache", "HostTier", "Eviction", "CountingPool", "SOFT", "PINNED", "PROTECTED"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,18 +40,74 @@ class Eviction:
     to_blocks: int  # and after (tail-first: blocks [to, from) were freed)
 
 
+class CountingPool:
+    """A `BlockPool` of anonymous blocks for sessions whose blocks are the first n of
+    their history (runs are `range`s). Requests reserve a session's blocks
+    (`reserve`), the ledger holds a prefix of them (`touch`, then `free` of tails); a
+    session occupies max(reserved, longest held run) blocks."""
+
+    __slots__ = ("capacity", "used", "reserved_total", "_reserved", "_runs")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self.reserved_total = 0
+        self._reserved: dict[str, int] = {}
+        self._runs: dict[str, list[int]] = {}  # session -> ends of its held runs
+
+    def num_free(self) -> int:
+        return self.capacity - self.used
+
+    def reserved(self, session_id: str) -> int:
+        return self._reserved.get(session_id, 0)
+
+    def reserve(self, session_id: str, blocks: int) -> None:
+        before = self._occupied(session_id)
+        self.reserved_total += blocks - self._reserved.get(session_id, 0)
+        self._reserved[session_id] = blocks
+        self.used += self._occupied(session_id) - before
+
+    def unreserve(self, session_id: str) -> int:
+        before = self._occupied(session_id)
+        self.reserved_total -= self._reserved.pop(session_id, 0)
+        self.used += self._occupied(session_id) - before
+        return before - self._occupied(session_id)
+
+    def touch(self, session_id: str, blocks: range) -> None:
+        before = self._occupied(session_id)
+        self._runs.setdefault(session_id, []).append(blocks.stop)
+        self.used += self._occupied(session_id) - before
+
+    def free(self, session_id: str, blocks: range) -> int:
+        """`blocks` is the tail [start, stop) of a held run ending at `stop`."""
+        before = self._occupied(session_id)
+        runs = self._runs[session_id]
+        runs.remove(blocks.stop)
+        if blocks.start > 0:
+            runs.append(blocks.start)
+        elif not runs:
+            del self._runs[session_id]
+        freed = before - self._occupied(session_id)
+        self.used -= freed
+        return freed
+
+    def _occupied(self, session_id: str) -> int:
+        runs = self._runs.get(session_id)
+        held = max(runs) if runs else 0
+        reserved = self._reserved.get(session_id, 0)
+        return held if held > reserved else reserved
+
+
 class PrefixCache:
     def __init__(self, capacity_blocks: int, block_tokens: int = 16,
-                 clock: Callable[[], float] = lambda: 0.0) -> None:
+                 clock: Callable[[], float] = lambda: 0.0, max_pin_fraction: float = 0.5) -> None:
         self.capacity_blocks = capacity_blocks
         self.block_tokens = block_tokens
         self._clock = clock
-        self._entries: dict[str, _Entry] = {}
-        self._active: dict[str, int] = {}
-        self._heap: list[tuple[int, float, int, str, int]] = []
-        self._seq = 0
-        self.active_blocks = 0
-        self.cached_blocks = 0
+        self.pool = CountingPool(capacity_blocks)
+        self.ledger = HoldLedger(self.pool, capacity_blocks, max_pin_fraction=max_pin_fraction,
+                                 on_release=self._released)
+        self._dead: set[str] = set()
         self.dead_blocks = 0
         self.evicted_blocks = 0
         # Time integral of useful blocks (active + cached of live sessions).
@@ -70,152 +117,129 @@ class PrefixCache:
     # --- reading -------------------------------------------------------
     @property
     def free_blocks(self) -> int:
-        return self.capacity_blocks - self.active_blocks - self.cached_blocks
+        return self.pool.num_free()
+
+    @property
+    def active_blocks(self) -> int:
+        return self.pool.reserved_total
+
+    @property
+    def cached_blocks(self) -> int:
+        return self.ledger.held_blocks
 
     @property
     def useful_blocks(self) -> int:
-        return self.active_blocks + self.cached_blocks - self.dead_blocks
+        return self.pool.used - self.dead_blocks
 
     def cached(self, session_id: str) -> int:
         """Resident prefix of an idle session, in blocks (0 if none or running)."""
-        e = self._entries.get(session_id)
-        return e.blocks if e is not None else 0
+        return self.ledger.blocks_of(session_id)
 
     def holds(self, session_id: str) -> bool:
-        """Whether the session has KV here (an idle entry or a running reservation)."""
-        return session_id in self._entries or session_id in self._active
+        """Whether the session has KV here (an idle prefix or a running reservation)."""
+        return session_id in self.ledger or self.pool.reserved(session_id) > 0
 
     def tier(self, session_id: str) -> int | None:
-        e = self._entries.get(session_id)
-        return None if e is None else e.tier
+        hold = self.ledger.get(session_id)
+        return None if hold is None else hold.tier
+
+    def pin_expires_at(self, session_id: str) -> float:
+        hold = self.ledger.get(session_id)
+        return hold.expires_at if hold is not None and hold.tier == PINNED else math.inf
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_tokens)
 
     def can_admit(self, session_id: str, keep_blocks: int, total_blocks: int) -> bool:
-        """Whether a request keeping `keep_blocks` of its session's entry and needing
-        `total_blocks` in all fits once every other idle entry is evicted."""
+        """Whether a request keeping `keep_blocks` of its session's prefix and needing
+        `total_blocks` in all fits once every other idle prefix is evicted."""
         return total_blocks - keep_blocks <= self.free_blocks + self.cached_blocks - keep_blocks
 
     # --- changing ------------------------------------------------------
     def admit(self, session_id: str, keep_blocks: int, total_blocks: int) -> list[Eviction]:
-        """Turn the session's entry (cut to `keep_blocks`) into an active reservation of
-        `total_blocks`, evicting other entries as needed. Call `can_admit` first."""
+        """Turn the session's prefix into an active reservation of `total_blocks`,
+        evicting other prefixes as needed. Call `can_admit` first."""
         self._tick()
-        e = self._entries.pop(session_id, None)
-        if e is not None:
-            self.cached_blocks -= e.blocks
-            if e.dead:
-                self.dead_blocks -= e.blocks
-        self._active[session_id] = total_blocks
-        self.active_blocks += total_blocks
-        return self._evict(0) if self.free_blocks < 0 else []
+        own = self.ledger.blocks_of(session_id)
+        evs = self._make_room(total_blocks - own, spare=session_id) if total_blocks > own else []
+        self.pool.reserve(session_id, total_blocks)
+        self.ledger.release(session_id, "arrival")
+        return evs
 
     def release(self, session_id: str, keep_tokens: int, key: float, tier: int = SOFT) -> None:
         """A request finished: keep its first `keep_tokens` (full blocks) as the session's
-        entry, free the rest."""
+        prefix (`tier` SOFT or PROTECTED; pins: `pin`), free the rest."""
         self._tick()
-        blocks = self._active.pop(session_id)
-        self.active_blocks -= blocks
-        keep = min(keep_tokens // self.block_tokens, blocks)
+        keep = min(keep_tokens // self.block_tokens, self.pool.reserved(session_id))
         if keep > 0:
-            self._put(session_id, _Entry(keep, key, tier, 0))
+            self.ledger.hold(session_id, range(keep), key=key, now=self._clock(), tier=tier)
+        self.pool.unreserve(session_id)
+
+    def pin(self, session_id: str, key: float, ttl_s: float) -> bool:
+        """Pin the session's prefix for `ttl_s` (False: no prefix, or over the budget)."""
+        return self.ledger.pin(session_id, ttl_s, self._clock(), key)
+
+    def expire_pins(self) -> list[str]:
+        """Pins past their TTL become soft; returns their sessions (re-key them)."""
+        return self.ledger.expire(self._clock())
 
     def set_key(self, session_id: str, key: float, tier: int | None = None) -> None:
-        e = self._entries.get(session_id)
-        if e is None:
-            return
-        e.key = key
-        if tier is not None:
-            e.tier = tier
-        self._push(session_id, e)
+        self.ledger.set_key(session_id, key, tier)
 
     def mark_dead(self, session_id: str, key: float) -> None:
-        """The session ended: its entry stays cached (as in vLLM) but counts as waste."""
+        """The session ended: its prefix stays cached (as in vLLM) but counts as waste."""
         self._tick()
-        e = self._entries.get(session_id)
-        if e is not None and not e.dead:
-            e.dead = True
-            self.dead_blocks += e.blocks
-            e.key, e.tier = key, SOFT
-            self._push(session_id, e)
+        if session_id in self.ledger and session_id not in self._dead:
+            self._dead.add(session_id)
+            self.dead_blocks += self.ledger.blocks_of(session_id)
+            self.ledger.set_key(session_id, key, SOFT)
 
     def grow(self, session_id: str, blocks: int, key: float) -> None:
-        """Add `blocks` to the tail of an idle session's entry (a prefetch from host);
-        the caller checked `free_blocks`."""
+        """Add `blocks` to the tail of an idle session's prefix (loaded from the host
+        tier or another worker); the caller checked `free_blocks`."""
         self._tick()
-        e = self._entries.get(session_id)
-        if e is None:
-            self._put(session_id, _Entry(blocks, key, SOFT, 0))
+        have = self.ledger.blocks_of(session_id)
+        self.pool.reserve(session_id, have + blocks)  # the load's own allocation
+        if have:
+            self.ledger.replace_blocks(session_id, range(have + blocks))
+            self.ledger.set_key(session_id, key)
         else:
-            e.blocks += blocks
-            self.cached_blocks += blocks
-            e.key = key
-            self._push(session_id, e)
+            self.ledger.hold(session_id, range(blocks), key=key, now=self._clock())
+        self.pool.unreserve(session_id)
 
     def drop(self, session_id: str) -> int:
-        """Free an idle session's entry at once (its KV moved to another worker);
+        """Free an idle session's prefix at once (its KV moved to another worker);
         returns the blocks freed. Not an eviction: nothing is lost."""
         self._tick()
-        e = self._entries.pop(session_id, None)
-        if e is None:
-            return 0
-        self.cached_blocks -= e.blocks
-        if e.dead:
-            self.dead_blocks -= e.blocks
-        return e.blocks
+        return self.ledger.release(session_id, "moved")
 
     def make_room(self, blocks: int, max_tier: int | None = None) -> list[Eviction]:
         """Evict until `blocks` are free (or nothing evictable is left); with
-        `max_tier`, only entries of that tier or lower (e.g. `SOFT`: never a pin)."""
+        `max_tier`, only prefixes of that tier or lower (e.g. `SOFT`: never a pin)."""
         self._tick()
-        return self._evict(blocks, max_tier)
+        return self._make_room(blocks, max_tier=PROTECTED if max_tier is None else max_tier)
 
     def flush_time(self) -> None:
         self._tick()
 
     # --- internals -----------------------------------------------------
+    def _make_room(self, blocks: int, *, spare: str | None = None, max_tier: int = PROTECTED) -> list[Eviction]:
+        out = [Eviction(r.session_id, r.before, r.after)
+               for r in self.ledger.make_room(blocks, spare=spare, max_tier=max_tier)]
+        self.evicted_blocks += sum(e.from_blocks - e.to_blocks for e in out)
+        return out
+
+    def _released(self, r: Release) -> None:
+        if r.session_id in self._dead:
+            self.dead_blocks -= r.before - r.after
+            if not r.after:
+                self._dead.discard(r.session_id)
+
     def _tick(self) -> None:
         now = self._clock()
         if now > self._t:
             self.useful_block_seconds += self.useful_blocks * (now - self._t)
             self._t = now
-
-    def _put(self, sid: str, e: _Entry) -> None:
-        self._entries[sid] = e
-        self.cached_blocks += e.blocks
-        self._push(sid, e)
-
-    def _push(self, sid: str, e: _Entry) -> None:
-        # Versions are unique across entries: a heap item left by an earlier entry of
-        # the same session (freed by `admit` or `drop`) never matches a later one.
-        self._seq += 1
-        e.version = self._seq
-        heapq.heappush(self._heap, (e.tier, e.key, self._seq, sid, e.version))
-
-    def _evict(self, want_free: int, max_tier: int | None = None) -> list[Eviction]:
-        out: list[Eviction] = []
-        heap, entries = self._heap, self._entries
-        while self.free_blocks < want_free and heap:
-            tier, _, _, sid, ver = heap[0]
-            e = entries.get(sid)
-            if e is None or e.version != ver:
-                heapq.heappop(heap)
-                continue
-            if max_tier is not None and tier > max_tier:
-                break
-            take = min(e.blocks, want_free - self.free_blocks)
-            before = e.blocks
-            e.blocks -= take
-            self.cached_blocks -= take
-            self.evicted_blocks += take
-            if e.dead:
-                self.dead_blocks -= take
-            out.append(Eviction(sid, before, e.blocks))
-            if e.blocks == 0:
-                heapq.heappop(heap)
-                del entries[sid]
-        return out
 
 
 class HostTier:

@@ -133,7 +133,7 @@ class SimResult:
 class Session:
     __slots__ = ("session_id", "task", "tenant", "worker", "step", "started_at",
                  "last_access", "state", "next_use", "tool_names", "kv_tokens", "base",
-                 "pin_version", "prefetch_ready_at", "unloaded_s", "deadline_s",
+                 "prefetch_ready_at", "unloaded_s", "deadline_s",
                  "move_to", "move_in_tool", "in_transit", "held")
 
     def __init__(self, inst: TaskInstance, now: float, base: int) -> None:
@@ -149,7 +149,6 @@ class Session:
         self.tool_names: tuple[str, ...] = ()
         self.kv_tokens = 0
         self.base = base  # shared-prefix tokens, always resident
-        self.pin_version = 0
         self.prefetch_ready_at = 0.0
         self.unloaded_s = 0.0
         self.deadline_s: float | None = None
@@ -235,7 +234,8 @@ class Simulator:
         host_cap = int(cap * config.host_tier_factor)
         clock = lambda: self.now  # noqa: E731
         self.workers = [
-            _Worker(i, PrefixCache(cap, bt, clock), HostTier(host_cap) if policy.host_tier else None)
+            _Worker(i, PrefixCache(cap, bt, clock, policy.max_pin_fraction),
+                    HostTier(host_cap) if policy.host_tier else None)
             for i in range(config.workers)
         ]
         self.capacity_blocks = cap
@@ -285,7 +285,7 @@ class Simulator:
                 self._start_prefill(a, b)
                 self._settle(a)
             elif kind == _PIN_EXPIRE:
-                self._pin_expire(a, b)
+                self._pin_expire(a)
             elif kind == _PREFETCH:
                 self._prefetch(a, b)
             elif kind == _TASK_START:
@@ -334,7 +334,6 @@ class Simulator:
         w = self.workers[s.worker]
         w.cache.set_key(s.session_id, self.policy.key(s, now),
                         PROTECTED if self.policy.protect_queued else SOFT)
-        s.pin_version += 1
         reuse = st.reused_tokens if s.step > 0 else min(s.task.shared_prefix_tokens, st.prompt_tokens)
         r = Request(s, st.prompt_tokens, st.output_tokens, reuse, self._next_seq(), now)
         heapq.heappush(w.queue, (self.policy.queue_priority(s, now), r.seq, r))
@@ -402,7 +401,7 @@ class Simulator:
         blocks = 0
         if self.policy.caches:
             blocks = max(src.cache.cached(sid), src.host.end(sid) if src.host is not None else 0)
-        tier = src.cache.tier(sid)
+        tier, pin_until = src.cache.tier(sid), src.cache.pin_expires_at(sid)
         src.cache.drop(sid)
         if src.host is not None:
             src.host.drop(sid)
@@ -424,13 +423,13 @@ class Simulator:
         res.steals_in_tool += s.move_in_tool
         res.move_s += dur
         res.steal_log.append((self.now, sid, src.wid, dst.wid, s.move_in_tool, tokens))
-        self._push(end, _MOVED, s, (blocks, tier))
+        self._push(end, _MOVED, s, (blocks, tier, pin_until))
         if queued is not None:
             self._touch(src)  # the queue head may have changed
 
     def _moved(self, s: Session, what: tuple[int, int | None]) -> None:
         """The KV of a moved session lands on its new worker."""
-        blocks, tier = what
+        blocks, tier, pin_until = what
         w = self.workers[s.worker]
         cache, pol, bt = w.cache, self.policy, self.cost.block_tokens
         s.in_transit = False
@@ -449,8 +448,8 @@ class Simulator:
             self.result.move_dropped_tokens += (blocks - have - put) * bt
             if s.state == "queued":
                 cache.set_key(sid, pol.key(s, self.now), PROTECTED if pol.protect_queued else SOFT)
-            elif tier == PINNED and s.state == "tool":
-                cache.set_key(sid, pol.key(s, self.now), PINNED)
+            elif tier == PINNED and s.state == "tool" and pin_until > self.now:
+                self._pin(w, s, pin_until - self.now)  # the rest of its TTL
         held, s.held = s.held, None
         if held is _ARRIVE:
             self._enqueue(s)
@@ -466,9 +465,14 @@ class Simulator:
         s.step += 1
         self._arrive(s)
 
-    def _pin_expire(self, s: Session, version: int) -> None:
-        if s.pin_version == version and s.state == "tool":
-            self.workers[s.worker].cache.set_key(s.session_id, self.policy.key(s, self.now), SOFT)
+    def _pin(self, w: _Worker, s: Session, ttl_s: float) -> None:
+        if w.cache.pin(s.session_id, self.policy.key(s, self.now), ttl_s):
+            self._push(self.now + ttl_s, _PIN_EXPIRE, w)
+
+    def _pin_expire(self, w: _Worker) -> None:
+        """Pins past their TTL are soft from now on, keyed by their session's state."""
+        for sid in w.cache.expire_pins():
+            w.cache.set_key(sid, self.policy.key(self.sessions[sid], self.now))
 
     # --- worker --------------------------------------------------------
     def _touch(self, w: _Worker) -> None:
@@ -617,9 +621,7 @@ class Simulator:
             cache = w.cache
             ttl = pol.pin_ttl(s, now, 1.0 - cache.free_blocks / cache.capacity_blocks) if st.tools else 0.0
             if ttl > 0.0 and keep > 0:
-                cache.set_key(s.session_id, key, PINNED)
-                s.pin_version += 1
-                self._push(now + ttl, _PIN_EXPIRE, s, s.pin_version)
+                self._pin(w, s, ttl)
             self._push(now + gap, _TOOL_END, s)
             if w.host is not None and w.offloaded:
                 self._plan_prefetch(w)

@@ -22,7 +22,9 @@ Flags say which machinery it uses: `caches` (prefix caching at all), `host_tier`
 (offload evicted tails to CPU memory and load them back on a hit), `steals` (route
 through `place`/`plan_steal`; a stolen session's KV moves with it), `unbounded`
 (infinite GPU KV), `protect_queued` (a session whose request is queued keeps its KV until every idle
-and pinned prefix is gone; among them `key` orders, as the SAGA vLLM plugin does).
+and pinned prefix is gone; among them `key` orders, as the SAGA vLLM plugin does), and
+`max_pin_fraction` (most of the pool that pins may hold; the cache is the plugin's
+`HoldLedger`, see `cache`).
 Hint hooks (`on_*`) see what an SDK would send; baselines ignore most of them.
 
 Sessions are `saga_server.engines.sim.cluster.Session` objects; policies read
@@ -64,6 +66,7 @@ class SimPolicy:
     steals = False
     unbounded = False
     protect_queued = False
+    max_pin_fraction = 0.5  # the pin budget, as the vLLM plugin's default (SAGA_PIN_MAX_FRACTION)
 
     def bind(self, clock: Callable[[], float], seed: int) -> None:
         """Called once by the simulator before the run: its clock and seed."""
@@ -136,6 +139,7 @@ class ContinuumTtl(SimPolicy):
     seen once."""
 
     name = "continuum-ttl"
+    max_pin_fraction = 1.0  # its paper bounds pins by their TTL only
 
     def __init__(self, alpha: float = 0.2, ttl_cap_s: float = 60.0) -> None:
         self.alpha = alpha
