@@ -29,7 +29,7 @@ from vllm.v1.request import RequestStatus
 from saga_server.core import CoreConfig, ManualClock, SessionStart, ToolCallStart, WorkflowCore
 from saga_server.core.pinning import PinConfig
 from saga_server.engines.vllm import SagaScheduler
-from saga_server.engines.vllm.scheduler import PREFETCH_PREFIX
+from saga_server.engines.vllm import PREFETCH_PREFIX
 from vllm_builders import Requests, hit_tokens, make_scheduler, model_output
 
 BS = 16
@@ -95,11 +95,11 @@ def _paused_session(tiny_model, offload_gib: float | None):
     s = make_scheduler(SagaScheduler, tiny_model, core=core, clock=clock, start_hints=False,
                        num_blocks=16, block_size=BS, kv_offloading_size=offload_gib)
     worker, R, hist = OffloadWorker(), Requests(BS), tokens(100, HIST)
-    s.saga_core.accept(SessionStart("A", clock()))
+    s.saga.core.accept(SessionStart("A", clock()))
     first = R.make(hist, session_id="A")
     s.add_request(first)
     worker.drain(s)
-    s.saga_core.accept(ToolCallStart("A", clock(), "bash", call_id="c"))
+    s.saga.core.accept(ToolCallStart("A", clock(), "bash", call_id="c"))
     return s, worker, R, hist, first
 
 
@@ -109,7 +109,7 @@ def _reclaim_a_paused_session(tiny_model, offload_gib: float | None):
     s, worker, R, hist, first = _paused_session(tiny_model, offload_gib)
     s.add_request(R.make(tokens(50000, 15 * BS)))  # every usable block: none of A's stays
     outs = worker.drain(s)
-    assert s.saga_counters["prefetch_issued"] == 1
+    assert s.saga.counters["prefetch_issued"] == 1
     return s, worker, R, hist, first, outs
 
 
@@ -146,12 +146,12 @@ def test_prefetch_of_an_evicted_session_loads_its_kv_from_the_cpu_tier(tiny_mode
 
     nxt = R.make(hist + [7, 8, 9], session_id="A")
     s.add_request(nxt)
-    assert s.saga_counters["prefetch_used"] == 0
+    assert s.saga.counters["prefetch_used"] == 0
     outs = worker.drain(s)
     assert hit_tokens(outs, nxt.request_id) == HIST
     # The hit is on the GPU: A's own request waits for no load.
     assert not [j for o in outs for j in o.kv_connector_metadata.load_jobs.values()]
-    assert s.saga_counters["prefetch_used"] == 1
+    assert s.saga.counters["prefetch_used"] == 1
 
 
 def test_the_prefetch_waits_in_waiting_for_remote_kvs_until_the_worker_reports_the_load(tiny_model):
@@ -171,11 +171,11 @@ def test_the_prefetch_waits_in_waiting_for_remote_kvs_until_the_worker_reports_t
         assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS and req.num_computed_tokens == HIST
         out = worker.step(s, loads_done=False)
         assert pid not in out.num_scheduled_tokens and not out.kv_connector_metadata.load_jobs
-    assert s.saga_counters["prefetch_issued"] == 1
+    assert s.saga.counters["prefetch_issued"] == 1
     outs = worker.drain(s)  # the load is reported; the prefetch computes its last token
     assert _scheduled(outs, pid) == 1
-    assert pid not in s.requests and s.saga_counters["prefetch_issued"] == 1
-    assert len(s.saga_holds.get("A").blocks) == HIST // BS  # the prefetched KV, held for A
+    assert pid not in s.requests and s.saga.counters["prefetch_issued"] == 1
+    assert len(s.saga.ledger.get("A").blocks) == HIST // BS  # the prefetched KV, held for A
 
 
 def test_without_the_cpu_tier_the_same_prefetch_recomputes_the_whole_history(tiny_model):

@@ -16,6 +16,7 @@ from saga_server.core import (
     CoreConfig,
     FairShareConfig,
     ManualClock,
+    PinDecision,
     PrefetchCandidate,
     SessionEnd,
     SessionStart,
@@ -63,20 +64,20 @@ def test_paused_session_keeps_its_prefix_through_a_flood_stock_loses_it(tiny_mod
             s = make_scheduler(Scheduler, tiny_model, num_blocks=24, block_size=BS)
         else:
             s = saga(tiny_model, num_blocks=24, block_size=BS, cls=cls)
-            s.saga_core.accept(SessionStart("A", s._saga_clock(), tenant="t"))
+            s.saga.core.accept(SessionStart("A", s.saga.clock(), tenant="t"))
         R = Requests(BS)
         s.add_request(R.make(hist, session_id="A"))
         run_until_idle(s)
         if name == "saga":
-            s.saga_core.accept(ToolCallStart("A", s._saga_clock(), "pytest", call_id="c1", category="test"))
-            assert s.saga_holds.get("A").pinned
+            s.saga.core.accept(ToolCallStart("A", s.saga.clock(), "pytest", call_id="c1", category="test"))
+            assert s.saga.ledger.get("A").pinned
         flood(s, R, 30, sessions=False)  # anonymous traffic: LRU would evict A first
         nxt = R.make(hist + [7] + tokens(900, 20), session_id="A")
         s.add_request(nxt)
         results[name] = hit_tokens(run_until_idle(s), nxt.request_id)
         pool_is_consistent(s)
         if name == "saga":
-            assert s.saga_counters["pins_used"] == 1  # released because A came back
+            assert s.saga.counters["pins_used"] == 1  # released because A came back
     assert results["stock"] == 0
     assert results["saga"] == 96  # the whole history (6 full blocks)
 
@@ -87,12 +88,12 @@ def test_next_request_releases_the_hold_and_nothing_leaks(tiny_model):
     hist = tokens(100, 64)
     s.add_request(R.make(hist, session_id="A"))
     run_until_idle(s)
-    assert "A" in s.saga_holds and s.saga_holds.held_blocks == 4
+    assert "A" in s.saga.ledger and s.saga.ledger.held_blocks == 4
     s.add_request(R.make(hist + [7] + tokens(500, 40), session_id="A"))
     run_until_idle(s)
     # the old hold was released on scheduling; the new request's blocks are held now
-    assert s.saga_holds.get("A").blocks and s.saga_counters["released_arrival"] >= 1
-    s.saga_holds.release_all("test")
+    assert s.saga.ledger.get("A").blocks and s.saga.counters["released_arrival"] >= 1
+    s.saga.ledger.release_all("test")
     pool_is_consistent(s)
     assert s.reset_prefix_cache()  # no stray reference anywhere
 
@@ -104,16 +105,16 @@ def test_pins_never_block_forward_progress(tiny_model):
     R = Requests(BS)
     for i in range(5):
         sid = f"S{i}"
-        s.saga_core.accept(SessionStart(sid, s._saga_clock()))
+        s.saga.core.accept(SessionStart(sid, s.saga.clock()))
         s.add_request(R.make(tokens(1000 * (i + 1), 64), session_id=sid))
         run_until_idle(s)
-        s.saga_core.accept(ToolCallStart(sid, s._saga_clock(), "bash", call_id="x"))
-    assert s.saga_holds.held_blocks >= 16
+        s.saga.core.accept(ToolCallStart(sid, s.saga.clock(), "bash", call_id="x"))
+    assert s.saga.ledger.held_blocks >= 16
     big = R.make(tokens(40000, 21 * BS), session_id="big")  # 21 of 23 usable blocks
     s.add_request(big)
     outs = run_until_idle(s)
     assert any(big.request_id in o.num_scheduled_tokens for o in outs)
-    assert s.saga_counters["released_wa_lru"] + s.saga_counters["released_pressure"] > 0
+    assert s.saga.counters["released_wa_lru"] + s.saga.counters["released_pressure"] > 0
     pool_is_consistent(s)
 
 
@@ -135,38 +136,63 @@ def test_reclaim_follows_the_cores_eviction_order_not_lru(tiny_model):
         s.add_request(R.make(hists[sid], session_id=sid))
         run_until_idle(s)
         clock.t += 1
-    assert not any(h.pinned for h in map(s.saga_holds.get, ("old", "mid", "new")))
+    assert not any(h.pinned for h in map(s.saga.ledger.get, ("old", "mid", "new")))
     s.add_request(R.make(tokens(90000, 80)))  # needs 5+1 blocks: 3 free, so 3+ must go
     run_until_idle(s)
-    assert len(s.saga_holds.get("old").blocks) == 4
-    assert len(s.saga_holds.get("new").blocks) == 4
-    assert s.saga_holds.get("mid") is None or len(s.saga_holds.get("mid").blocks) < 4
+    assert len(s.saga.ledger.get("old").blocks) == 4
+    assert len(s.saga.ledger.get("new").blocks) == 4
+    assert s.saga.ledger.get("mid") is None or len(s.saga.ledger.get("mid").blocks) < 4
     for sid in ("old", "new"):
         nxt = R.make(hists[sid] + [7, 8], session_id=sid)
         s.add_request(nxt)
         assert hit_tokens(run_until_idle(s), nxt.request_id) == 64
 
 
+def test_under_pressure_soft_holds_go_before_pins_whatever_their_keys(tiny_model):
+    """The ledger's tier order in the engine: a pin outlives every soft hold, even one
+    the core values more (a pin is a promise for the length of its TTL)."""
+
+    class Core(WorkflowCore):
+        def eviction_priority(self, session_id, kv_tokens, last_access):
+            return {"pinned": 0.0, "soft": 5.0}.get(session_id, 0.0)
+
+        def pin_decision(self, session_id, kv_tokens, memory_pressure):
+            return PinDecision(session_id == "pinned", 60.0, "test")
+
+    clock = ManualClock(100.0)
+    s = saga(tiny_model, clock=clock, core=Core(clock=clock), num_blocks=16, block_size=BS)
+    R = Requests(BS)
+    for sid in ("pinned", "soft"):
+        s.add_request(R.make(tokens(1000 if sid == "soft" else 2000, 64), session_id=sid))
+        run_until_idle(s)
+    assert s.saga.ledger.get("pinned").pinned and not s.saga.ledger.get("soft").pinned
+    s.add_request(R.make(tokens(90000, 160)))  # 11 blocks with 7 free: 4+ held blocks must go
+    run_until_idle(s)
+    assert len(s.saga.ledger.get("pinned").blocks) == 4
+    assert s.saga.ledger.get("soft") is None
+    assert s.saga.counters["released_wa_lru"] == 4 and s.saga.counters["released_pressure"] == 0
+
+
 def test_pin_ttl_expiry_turns_a_pin_into_a_soft_hold(tiny_model):
     clock = ManualClock(100.0)
     s = saga(tiny_model, clock=clock, num_blocks=32, block_size=BS)
     R = Requests(BS)
-    s.saga_core.accept(SessionStart("A", clock()))
+    s.saga.core.accept(SessionStart("A", clock()))
     s.add_request(R.make(tokens(100, 64), session_id="A"))
     run_until_idle(s)
-    hold = s.saga_holds.get("A")
-    assert hold.pinned and s.saga_holds.pinned_blocks == 4
+    hold = s.saga.ledger.get("A")
+    assert hold.pinned and s.saga.ledger.pinned_blocks == 4
     clock.t = hold.expires_at + 0.01
     s.schedule()  # an empty step applies expiries
-    assert not s.saga_holds.get("A").pinned and s.saga_holds.pinned_blocks == 0
-    assert s.saga_counters["pins_expired"] == 1
+    assert not s.saga.ledger.get("A").pinned and s.saga.ledger.pinned_blocks == 0
+    assert s.saga.counters["pins_expired"] == 1
 
 
 def _session_holding_kv(tiny_model):
     """A scheduler where session A's finished request left its 64 tokens held."""
     s = saga(tiny_model, num_blocks=32, block_size=BS)
     R = Requests(BS)
-    s.saga_core.accept(SessionStart("A", s._saga_clock()))
+    s.saga.core.accept(SessionStart("A", s.saga.clock()))
     s.add_request(R.make(tokens(100, 64), session_id="A"))
     run_until_idle(s)
     return s
@@ -174,10 +200,10 @@ def _session_holding_kv(tiny_model):
 
 def test_session_end_hint_releases_the_sessions_kv(tiny_model):
     s = _session_holding_kv(tiny_model)
-    assert "A" in s.saga_holds
-    s.saga_sink.accept(SessionEnd("A", s._saga_clock()))
+    assert "A" in s.saga.ledger
+    s.saga.sink.accept(SessionEnd("A", s.saga.clock()))
     s.schedule()
-    assert "A" not in s.saga_holds
+    assert "A" not in s.saga.ledger
     pool_is_consistent(s)
     assert s.reset_prefix_cache()
 
@@ -204,9 +230,9 @@ def test_afs_orders_waiting_requests_by_fair_share(tiny_model):
     s = saga(tiny_model, num_blocks=64, block_size=BS, max_num_seqs=1)
     R = Requests(BS)
     for tenant in ("heavy", "light"):  # both active; heavy has been served a lot
-        s.saga_core.on_request_arrival(f"warm-{tenant}", 1, tenant)
-    s.saga_core.record_service("heavy", 100_000)
-    assert s.saga_core.request_priority("l1", "light") < s.saga_core.request_priority("h2", "heavy")
+        s.saga.core.on_request_arrival(f"warm-{tenant}", 1, tenant)
+    s.saga.core.record_service("heavy", 100_000)
+    assert s.saga.core.request_priority("l1", "light") < s.saga.core.request_priority("h2", "heavy")
     first = R.make(tokens(1, 40), extra_args={"tenant": "heavy"}, session_id="h1")
     s.add_request(first)
     step(s)  # first runs; the next two wait for the single slot
@@ -228,9 +254,9 @@ def test_within_a_tenant_the_senior_task_goes_first(tiny_model, window):
     core = WorkflowCore(CoreConfig(fairshare=FairShareConfig(seniority_window_s=window)), clock=clock)
     s = saga(tiny_model, clock=clock, core=core, num_blocks=64, block_size=BS, max_num_seqs=1)
     R = Requests(BS)
-    s.saga_core.accept(SessionStart("old", clock(), tenant="t"))
+    s.saga.core.accept(SessionStart("old", clock(), tenant="t"))
     clock.t += 30
-    s.saga_core.accept(SessionStart("young", clock(), tenant="t"))
+    s.saga.core.accept(SessionStart("young", clock(), tenant="t"))
     s.add_request(R.make(tokens(1, 40), session_id="filler"))
     step(s)  # the filler holds the only slot
     young = R.make(tokens(2000, 40), session_id="young")
@@ -247,7 +273,7 @@ def test_within_a_tenant_the_senior_task_goes_first(tiny_model, window):
 def test_engine_knobs_from_the_environment_and_bad_values_ignored(tiny_model, monkeypatch):
     def knobs():
         s = make_scheduler(SagaScheduler, tiny_model, num_blocks=16, block_size=BS, start_hints=False)
-        return s.saga_core.config.fairshare.seniority_window_s, s.saga_holds.max_pin_blocks
+        return s.saga.core.config.fairshare.seniority_window_s, s.saga.ledger.max_pin_blocks
 
     default = (FairShareConfig().seniority_window_s, 7)  # half of the 15 usable blocks
     for window, fraction in (("soon", "lots"), ("-1", "1.5"), ("nan", "nan")):
@@ -266,13 +292,13 @@ def _paused_session_reclaimed(tiny_model):
     s = saga(tiny_model, clock=clock, num_blocks=16, block_size=BS)
     R = Requests(BS)
     hist = tokens(100, 64)
-    s.saga_core.accept(SessionStart("A", clock()))
+    s.saga.core.accept(SessionStart("A", clock()))
     s.add_request(R.make(hist, session_id="A"))
     run_until_idle(s)
-    s.saga_core.accept(ToolCallStart("A", clock(), "bash", call_id="c"))
+    s.saga.core.accept(ToolCallStart("A", clock(), "bash", call_id="c"))
     s.add_request(R.make(tokens(50000, 14 * BS)))
     run_until_idle(s)
-    assert s.saga_holds.get("A") is None or len(s.saga_holds.get("A").blocks) < 4
+    assert s.saga.ledger.get("A") is None or len(s.saga.ledger.get("A").blocks) < 4
     return s, R, clock, hist
 
 
@@ -293,11 +319,11 @@ def test_prefetch_recomputes_a_reclaimed_session_while_idle_and_hides_its_output
                 pooler_output=[]))
             for o in eco.values():
                 assert not [x for x in o.outputs if x.request_id.startswith("saga-prefetch-")]
-    assert s.saga_counters["prefetch_issued"] == 1
+    assert s.saga.counters["prefetch_issued"] == 1
     nxt = R.make(hist + [7, 8, 9], session_id="A")
     s.add_request(nxt)
     assert hit_tokens(run_until_idle(s), nxt.request_id) == 64
-    assert s.saga_counters["prefetch_used"] == 1
+    assert s.saga.counters["prefetch_used"] == 1
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -329,7 +355,7 @@ def test_survives_any_interleaving_of_hints_and_requests(tiny_model, seed):
             if kind is ToolCallEnd:
                 args.update(tool="bash", call_id=str(rnd.randrange(3)))
             try:
-                s.saga_sink.accept(kind(**args))
+                s.saga.sink.accept(kind(**args))
             except HintRejected:
                 pass
         elif action < 0.9:
@@ -344,9 +370,9 @@ def test_survives_any_interleaving_of_hints_and_requests(tiny_model, seed):
             s.finish_requests(rnd.choice(list(s.requests)), RequestStatus.FINISHED_ABORTED)
         pool_is_consistent(s)
     run_until_idle(s)
-    assert s.saga_counters.get("plugin_errors", 0) == 0
+    assert s.saga.counters.total("plugin_errors") == 0
     pool_is_consistent(s)
-    s.saga_holds.release_all("test")
+    s.saga.ledger.release_all("test")
     assert s.reset_prefix_cache()
 
 
@@ -373,9 +399,9 @@ def test_a_queued_sessions_kv_is_reclaimed_last(tiny_model):
     nxt = R.make(hist["A"] + [7, 8, 9], session_id="A")
     s.add_request(nxt)  # waits: the only slot is x's
     outs = run_until_idle(s)
-    assert s.saga_counters["released_wa_lru"] + s.saga_counters["released_pressure"] > 0
+    assert s.saga.counters["released_wa_lru"] + s.saga.counters["released_pressure"] > 0
     assert hit_tokens(outs, nxt.request_id) == 64
-    assert s.saga_holds.get("B") is None or len(s.saga_holds.get("B").blocks) < 4
+    assert s.saga.ledger.get("B") is None or len(s.saga.ledger.get("B").blocks) < 4
 
 
 def test_tenant_and_deadline_from_vllm_xargs_reach_the_core(tiny_model):
@@ -384,22 +410,22 @@ def test_tenant_and_deadline_from_vllm_xargs_reach_the_core(tiny_model):
     R = Requests(BS)
     s.add_request(R.make(tokens(100, 40), session_id="X", extra_args={"tenant": "acme", "deadline_s": 30}))
     run_until_idle(s)
-    snap = s.saga_core.session("X")
+    snap = s.saga.core.session("X")
     assert snap is not None and snap.tenant == "acme" and snap.deadline_at is not None
     s.add_request(R.make(tokens(100, 40), session_id="Y", extra_args={"deadline_s": "soon"}))  # ignored
     run_until_idle(s)
-    assert s.saga_counters.get("plugin_errors", 0) == 0
+    assert s.saga.counters.total("plugin_errors") == 0
 
 
 def test_a_session_moved_away_releases_its_kv_but_keeps_its_workflow_state(tiny_model):
     s = _session_holding_kv(tiny_model)
-    held = len(s.saga_holds.get("A").blocks)
+    held = len(s.saga.ledger.get("A").blocks)
     assert held
-    assert s.saga_sink.release_session("A") and s.saga_sink.release_session("never-seen")
+    assert s.saga.sink.release_session("A") and s.saga.sink.release_session("never-seen")
     s.schedule()
-    assert "A" not in s.saga_holds
-    assert s.saga_counters["released_moved"] == held
-    assert s.saga_core.session("A").state != "ended"  # it may come back
+    assert "A" not in s.saga.ledger
+    assert s.saga.counters["released_moved"] == held
+    assert s.saga.core.session("A").state != "ended"  # it may come back
     pool_is_consistent(s)
     assert s.reset_prefix_cache()  # nothing left referenced
 
@@ -409,14 +435,14 @@ def test_an_idle_engine_prefetches_at_once_instead_of_just_before_the_predicted_
     the reclaimed paused session is re-prefilled then, not near its predicted
     resume (by which time the EngineCore may be asleep on its input queue)."""
     s, R, clock, hist = _paused_session_reclaimed(tiny_model)
-    plan = s.saga_core.plan_prefetch([PrefetchCandidate("A", 64, 0.0)], 10_000)
+    plan = s.saga.core.plan_prefetch([PrefetchCandidate("A", 64, 0.0)], 10_000)
     assert plan and plan[0].start_at > clock()  # the plan alone would wait
     assert s.has_requests()  # vLLM still has the flood's finish to report
     step(s)  # that step, at the same instant
-    assert s.saga_counters["prefetch_issued"] == 1
+    assert s.saga.counters["prefetch_issued"] == 1
     run_until_idle(s)
     step(s)  # reports the prefetch's finish; A is warm, nothing else is due
-    assert not s.has_requests() and s.saga_counters["prefetch_issued"] == 1  # the EngineCore may sleep
+    assert not s.has_requests() and s.saga.counters["prefetch_issued"] == 1  # the EngineCore may sleep
     nxt = R.make(hist + [7, 8, 9], session_id="A")
     s.add_request(nxt)
     assert hit_tokens(run_until_idle(s), nxt.request_id) == 64

@@ -1,13 +1,14 @@
 """SAGA on real vLLM: the v1 scheduler plugin and its hint intake.
 
 `SagaScheduler` (sync) / `SagaAsyncScheduler` (GPU async scheduling) are loaded by
-vLLM with `--scheduler-cls`; see `scheduler` for what they change, `holds` for
-the pin/WA-LRU ledger and its forward-progress rule, `intake` for how hints
-reach the scheduler inside vLLM's EngineCore process, `metrics` for `/metrics`.
-Importing this package imports vLLM.
+vLLM with `--scheduler-cls`; `scheduler` says how they plug in, `plugin` what SAGA
+changes, `holds` how the core's `HoldLedger` runs on vLLM's block pool, `prefetch`
+the re-prefill of paused sessions, `intake` how hints reach the scheduler inside
+vLLM's EngineCore process, `metrics` for `/metrics`. Importing this package imports vLLM.
 """
 
-from .holds import Hold, SessionHolds
-from .scheduler import PREFETCH_PREFIX, SagaAsyncScheduler, SagaScheduler
+from .plugin import SagaPlugin
+from .prefetch import PREFETCH_PREFIX
+from .scheduler import SagaAsyncScheduler, SagaScheduler
 
-__all__ = ["SagaScheduler", "SagaAsyncScheduler", "SessionHolds", "Hold", "PREFETCH_PREFIX"]
+__all__ = ["SagaScheduler", "SagaAsyncScheduler", "SagaPlugin", "PREFETCH_PREFIX"]

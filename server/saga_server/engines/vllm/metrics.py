@@ -11,13 +11,14 @@ Gauges use `livemax` so a dead engine's values disappear.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 
 # Under "vllm." so vLLM's own log handler (and level) shows these lines.
 log = logging.getLogger("vllm.saga")
 
-__all__ = ["SagaMetrics"]
+__all__ = ["SagaMetrics", "PluginCounters"]
 
 _MAX_TENANT_LABELS = 64
 
@@ -81,3 +82,24 @@ class SagaMetrics:
         start_http_server(int(port), addr=os.environ.get("SAGA_METRICS_HOST", "127.0.0.1"))
         log.info("SAGA metrics exporter on port %s", port)
         return int(port)
+
+
+class PluginCounters:
+    """Every counted SAGA event, counted twice under one name: the process-wide
+    Prometheus counter operators scrape, and this scheduler's own count (GetStats'
+    `engine_<family>_<label>`, read by `saga status` and the cluster router)."""
+
+    def __init__(self, metrics: SagaMetrics) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._families = {"pins": metrics.pins, "released": metrics.evictions, "prefetch": metrics.prefetch,
+                          "plugin_errors": metrics.plugin_errors}
+
+    def count(self, family: str, label: str, n: int = 1) -> None:
+        self._families[family].labels(label).inc(n)
+        self.counts[f"{family}_{label}"] += n
+
+    def __getitem__(self, name: str) -> int:
+        return self.counts[name]
+
+    def total(self, family: str) -> int:
+        return sum(n for name, n in self.counts.items() if name.startswith(family + "_"))

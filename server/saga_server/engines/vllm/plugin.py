@@ -1,0 +1,367 @@
+"""`SagaPlugin`: SAGA inside one vLLM scheduler.
+
+`SagaScheduler` (see `scheduler`) hands every hook to this object, which owns the
+workflow core, the `HoldLedger` over the scheduler's block pool, what the engine knows
+of each live request, the prefetcher and the metrics. What it changes relative to
+stock vLLM (everything else is vLLM's own code path):
+
+- **Holds, pins and WA-LRU** (`saga_server.core.holds`): when a request of a known
+  session finishes, its cached prefix is held; the core's `pin_decision` makes the hold
+  a TTL pin (a tool call worth waiting for) or a soft hold, keyed by the core's
+  `eviction_priority`. Keys are refreshed when the session changes state (tool start
+  or end, pin expiry); the session's next request, once queued, protects its KV. A
+  hold goes back to vLLM when that request is scheduled (after its prefix hit), on
+  session end, and whenever an allocation fails: then the ledger releases soft holds,
+  pins, protected sessions in that order, each by key, tail first, until it fits. So
+  allocation never fails where stock vLLM would have succeeded.
+- **AFS**: before each step the waiting queue (`RankedRequestQueue`) is stably ordered
+  by the core's `request_rank`: tenants' fair-share priority, then within a tenant the
+  task's seniority (older tasks first, so tasks finish in the order they began;
+  preempted requests stay in front). Service is recorded per tenant after each step.
+  `SAGA_SENIORITY_WINDOW_S` bounds how far seniority reaches back (0: request-level
+  FCFS within a tenant, as stock).
+- **Prefetch**: see `prefetch`.
+- **Hints**: see `intake`; a gRPC hint service runs in this (EngineCore) process and
+  feeds the core; tool/session events reach the engine loop through a queue drained
+  at each `schedule()`, so block references are only ever touched by the engine loop.
+
+Every hook is guarded: an exception in SAGA code is logged and counted
+(`saga_plugin_errors`) and vLLM carries on as stock. Serving never depends on SAGA
+being right.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import time
+from typing import Any
+
+from vllm.v1.request import Request
+
+from saga_server.core import (
+    CoreConfig,
+    FairShareConfig,
+    HintRejected,
+    SessionEnd,
+    SessionStart,
+    ToolCallEnd,
+    ToolCallStart,
+    WorkflowCore,
+)
+from saga_server.core.holds import PINNED, PROTECTED, SOFT, HoldLedger, Release
+
+from .holds import VllmBlockPool, cached_prefix_blocks
+from .intake import EngineHintSink, ReleaseKv, start_hint_service
+from .metrics import PluginCounters, SagaMetrics
+from .prefetch import Prefetcher, is_prefetch
+from .queue import RankedRequestQueue
+from .sessions import request_meta
+
+# Under "vllm." so vLLM's own log handler (and level) shows these lines.
+log = logging.getLogger("vllm.saga")
+
+__all__ = ["SagaPlugin", "PIN_FRACTION_ENV", "SENIORITY_WINDOW_ENV"]
+
+PIN_FRACTION_ENV = "SAGA_PIN_MAX_FRACTION"
+SENIORITY_WINDOW_ENV = "SAGA_SENIORITY_WINDOW_S"
+_AFS_MAX_QUEUE = 2048  # longer queues keep FCFS: ranking costs one core call per request per step
+_PIN_EVENT = {"pressure": "reclaimed", "session_end": "ended"}  # "used": see on_arrival
+
+
+def env_float(name: str, default: float, lo: float, hi: float = math.inf) -> float:
+    """A SAGA knob from the environment; a malformed or out-of-range value is
+    logged and the default kept (serving never fails over a SAGA knob)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not lo <= value <= hi:
+        log.warning("SAGA: ignoring %s=%r (want a number in [%g, %g]); using %g", name, raw, lo, hi, default)
+        return default
+    return value
+
+
+def _guarded(where: str, default: Any = None):
+    """Run a SAGA hook; on any exception log, count and return `default`."""
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(self, *args, **kwargs):
+            try:
+                return fn(self, *args, **kwargs)
+            except Exception:
+                log.exception("SAGA %s failed; continuing as stock vLLM for this step", where)
+                self.counters.count("plugin_errors", where)
+                return default
+
+        return wrapper
+
+    return deco
+
+
+class SagaPlugin:
+    def __init__(self, scheduler, *, core: WorkflowCore | None = None, clock=None, start_hints: bool = True) -> None:
+        """`core`, `clock` and `start_hints` are test seams; vLLM passes none of them
+        (then: a fresh `WorkflowCore`, `time.monotonic`, hint service per env)."""
+        self.scheduler = scheduler
+        self.clock = clock or time.monotonic
+        if core is None:
+            window = env_float(SENIORITY_WINDOW_ENV, FairShareConfig().seniority_window_s, 0.0)
+            core = WorkflowCore(CoreConfig(fairshare=FairShareConfig(seniority_window_s=window)), clock=self.clock)
+        self.core = core
+        self.metrics = SagaMetrics.get()
+        self.counters = PluginCounters(self.metrics)
+        self.enabled = bool(scheduler.cache_config.enable_prefix_caching)
+        if not self.enabled:
+            log.warning("SAGA: prefix caching is off, so there is no KV to keep: pins/WA-LRU/prefetch disabled")
+        pool = scheduler.kv_cache_manager.block_pool
+        self.block_size = scheduler.block_size
+        fraction = env_float(PIN_FRACTION_ENV, 0.5, 0.0, 1.0)
+        self.ledger = HoldLedger(VllmBlockPool(pool), pool.num_gpu_blocks - 1, max_pin_fraction=fraction,
+                                 on_release=self._released)
+        self.prefetcher = Prefetcher(scheduler, self.core, self.ledger, self.counters, self.clock)
+        self.requests: dict[str, Any] = {}  # request id -> RequestMeta (live requests)
+        self._core_gauges_at = -math.inf
+        self.sink = EngineHintSink(self.core, self.engine_stats, on_drop=self.metrics.hints_dropped.inc,
+                                   on_accept=self._core_gauges)
+        self.hint_server = start_hint_service(self.sink) if start_hints else None
+        SagaMetrics.maybe_start_exporter()
+        log.info("SAGA scheduler active: %d KV blocks of %d tokens, pin budget %.0f%%",
+                 self.ledger.capacity_blocks, self.block_size, fraction * 100)
+
+    # -- requests ------------------------------------------------------------------
+
+    @_guarded("arrival")
+    def on_arrival(self, request: Request) -> None:
+        if is_prefetch(request.request_id):
+            return
+        meta = request_meta(request, self.clock())
+        self.requests[request.request_id] = meta
+        sid = meta.session_id
+        if sid is None:
+            return
+        if self.prefetcher.block_hasher is None:
+            self.prefetcher.block_hasher = getattr(request, "_block_hasher", None)
+        if meta.deadline_s is not None and self.core.session(sid) is None:
+            # No hints for this session, but the request carries a deadline: start
+            # the session in the core with it, as a SessionStart hint would.
+            try:
+                self.core.accept(SessionStart(sid, self.clock(), tenant=meta.tenant, deadline_s=meta.deadline_s))
+            except HintRejected:
+                pass
+        self.core.on_request_arrival(sid, request.num_prompt_tokens, meta.tenant)
+        # Its KV is about to be used: it goes last; among queued sessions the latest
+        # arrival first (the back of a FIFO queue is used last). A pin did its job.
+        hold = self.ledger.get(sid)
+        if hold is not None:
+            if hold.tier == PINNED:
+                self.counters.count("pins", "used")
+            self.ledger.set_key(sid, -meta.arrived_at, PROTECTED)
+
+    @_guarded("finish")
+    def on_freed(self, request: Request) -> None:
+        """vLLM is about to drop the request's blocks. A finished request of a session
+        leaves its cached prefix in a hold (a preempted one comes back: nothing)."""
+        if not request.is_finished():
+            return
+        rid = request.request_id
+        if is_prefetch(rid):
+            self.prefetcher.on_finished(request, self._cached_blocks(rid))
+            return
+        meta = self.requests.pop(rid, None)
+        if meta is None or meta.session_id is None:
+            return
+        sid = meta.session_id
+        self.core.on_request_finished(sid, request.num_prompt_tokens, request.num_output_tokens)
+        self.prefetcher.remember(sid, request)
+        if not self.enabled:
+            return
+        now = self.clock()
+        blocks = self._cached_blocks(rid)
+        if not blocks:  # nothing cached (e.g. aborted before it ran): just unprotect
+            self.ledger.set_key(sid, self._key(sid, now), SOFT)
+            return
+        kv_tokens = len(blocks) * self.block_size
+        decision = self.core.pin_decision(sid, kv_tokens, self.ledger.pressure())
+        hold = self.ledger.hold(sid, blocks, key=self.core.eviction_priority(sid, kv_tokens, now), now=now,
+                                pin_ttl_s=decision.ttl_s if decision.pin else 0.0, reason=decision.reason)
+        if decision.pin:
+            self.counters.count("pins", "created" if hold.tier == PINNED else "refused")
+        self._gauges()
+
+    def allocate(self, allocate_slots, request: Request, num_new_tokens: int, *args, **kwargs):
+        """vLLM's `allocate_slots`, and when it fails, again after releasing held KV
+        (only the deficit each round: the retry is exact, the estimate need not be)."""
+        blocks = allocate_slots(request, num_new_tokens, *args, **kwargs)
+        if blocks is not None or not len(self.ledger) or is_prefetch(request.request_id):
+            return blocks  # speculative work never displaces held KV
+        meta = self.requests.get(request.request_id)
+        spare = meta.session_id if meta is not None else None
+        pool = self.ledger.pool
+        wanted = -(-max(1, num_new_tokens) // self.block_size) + 1  # + the watermark-ish slack
+        try:
+            while len(self.ledger):
+                free = pool.num_free()
+                if not self.ledger.make_room(free + max(1, wanted - free), spare=spare):
+                    break
+                blocks = allocate_slots(request, num_new_tokens, *args, **kwargs)
+                if blocks is not None:
+                    break
+        except Exception:  # forward progress beats policy: give everything back
+            log.exception("SAGA reclaim failed; releasing every hold")
+            self.counters.count("plugin_errors", "reclaim")
+            self.ledger.release_all("fallback")
+            blocks = allocate_slots(request, num_new_tokens, *args, **kwargs)
+        self._gauges()
+        return blocks
+
+    # -- per step ------------------------------------------------------------------
+
+    @_guarded("before_schedule")
+    def before_schedule(self) -> None:
+        now = self.clock()
+        for event in self.sink.drain():
+            self._apply_hint(event, now)
+        for sid in self.ledger.expire(now):
+            self.counters.count("pins", "expired")
+            self.ledger.set_key(sid, self._key(sid, now))
+        self._rank_waiting(now)
+        if self.enabled:
+            self.prefetcher.maybe_issue(now)
+        self._gauges()
+
+    @_guarded("after_schedule")
+    def after_schedule(self, output) -> None:
+        metrics, counts = self.metrics, self.counters.counts
+        sched = self.scheduler
+        for new in output.scheduled_new_reqs:
+            meta = self.requests.get(new.req_id)
+            if meta is None or meta.session_id is None:
+                continue
+            sid = meta.session_id
+            req = sched.requests.get(new.req_id)
+            prompt = req.num_prompt_tokens if req is not None else 0
+            hit = min(new.num_computed_tokens, prompt)
+            metrics.prefix_hit_tokens.inc(hit)
+            metrics.session_prompt_tokens.inc(prompt)
+            if prompt:
+                metrics.session_hit_ratio.observe(hit / prompt)
+            counts["session_hit_tokens"] += hit
+            counts["session_prompt_tokens"] += prompt
+            self.ledger.release(sid, "arrival")
+            self.prefetcher.on_scheduled(sid, hit)
+        for rid, n in output.num_scheduled_tokens.items():
+            meta = self.requests.get(rid)
+            if meta is not None and (meta.tenant or meta.session_id):
+                self.core.record_service(meta.tenant, int(n), meta.session_id or "")
+
+    def filter_outputs(self, outputs):
+        return self.prefetcher.hide(outputs) if self.prefetcher.ever_issued else outputs
+
+    def on_reset(self) -> None:
+        self.ledger.release_all("reset")
+
+    def close(self) -> None:
+        if self.hint_server is not None:
+            try:
+                self.hint_server.stop(grace=0.5)
+            except Exception:
+                log.exception("stopping the hint service failed")
+
+    # -- reads (also from the hint service's thread: counts only) --------------------
+
+    def engine_stats(self) -> dict[str, float]:
+        """Engine-side figures merged into the hint service's GetStats."""
+        out = {f"engine_{k}": float(v) for k, v in dict(self.counters.counts).items()}
+        ledger = self.ledger
+        out["engine_held_sessions"] = float(len(ledger))
+        out["engine_held_blocks"] = float(ledger.held_blocks)
+        out["engine_pinned_blocks"] = float(ledger.pinned_blocks)
+        out["engine_kv_blocks"] = float(ledger.capacity_blocks)
+        return out
+
+    # -- internals -----------------------------------------------------------------
+
+    def _apply_hint(self, event, now: float) -> None:
+        sid = event.session_id
+        if isinstance(event, ReleaseKv):  # moved to another engine; its workflow state stays
+            self.ledger.release(sid, "moved")
+            self.prefetcher.forget(sid, ended=False)
+        elif isinstance(event, SessionEnd):
+            self.ledger.release(sid, "session_end")
+            self.prefetcher.forget(sid, ended=True)
+        elif isinstance(event, (ToolCallStart, ToolCallEnd)):
+            hold = self.ledger.get(sid)
+            if hold is None or hold.tier == PROTECTED:
+                return
+            # The tool is known only now (hints usually arrive after the answer):
+            # re-score the hold, and on a start re-ask whether it deserves a pin (the
+            # hint may carry the tool's expected duration).
+            kv_tokens = len(hold.blocks) * self.block_size
+            key = self.core.eviction_priority(sid, kv_tokens, now)
+            if isinstance(event, ToolCallStart):
+                decision = self.core.pin_decision(sid, kv_tokens, self.ledger.pressure())
+                if decision.pin:
+                    pinned = self.ledger.pin(sid, decision.ttl_s, now, key)
+                    self.counters.count("pins", "created" if pinned else "refused")
+                    if pinned:
+                        return
+            self.ledger.set_key(sid, key)
+
+    def _rank_waiting(self, now: float) -> None:
+        waiting = self.scheduler.waiting
+        if not isinstance(waiting, RankedRequestQueue) or not 2 <= len(waiting) <= _AFS_MAX_QUEUE:
+            return
+        core, requests = self.core, self.requests
+        tenant_prio: dict[str, float] = {}
+
+        def rank(req: Request) -> tuple[float, float]:
+            meta = requests.get(req.request_id)
+            tenant = meta.tenant if meta else ""
+            # Requests without a session compete as their tenant ("" if none) and as
+            # a task that started on arrival, so they are neither starved nor favoured.
+            key = core.request_rank((meta.session_id or "") if meta else "", tenant,
+                                    meta.arrived_at if meta else now)
+            tenant_prio[tenant] = min(key[0], tenant_prio.get(tenant, math.inf))
+            return key
+
+        if waiting.rerank(rank):
+            self.counters.counts["afs_reorders"] += 1
+        for tenant, prio in tenant_prio.items():
+            self.metrics.set_afs(tenant, prio)
+
+    def _released(self, r: Release) -> None:
+        self.counters.count("released", r.reason, r.before - r.after)
+        event = _PIN_EVENT.get(r.reason) if r.tier == PINNED else None
+        if event:
+            self.counters.count("pins", event)
+
+    def _key(self, sid: str, now: float) -> float:
+        return self.core.eviction_priority(sid, self.ledger.blocks_of(sid) * self.block_size, now)
+
+    def _cached_blocks(self, request_id: str) -> list:
+        return cached_prefix_blocks(self.scheduler.kv_cache_manager, request_id)
+
+    def _gauges(self) -> None:
+        m, ledger = self.metrics, self.ledger
+        m.held_blocks.set(ledger.held_blocks)
+        m.pinned_blocks.set(ledger.pinned_blocks)
+        m.held_sessions.set(len(ledger))
+        self._core_gauges()
+
+    def _core_gauges(self, min_interval_s: float = 0.5) -> None:
+        """Session gauges from the core (its stats take a lock: at most every 0.5 s).
+        Also called from the hint thread, so sessions show even when no request runs."""
+        now = time.monotonic()
+        if now - self._core_gauges_at < min_interval_s:
+            return
+        self._core_gauges_at = now
+        stats = self.core.stats()
+        self.metrics.active_sessions.set(stats.get("sessions_live", stats.get("aeg_sessions", 0.0)))
+        self.metrics.open_tool_calls.set(stats.get("open_tool_calls", 0.0))
