@@ -1,12 +1,12 @@
 """Per-decision cost of the workflow core (a benchmark, not a test).
 
 Sets up a warm core (learned tool durations, `--sessions` live sessions inside
-tools, several tenants) and a `PriorityIndex` holding `--entries` cached
-entries, then times each decision in batches of `--batch` calls and reports the
+tools, several tenants) and a `HoldLedger` (the engines' KV hold ledger) holding
+`--entries` cached prefixes, then times each decision in batches of `--batch` calls and reports the
 median (and p90) per call over `--rounds` batches, against the 20 us target:
 
-- score update: `eviction_priority` for a session + `PriorityIndex.update`
-- victim selection: `PriorityIndex.pop_victim` + re-insert (the index stays full)
+- score update: `eviction_priority` for a session + `HoldLedger.set_key`
+- victim selection: `HoldLedger.make_room` of one block + re-hold (the ledger stays full)
 - TTL decision: `pin_decision`
 - AFS rank: `request_rank` (fair-share priority and task seniority: what the engine sorts by)
 - also: `predict`, a hint through `accept` (ToolCallStart + ToolCallEnd pair)
@@ -26,17 +26,34 @@ from saga_server.core import (
     LlmCallEnd,
     LlmCallStart,
     ManualClock,
-    PriorityIndex,
     SessionEnd,
     SessionStart,
     ToolCallEnd,
     ToolCallStart,
     WorkflowCore,
 )
+from saga_server.core.holds import HoldLedger
 
 TARGET_US = 20.0
 TOOLS = [("grep", "search"), ("cat", "read"), ("sed -i", "edit"), ("python", "run"), ("pytest", "test"),
          ("pip install", "install"), ("git diff", "git")]
+
+
+class OneBlockPool:
+    """Every hold is one block of its own, allocated by the caller: free counts only."""
+
+    def __init__(self) -> None:
+        self.free_blocks = 0
+
+    def touch(self, session_id, blocks) -> None:
+        pass
+
+    def free(self, session_id, blocks) -> int:
+        self.free_blocks += len(blocks)
+        return len(blocks)
+
+    def num_free(self) -> int:
+        return self.free_blocks
 
 
 def setup(n_sessions: int, seed: int):
@@ -87,24 +104,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     core, clock, live, rng = setup(args.sessions, args.seed)
-    index = PriorityIndex()
-    # Entries: per-session prefixes plus session-less blocks (plain recency keys).
+    pool = OneBlockPool()
+    ledger = HoldLedger(pool, args.entries)
+    # Entries: per-session prefixes plus session-less ones (plain recency keys).
     for e in range(args.entries):
-        if e < len(live):
-            index.update(("s", live[e]), core.eviction_priority(live[e], 5000, clock.t))
-        else:
-            index.update(("b", e), clock.t - rng.random() * 100.0)
+        key = core.eviction_priority(live[e], 5000, clock.t) if e < len(live) else clock.t - rng.random() * 100.0
+        ledger.hold(live[e] if e < len(live) else f"b{e}", (0,), key=key, now=clock.t)
     picks = [rng.choice(live) for _ in range(4096)]
 
     def score_update(r, n):
         for i in range(n):
             sid = picks[(r * n + i) & 4095]
-            index.update(("s", sid), core.eviction_priority(sid, 5000, clock.t))
+            ledger.set_key(sid, core.eviction_priority(sid, 5000, clock.t))
 
     def victim(r, n):
         for _ in range(n):
-            entry, key = index.pop_victim()
-            index.update(entry, key + 1e-3)  # put it back so the index stays at size
+            (gone,) = ledger.make_room(pool.free_blocks + 1)
+            pool.free_blocks -= 1  # put it back so the ledger stays at size
+            ledger.hold(gone.session_id, (0,), key=clock.t + 1e-3, now=clock.t)
 
     def ttl(r, n):
         for i in range(n):
@@ -132,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         ("predict", predict, False),
         ("hint accept (per event)", hints, False),
     ]
-    print(f"entries={len(index)} live_sessions={len(live)} rounds={args.rounds} batch={args.batch} "
+    print(f"entries={len(ledger)} live_sessions={len(live)} rounds={args.rounds} batch={args.batch} "
           f"python={sys.version.split()[0]}")
     print(f"{'decision':34s} {'median us':>10s} {'p90 us':>8s} {'target':>7s} {'ratio':>6s}")
     worst = 0.0

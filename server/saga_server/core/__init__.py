@@ -2,14 +2,15 @@
 
 `WorkflowCore` is the facade engines, the simulator and the hint service call;
 the policy modules behind it (`aeg`, `eviction`, `pinning`, `prefetch`,
-`fairshare`) each document their rule once and can be used on their own.
+`fairshare`) each document their rule once and can be used on their own, and
+`holds.HoldLedger` is the one implementation of which KV an engine keeps.
 """
 
 from .aeg import AEG, END, Prediction
 from .categories import CATEGORIES, guess_category
 from .cluster_share import PeerServiceLedger
 from .clock import ManualClock
-from .eviction import EvictionConfig, PriorityIndex, block_key, wa_lru_key
+from .eviction import EvictionConfig, wa_lru_key
 from .events import (
     HintEvent,
     HintRejected,
@@ -29,7 +30,8 @@ from .events import (
     WorkflowStructure,
 )
 from .fairshare import FairShare, FairShareConfig
-from .pinning import PinBudget, PinConfig, PinDecision, decide_pin
+from .holds import PINNED, PROTECTED, SOFT, BlockPool, Hold, HoldLedger, Release
+from .pinning import PinConfig, PinDecision, decide_pin
 from .prefetch import PrefetchAction, PrefetchCandidate, PrefetchConfig, plan_prefetch
 from .quantiles import LogHistogram
 from .registry import SessionRegistry
@@ -44,8 +46,9 @@ __all__ = [
     "WorkflowNode", "WorkflowStructure", "SessionRegistry",
     # building blocks
     "AEG", "END", "LogHistogram", "CATEGORIES", "guess_category",
-    "EvictionConfig", "wa_lru_key", "block_key", "PriorityIndex",
-    "PinConfig", "decide_pin", "PinBudget",
+    "EvictionConfig", "wa_lru_key",
+    "HoldLedger", "Hold", "Release", "BlockPool", "SOFT", "PINNED", "PROTECTED",
+    "PinConfig", "decide_pin",
     "PrefetchConfig", "plan_prefetch",
     "FairShare", "FairShareConfig", "PeerServiceLedger",
     "ManualClock",

@@ -20,7 +20,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .aeg import AEG, Prediction, SessionTrack
 from .cluster_share import served_stat_key
@@ -192,8 +192,8 @@ class WorkflowCore:
 
     def pin_decision(self, session_id: str, kv_tokens: int, memory_pressure: float) -> PinDecision:
         """Whether to pin the session's KV now and for how long (rule: `pinning`).
-        Stateless: the engine keeps its pins in a `PinBudget`, which enforces the
-        capacity invariant and releases pins (in `reclaim_order`) on demand."""
+        Stateless: the engine keeps its pins in a `holds.HoldLedger`, which enforces
+        the pin budget and gives pinned KV back on demand."""
         if not 0.0 <= memory_pressure <= 1.0:
             raise ValueError(f"memory_pressure must be in [0, 1], got {memory_pressure!r}")
         _check_tokens(kv_tokens=kv_tokens)
@@ -209,19 +209,6 @@ class WorkflowCore:
                                       memory_pressure, self.config.pin)
             self._counters["pins_granted" if decision.pin else "pins_refused"] += 1
             return decision
-
-    def reclaim_order(self, session_ids: Iterable[str]) -> list[str]:
-        """Pinned sessions, least valuable (lowest WA-LRU key) first; ties by id."""
-        with self._lock:
-            now = self._clock()
-            keyed = []
-            for sid in session_ids:
-                tr = self.aeg.track(sid)
-                last = tr.last_event if tr is not None else -math.inf
-                tokens = tr.context_tokens if tr is not None else 0
-                keyed.append((wa_lru_key(now, last, tokens, self.aeg.reuse(sid, now), self.config.eviction), sid))
-            keyed.sort()
-            return [sid for _, sid in keyed]
 
     def plan_prefetch(self, candidates: Sequence[PrefetchCandidate], free_tokens: int) -> list[PrefetchAction]:
         """Which offloaded/evicted prefixes to bring back and when (rule: `prefetch`)."""

@@ -113,7 +113,7 @@ def _drive(seed: int) -> list:
             clock.t += rng.expovariate(1.0)
             core.accept(ToolCallEnd(sid, clock.t, tool, call_id=str(step)))
         core.accept(SessionEnd(sid, clock.t))
-    out.append(core.reclaim_order([f"s{i}" for i in range(30)]))
+    out.append([core.eviction_priority(f"s{i}", 1200, clock.t) for i in range(30)])
     return out
 
 
