@@ -22,8 +22,8 @@ import sys
 import time
 
 from saga_sdk import HintClient
-from saga_sdk._proto import hints_pb2 as pb
-from saga_sdk._proto import hints_pb2_grpc
+from saga_proto import hints_pb2 as pb
+from saga_proto import hints_pb2_grpc
 
 
 def free_port() -> int:

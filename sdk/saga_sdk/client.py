@@ -284,7 +284,7 @@ class HintClient:
         if self._stub is None:
             import grpc
 
-            from ._proto import hints_pb2_grpc
+            from saga_proto import hints_pb2_grpc
 
             if self._channel is not None or self._counts["batches"] or self._counts["send_errors"]:
                 self._counts["reconnects"] += 1
@@ -361,7 +361,7 @@ class _Backoff:
 
 
 def _encode_batch(client_id: str, sequence: int, events: list):
-    from ._proto import hints_pb2 as pb
+    from saga_proto import hints_pb2 as pb
 
     batch = pb.HintBatch(client_id=client_id, sequence=sequence)
     for kind, session_id, t, payload in events:

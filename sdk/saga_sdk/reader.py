@@ -11,8 +11,8 @@ from typing import Mapping
 
 import grpc
 
-from ._proto import hints_pb2 as pb
-from ._proto import hints_pb2_grpc
+from saga_proto import hints_pb2 as pb
+from saga_proto import hints_pb2_grpc
 from .config import SagaConfig
 
 __all__ = ["HintReader", "SagaUnavailable", "UnknownSession"]

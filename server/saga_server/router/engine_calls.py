@@ -19,8 +19,8 @@ from typing import Any, Mapping
 import grpc
 
 from saga_sdk import SagaConfig
-from saga_sdk._proto import hints_pb2 as pb
-from saga_sdk._proto import hints_pb2_grpc
+from saga_proto import hints_pb2 as pb
+from saga_proto import hints_pb2_grpc
 
 from saga_server.core.cluster_share import PeerServiceLedger
 

@@ -28,8 +28,8 @@ from concurrent import futures
 from typing import Callable, Mapping, Sequence
 
 import grpc
-from saga_sdk._proto import hints_pb2 as pb
-from saga_sdk._proto import hints_pb2_grpc
+from saga_proto import hints_pb2 as pb
+from saga_proto import hints_pb2_grpc
 
 log = logging.getLogger("saga.router")
 

@@ -18,8 +18,8 @@ from typing import Callable, Iterator
 
 import grpc
 
-from saga_sdk._proto import hints_pb2 as pb
-from saga_sdk._proto import hints_pb2_grpc
+from saga_proto import hints_pb2 as pb
+from saga_proto import hints_pb2_grpc
 
 from ..core.events import HintRejected, HintSink
 from .convert import InvalidHint, Limits, from_wire, snapshot_to_wire

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from saga_sdk import HintReader, UnknownSession
-from saga_sdk._proto import hints_pb2 as pb
-from saga_sdk._proto import hints_pb2_grpc
+from saga_proto import hints_pb2 as pb
+from saga_proto import hints_pb2_grpc
 from saga_server.core.registry import SessionRegistry
 from saga_server.rpc import HintServer, Limits
 
