@@ -21,9 +21,10 @@ import subprocess
 import sys
 import time
 
-from saga_sdk import HintClient
 from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
+from saga_sdk import HintClient
+from saga_sdk.channel import hint_channel
 
 
 def free_port() -> int:
@@ -83,7 +84,7 @@ def ingest_rate(endpoint: str, events: int, batch_size: int = 512) -> float:
             batch.sequence = seq
             yield batch
 
-    channel = grpc_channel(endpoint)
+    channel = hint_channel(endpoint)
     stub = hints_pb2_grpc.WorkflowHintsStub(channel)
     t0 = time.perf_counter()
     accepted = sum(ack.accepted for ack in stub.StreamHints(stream()))
@@ -91,12 +92,6 @@ def ingest_rate(endpoint: str, events: int, batch_size: int = 512) -> float:
     channel.close()
     assert accepted == batches * batch_size, f"service accepted {accepted} of {batches * batch_size}"
     return accepted / elapsed
-
-
-def grpc_channel(endpoint: str):
-    import grpc
-
-    return grpc.insecure_channel(endpoint)
 
 
 def main() -> int:

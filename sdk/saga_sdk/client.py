@@ -29,7 +29,7 @@ import weakref
 import zlib
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable
 
 from .config import SagaConfig
 from .context import SessionContext, reset_current_session, set_current_session, new_session_id
@@ -255,7 +255,7 @@ class HintClient:
         try:
             stub = self._connect()
             batch = _encode_batch(self.client_id, sequence, events)
-            ack = stub.SendHints(batch, timeout=self.config.rpc_timeout_s, metadata=self._metadata())
+            ack = stub.SendHints(batch, timeout=self.config.rpc_timeout_s)
         except grpc.RpcError as exc:
             code = exc.code().name if hasattr(exc, "code") and exc.code() else "UNKNOWN"
             if code in _PERMANENT:
@@ -282,13 +282,13 @@ class HintClient:
 
     def _connect(self):
         if self._stub is None:
-            import grpc
-
             from saga_proto import hints_pb2_grpc
+
+            from .channel import hint_channel
 
             if self._channel is not None or self._counts["batches"] or self._counts["send_errors"]:
                 self._counts["reconnects"] += 1
-            self._channel = grpc.insecure_channel(self.config.endpoint, options=[
+            self._channel = hint_channel(self.config.endpoint, self.config.api_key, options=[
                 ("grpc.keepalive_time_ms", 30_000),
                 ("grpc.enable_retries", 0),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
@@ -303,10 +303,6 @@ class HintClient:
                 channel.close()
             except Exception:
                 pass
-
-    def _metadata(self) -> Sequence[tuple[str, str]]:
-        key = self.config.api_key
-        return (("authorization", f"Bearer {key}"),) if key else ()
 
     def _log_once(self, key: str, msg: str, *args, **kwargs) -> None:
         if key not in self._logged:

@@ -13,6 +13,8 @@ import grpc
 
 from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
+
+from .channel import hint_channel
 from .config import SagaConfig
 
 __all__ = ["HintReader", "SagaUnavailable", "UnknownSession"]
@@ -30,12 +32,8 @@ class HintReader:
     def __init__(self, endpoint: str | None = None, *, api_key: str | None = None, timeout: float = 2.0) -> None:
         config = SagaConfig.from_env()
         self.endpoint = endpoint or config.endpoint
-        key = api_key if api_key is not None else config.api_key
-        self._metadata = (("authorization", f"Bearer {key}"),) if key else ()
         self._timeout = timeout
-        # Own subchannel pool: a service restarted on the same address must not look
-        # unavailable because another channel is backing off from its predecessor.
-        self._channel = grpc.insecure_channel(self.endpoint, options=[("grpc.use_local_subchannel_pool", 1)])
+        self._channel = hint_channel(self.endpoint, api_key if api_key is not None else config.api_key)
         self._stub = hints_pb2_grpc.WorkflowHintsStub(self._channel)
 
     def session(self, session_id: str) -> "pb.SessionState":
@@ -62,7 +60,7 @@ class HintReader:
         self.close()
 
     def _call(self, method, request):
-        return method(request, timeout=self._timeout, metadata=self._metadata)
+        return method(request, timeout=self._timeout)
 
     def _checked(self, method, request):
         try:

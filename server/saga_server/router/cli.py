@@ -243,6 +243,8 @@ def main(argv: list[str]) -> int:
         print(f"saga router: Ray Serve LLM is not installed ({exc}); pip install 'ray[serve]==2.60.0' pyarrow pandas",
               file=sys.stderr)
         return 2
+    from saga_sdk import SagaConfig  # noqa: PLC0415
+
     from .hints import start_fanout  # noqa: PLC0415
     from .metrics import ClusterCollector, serve_metrics  # noqa: PLC0415
 
@@ -272,8 +274,10 @@ def main(argv: list[str]) -> int:
     fanout = metrics = None
     url = f"http://{opts.host}:{opts.port}"
     try:
+        # SAGA_API_KEY, as the engines read it: required here, presented to them.
         fanout, servicer, hint_port = start_fanout(_kv_endpoints, f"{opts.host}:{_release_port(reserved[0])}",
-                                                 _router_stats if opts.router == "saga" else dict)
+                                                 _router_stats if opts.router == "saga" else dict,
+                                                 api_key=SagaConfig.from_env().api_key)
         if opts.metrics_port:
             collector = ClusterCollector(lambda: _engine_stats_by_replica(servicer), _published_router_stats)
             metrics = serve_metrics(collector, opts.host, _release_port(reserved[1]))

@@ -16,11 +16,10 @@ import asyncio
 import logging
 from typing import Any, Mapping
 
-import grpc
-
-from saga_sdk import SagaConfig
 from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
+from saga_sdk import SagaConfig
+from saga_sdk.channel import hint_channel
 
 from saga_server.core.cluster_share import PeerServiceLedger
 
@@ -29,22 +28,15 @@ log = logging.getLogger("ray.serve")
 __all__ = ["PeerServiceRelay", "send_peer_service", "release_session"]
 
 
-def _channel(hint_addr: str) -> grpc.Channel:
-    # Own subchannel pool: an engine restarted on the same address must not inherit
-    # the connect-failure backoff another channel recorded for its predecessor.
-    return grpc.insecure_channel(hint_addr, options=[("grpc.use_local_subchannel_pool", 1)])
-
-
-def _metadata() -> tuple:
-    key = SagaConfig.from_env().api_key
-    return (("authorization", f"Bearer {key}"),) if key else ()
+def _channel(hint_addr: str):
+    return hint_channel(hint_addr, SagaConfig.from_env().api_key)
 
 
 def release_session(hint_addr: str, session_id: str, *, timeout: float = 2.0) -> bool:
     """Tell one engine to drop its holds for a session that moved (raises grpc.RpcError)."""
     with _channel(hint_addr) as channel:
         ack = hints_pb2_grpc.WorkflowHintsStub(channel).ReleaseSession(
-            pb.ReleaseSessionRequest(session_id=session_id, reason="moved"), timeout=timeout, metadata=_metadata())
+            pb.ReleaseSessionRequest(session_id=session_id, reason="moved"), timeout=timeout)
     return ack.queued
 
 
@@ -53,7 +45,7 @@ def send_peer_service(hint_addr: str, tokens: Mapping[str, float], *, timeout: f
     """One `ReportPeerService` call; returns the tenants applied (raises grpc.RpcError)."""
     with _channel(hint_addr) as channel:
         ack = hints_pb2_grpc.WorkflowHintsStub(channel).ReportPeerService(
-            pb.PeerService(tenant_tokens=dict(tokens), source=source), timeout=timeout, metadata=_metadata())
+            pb.PeerService(tenant_tokens=dict(tokens), source=source), timeout=timeout)
     return ack.tenants
 
 

@@ -165,9 +165,10 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
 
 
 class _ApiKeyInterceptor(grpc.ServerInterceptor):
-    """Refuses calls without `authorization: Bearer <key>` (or `x-saga-api-key`)."""
+    """Refuses calls without `authorization: Bearer <key>` (or `x-saga-api-key`),
+    counted as the service's `auth_failures`."""
 
-    def __init__(self, api_key: str, service: WorkflowHintsService) -> None:
+    def __init__(self, api_key: str, service) -> None:
         self._key = api_key.encode()
         self._service = service
 
@@ -190,12 +191,25 @@ class HintServer:
     """A running hint service: `HintServer(sink, "127.0.0.1:50051").start()`.
 
     Port 0 picks a free port (see `.port` after `start()`). `api_key` (or None for
-    no auth) must be presented by every client.
+    no auth) must be presented by every client. `for_service` serves another
+    `WorkflowHints` servicer (the cluster fan-out) with the same auth and limits.
     """
 
     def __init__(self, sink: HintSink, address: str = "127.0.0.1:50051", *, api_key: str | None = None,
                  clock: Callable[[], float] = time.monotonic, max_workers: int = 8) -> None:
-        self.service = WorkflowHintsService(sink, clock)
+        self._serve(WorkflowHintsService(sink, clock), address, api_key, max_workers)
+
+    @classmethod
+    def for_service(cls, service, address: str, *, api_key: str | None = None,
+                    max_workers: int = 8) -> "HintServer":
+        """`service`: a `WorkflowHintsServicer` with a `count(counter)` method
+        (refused calls are counted as `auth_failures`)."""
+        server = cls.__new__(cls)
+        server._serve(service, address, api_key, max_workers)
+        return server
+
+    def _serve(self, service, address: str, api_key: str | None, max_workers: int) -> None:
+        self.service = service
         self.address = address
         self.port: int | None = None
         interceptors = [_ApiKeyInterceptor(api_key, self.service)] if api_key else []

@@ -82,6 +82,35 @@ def test_a_dead_engine_is_skipped_and_no_engine_is_unavailable(engines):
         server.stop(None)
 
 
+def test_with_an_api_key_the_fanout_checks_it_and_forwards_it():
+    """Engines that require the key accept what the fan-out forwards; a caller with
+    a wrong key is refused at the fan-out and reaches no engine."""
+    key = "cluster-key"
+    regs = [SessionRegistry(max_sessions=100), SessionRegistry(max_sessions=100)]
+    servers = [HintServer(r, "127.0.0.1:0", api_key=key).start() for r in regs]
+    server, servicer, port = start_fanout(lambda: [s.endpoint for s in servers], "127.0.0.1:0", api_key=key)
+    try:
+        right = HintClient(endpoint=f"127.0.0.1:{port}", api_key=key)
+        right.session_start("member", tenant="t")
+        assert right.flush(5)
+        assert right.stats().rejected == 0 and right.stats().dropped_failed == 0
+        wrong = HintClient(endpoint=f"127.0.0.1:{port}", api_key="guess")
+        wrong.session_start("intruder")
+        wrong.flush(5)
+        assert wrong.stats().dropped_failed == 1
+        right.shutdown(); wrong.shutdown()
+        assert all(r.session("member") is not None for r in regs)
+        assert all(r.session("intruder") is None for r in regs)
+        assert servicer.counters["auth_failures"] == 1 and servicer.counters["forward_errors"] == 0
+        with HintReader(f"127.0.0.1:{port}", api_key=key) as reader:
+            assert reader.session("member").tenant == "t"
+            assert reader.stats()["replicas_reachable"] == 2.0
+    finally:
+        server.stop(None)
+        for s in servers:
+            s.stop(grace=None)
+
+
 def test_router_figures_join_the_cluster_stats(engines):
     _, servers = engines
     server, _, port = start_fanout(lambda: [s.endpoint for s in servers], "127.0.0.1:0",

@@ -7,18 +7,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from saga_sdk import HintReader, UnknownSession
 from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
+from saga_sdk import HintReader, UnknownSession
+from saga_sdk.channel import hint_channel
 from saga_server.core.registry import SessionRegistry
 from saga_server.rpc import HintServer, Limits
 
 
 def _channel(endpoint: str) -> grpc.Channel:
-    """A channel with its own subchannel pool: gRPC shares connections per address
-    across channels, so a port reused from an earlier test's stopped server could
-    hand this one that server's connect-failure backoff."""
-    return grpc.insecure_channel(endpoint, options=[("grpc.use_local_subchannel_pool", 1)])
+    """A channel with its own subchannel pool (see `hint_channel`): a port reused
+    from an earlier test's stopped server must not hand it that server's backoff."""
+    return hint_channel(endpoint)
 
 
 @pytest.fixture
