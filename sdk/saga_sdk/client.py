@@ -33,6 +33,7 @@ from typing import Iterable
 
 from .config import SagaConfig
 from .context import SessionContext, reset_current_session, set_current_session, new_session_id
+from .logs import LogOnce
 
 __all__ = ["HintClient", "ClientStats"]
 
@@ -197,7 +198,7 @@ class HintClient:
         self._drop_lock = threading.Lock()
         self._counts = dict.fromkeys(
             ("sent", "rejected", "dropped_stale", "dropped_failed", "batches", "send_errors", "reconnects"), 0)
-        self._logged: set[str] = set()
+        self._log_once = LogOnce(log)
 
     def _ensure_sender(self) -> None:
         with self._thread_lock:
@@ -303,11 +304,6 @@ class HintClient:
                 channel.close()
             except Exception:
                 pass
-
-    def _log_once(self, key: str, msg: str, *args, **kwargs) -> None:
-        if key not in self._logged:
-            self._logged.add(key)
-            log.warning(msg, *args, **kwargs)
 
     def _after_fork_in_child(self) -> None:
         # A new identity too: the child's batch sequence restarts at 1, and the

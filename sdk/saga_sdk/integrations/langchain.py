@@ -52,10 +52,12 @@ except ImportError as exc:  # an optional extra: say which one
 
 from ..client import HintClient, get_client
 from ..context import SessionContext, current_session, reset_current_session, set_current_session
+from ..logs import LogOnce
 
 __all__ = ["SagaCallbackHandler", "saga_tool_hint", "describe_graph", "ENV_VAR"]
 
 log = logging.getLogger("saga_sdk.langchain")
+_log_once = LogOnce(log)
 
 ENV_VAR = "SAGA_LANGCHAIN"
 
@@ -362,13 +364,6 @@ class SagaCallbackHandler(BaseCallbackHandler):
 # client -> workflows whose structure it has sent (weak: clients come and go in tests)
 _described: "weakref.WeakKeyDictionary[HintClient, set[str]]" = weakref.WeakKeyDictionary()
 _described_lock = threading.Lock()
-_logged: set[str] = set()
-
-
-def _log_once(key: str, msg: str, *args, **kwargs) -> None:
-    if key not in _logged:
-        _logged.add(key)
-        log.warning(msg, *args, **kwargs)
 
 
 def _restore(token) -> None:

@@ -22,6 +22,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 
 from saga_sdk import HintClient, current_session, set_client
 from saga_sdk.integrations.langchain import SagaCallbackHandler, describe_graph, saga_tool_hint
+from saga_sdk.logs import LogOnce
 
 from saga_server.core.events import LlmCallEnd, SessionOutcome, SessionStart, ToolCallEnd, ToolCallStart, ToolOutcome
 
@@ -359,7 +360,7 @@ class ExplodingClient(HintClient):
 def test_a_failing_handler_never_reaches_the_chain_and_logs_once(make_chat_server, caplog, monkeypatch):
     import saga_sdk.integrations.langchain as lc
 
-    monkeypatch.setattr(lc, "_logged", set())
+    monkeypatch.setattr(lc, "_log_once", LogOnce(lc.log))  # a fresh memory
     script = calls_then_answer(("add", {"a": 1, "b": 2}))
     plain = run_calc(make_chat_server(script), [], "boom")
     handler = SagaCallbackHandler(ExplodingClient(enabled=True))
