@@ -34,6 +34,7 @@ from typing import Iterable
 from .config import SagaConfig
 from .context import SessionContext, reset_current_session, set_current_session, new_session_id
 from .logs import LogOnce
+from .outcomes import session_outcome_of
 
 __all__ = ["HintClient", "ClientStats"]
 
@@ -113,7 +114,7 @@ class HintClient:
     def session(self, session_id: str | None = None, *, tenant: str = "", workflow: str = "",
                 deadline_s: float | None = None) -> "_SessionScope":
         """Context manager: start a session, make it current, end it on exit
-        (outcome "failed" or "cancelled" when the block raises)."""
+        (outcome "failed" or "cancelled" when the block raises: `outcomes`)."""
         return _SessionScope(self, session_id or new_session_id(), tenant or self.config.tenant,
                              workflow, deadline_s)
 
@@ -328,13 +329,7 @@ class _SessionScope:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         reset_current_session(self._token)
-        if exc_type is None:
-            outcome = "completed"
-        elif issubclass(exc_type, (KeyboardInterrupt, GeneratorExit)) or exc_type.__name__ == "CancelledError":
-            outcome = "cancelled"
-        else:
-            outcome = "failed"
-        self.client.session_end(self.context.session_id, outcome=outcome)
+        self.client.session_end(self.context.session_id, outcome=session_outcome_of(exc))
 
 
 class _Backoff:

@@ -17,7 +17,8 @@ Three pieces, each usable alone:
 * `instrument()` / `uninstrument()` patch `BaseTool.run_json` and
   `BaseStreamTool.run_json_stream`, where AutoGen actually runs every tool
   (workbenches, handoffs, agent/team tools): one tool start/end hint per call,
-  with the tool name and AutoGen's call id, outcome "ok", "error" or "cancelled".
+  with the tool name and AutoGen's call id, outcome "ok", "error" or "cancelled"
+  (`saga_sdk.outcomes`).
   Both are idempotent; the run helpers call `instrument()` for you.
 * `run` / `run_stream` / `session` open a SAGA session around an agent or team
   run (tenant, deadline, and the declared structure: participants, their tools,
@@ -41,7 +42,6 @@ go to `HintClient`'s queue) and never changes what the agent sees.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
@@ -63,6 +63,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from ..client import HintClient, get_client
 from ..context import SessionContext, current_session, new_session_id, reset_current_session, set_current_session
 from ..logs import LogOnce
+from ..outcomes import outcome_of, session_outcome_of
 
 __all__ = [
     "SagaChatCompletionClient",
@@ -383,12 +384,6 @@ def _tool_end(call, outcome: str) -> None:
         _log_once("tool_end", "SAGA: could not hint the end of an AutoGen tool call", exc_info=True)
 
 
-def _outcome(exc: BaseException | None) -> str:
-    if exc is None:
-        return "ok"
-    return "cancelled" if isinstance(exc, (asyncio.CancelledError, GeneratorExit)) else "error"
-
-
 def _hinted_run_json(original):
     @functools.wraps(original)
     async def run_json(self, args, cancellation_token, call_id=None):
@@ -398,7 +393,7 @@ def _hinted_run_json(original):
         try:
             result = await original(self, args, cancellation_token, call_id=call_id)
         except BaseException as exc:
-            _tool_end(call, _outcome(exc))
+            _tool_end(call, outcome_of(exc))
             raise
         _tool_end(call, "ok")
         return result
@@ -440,7 +435,7 @@ def _hinted_run_json_stream(original):
                     yield item
         except BaseException as exc:
             if call is not None:
-                _tool_end(call, _outcome(exc))
+                _tool_end(call, outcome_of(exc))
             raise
         if call is not None:
             _tool_end(call, "ok")
@@ -534,7 +529,7 @@ class SagaSession:
     As an async context manager it starts the session, makes it current in the
     caller's context and binds it to the team's agents (for runtimes started
     elsewhere), and on exit ends it: "completed", "cancelled" (`CancelledError`,
-    AutoGen's `CancellationToken` included) or "failed" (any other exception).
+    AutoGen's `CancellationToken` included) or "failed" (`saga_sdk.outcomes`).
     `run_stream` drives the same object step by step instead."""
 
     def __init__(self, target=None, *, session_id: str | None = None, tenant: str = "", workflow: str = "",
@@ -601,10 +596,7 @@ class SagaSession:
             for cid, name in list(self._bound.open_tools.items()):
                 if self._bound.open_tools.pop(cid, None) is not None:
                     self.client.tool_call_end(self.session_id, name, call_id=cid, outcome="cancelled")
-            outcome = ("completed" if exc is None else
-                       "cancelled" if isinstance(exc, (asyncio.CancelledError, GeneratorExit, KeyboardInterrupt))
-                       else "failed")
-            self.client.session_end(self.session_id, outcome=outcome)
+            self.client.session_end(self.session_id, outcome=session_outcome_of(exc))
         except Exception:
             _log_once("close", "SAGA: could not end a session for an AutoGen run", exc_info=True)
 
