@@ -107,7 +107,7 @@ def main() -> int:
         up_costs = emit_costs(up, args.emits)
         up.flush(30)
         print(f"sender: {up.stats()}")
-        up.shutdown()
+        up.close()
         rate = ingest_rate(f"127.0.0.1:{port}", args.events)
     finally:
         service.terminate()
@@ -116,7 +116,7 @@ def main() -> int:
     down = HintClient(endpoint=f"127.0.0.1:{free_port()}", rpc_timeout_s=0.2)
     down_costs = emit_costs(down, args.emits)
     down_stats = down.stats()
-    down.shutdown(timeout=0.1)
+    down.close(timeout=0.1)
 
     print(f"{'case':<28} {'median us':>10} {'p99 us':>10}   target: median <= 5, p99 <= 50")
     for name, costs in (("emit, service up", up_costs), ("emit, service down", down_costs)):

@@ -1,6 +1,6 @@
 """`HintClient`: sends workflow hints to SAGA without ever slowing the agent down.
 
-The contract, for every public method except `flush`/`shutdown`:
+The contract, for every public method except `flush`/`close`:
   * it never blocks on the network and never raises: an event is appended to a
     bounded in-memory queue (or dropped and counted when the queue is full, hints
     are disabled, or the session is sampled out);
@@ -11,7 +11,8 @@ The contract, for every public method except `flush`/`shutdown`:
   * events older than `max_event_age_s` are dropped, not sent: stale hints would
     mislead the scheduler more than missing ones.
 `flush(timeout)` waits until everything queued before the call has been sent or
-dropped; `shutdown()` flushes briefly and stops the thread. An exit hook flushes
+dropped; `close()` (or leaving `with HintClient(...) as hints:`) flushes briefly
+and stops the thread (`shutdown()` is the same, for existing callers). An exit hook flushes
 with `exit_flush_s` as its bound, and a forked child starts with an empty queue
 and its own thread and channel (the parent's are not usable after fork).
 """
@@ -131,7 +132,7 @@ class HintClient:
         self._wake.set()
         return marker.done.wait(timeout)
 
-    def shutdown(self, timeout: float | None = None) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Flush (bounded by `timeout`, default `exit_flush_s`) and stop. Idempotent;
         events emitted afterwards are dropped."""
         if self._closed:
@@ -145,6 +146,16 @@ class HintClient:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=max(bound, 0.05))
         self._close_channel()
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Alias of `close`, kept for applications written against earlier releases."""
+        self.close(timeout)
+
+    def __enter__(self) -> "HintClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def stats(self) -> ClientStats:
         c = self._counts
@@ -388,7 +399,7 @@ def _encode_batch(client_id: str, sequence: int, events: list):
 def _shutdown_all_at_exit() -> None:
     for client in list(_clients):
         try:
-            client.shutdown()
+            client.close()
         except Exception:
             pass
 

@@ -23,7 +23,7 @@ def test_status_shows_sessions_and_open_tools(hint_server, capsys):
     client.llm_call_start("status-demo", step=1, node="plan")
     client.tool_call_start("status-demo", "pytest", call_id="t1")
     assert client.flush(5)
-    client.shutdown()
+    client.close()
     assert cli.main(["status", "--hints", hint_server.endpoint]) == 0
     out = capsys.readouterr().out
     assert "1 live sessions, 1 open tool calls" in out

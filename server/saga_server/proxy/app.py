@@ -117,7 +117,9 @@ class SagaProxy:
                 return
 
     async def aclose(self) -> None:
-        """End all sessions, flush hints briefly, close the upstream pool."""
+        """End all sessions, flush hints briefly, close the upstream pool. The ASGI
+        lifespan's shutdown calls it, and so does leaving `async with proxy:` (for
+        a proxy driven without a server). The `HintClient` stays open: it is the caller's."""
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
@@ -126,6 +128,12 @@ class SagaProxy:
         pools, self._pools = self._pools, []
         for pool in pools:
             await pool.aclose()
+
+    async def __aenter__(self) -> "SagaProxy":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
 
     # -- one request --------------------------------------------------------------------
 

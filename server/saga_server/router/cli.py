@@ -304,7 +304,7 @@ def main(argv: list[str]) -> int:
             signal.signal(s, h)
         print("[saga] stopping", file=sys.stderr, flush=True)
         if fanout is not None:
-            fanout.stop(0.5)
+            fanout.close(0.5)
         if metrics is not None:
             metrics.shutdown()
         try:

@@ -191,8 +191,10 @@ class HintServer:
     """A running hint service: `HintServer(sink, "127.0.0.1:50051").start()`.
 
     Port 0 picks a free port (see `.port` after `start()`). `api_key` (or None for
-    no auth) must be presented by every client. `for_service` serves another
-    `WorkflowHints` servicer (the cluster fan-out) with the same auth and limits.
+    no auth) must be presented by every client. `close()` stops it; `with
+    HintServer(...) as server:` starts it (unless started) and closes it.
+    `for_service` serves another `WorkflowHints` servicer (the cluster fan-out)
+    with the same auth and limits.
     """
 
     def __init__(self, sink: HintSink, address: str = "127.0.0.1:50051", *, api_key: str | None = None,
@@ -235,8 +237,19 @@ class HintServer:
     def endpoint(self) -> str:
         return f"{self.address.rpartition(':')[0]}:{self.port}"
 
-    def stop(self, grace: float | None = 1.0) -> None:
+    def close(self, grace: float | None = 1.0) -> None:
+        """Stop serving: calls in flight get `grace` seconds (None: cancelled now)."""
         self._server.stop(grace).wait()
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """Alias of `close`: the vLLM scheduler plugin's shutdown calls it."""
+        self.close(grace)
 
     def wait(self) -> None:
         self._server.wait_for_termination()
+
+    def __enter__(self) -> "HintServer":
+        return self if self.port is not None else self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()

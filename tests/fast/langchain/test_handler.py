@@ -347,7 +347,7 @@ def test_hint_server_down_same_output(make_chat_server):
         assert down.flush(0.3) is False and down.stats().sent == 0  # nothing got through...
         assert all(r.headers["x-session-id"] == "down" for r in server.chat_requests())  # ...yet tagged
     finally:
-        down.shutdown(timeout=0.2)
+        down.close(timeout=0.2)
 
 
 class ExplodingClient(HintClient):
@@ -391,7 +391,7 @@ def test_a_failed_session_start_still_keeps_the_run_one_session(make_chat_server
         assert out["messages"][-1].content == "answer 3"
         assert client.flush(5)
     finally:
-        client.shutdown(timeout=1)
+        client.close(timeout=1)
     sessions = {e.session_id for e in registry.events}
     assert sessions == {"half"}  # children did not each start a session of their own
     assert {r.headers["x-session-id"] for r in server.chat_requests()} == {"half"}

@@ -16,7 +16,7 @@ def engines():
     servers = [HintServer(r, "127.0.0.1:0").start() for r in regs]
     yield regs, servers
     for s in servers:
-        s.stop(grace=None)
+        s.close(grace=None)
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def fanout(engines):
     server, servicer, port = start_fanout(lambda: list(endpoints), "127.0.0.1:0")
     servicer.live_endpoints = endpoints  # the test may shrink the list
     yield f"127.0.0.1:{port}", servicer, endpoints
-    server.stop(None)
+    server.close(None)
 
 
 def test_hints_reach_every_engine(engines, fanout):
@@ -36,7 +36,7 @@ def test_hints_reach_every_engine(engines, fanout):
     client.session_start("s1", tenant="t")
     client.tool_call_start("s1", "pytest", call_id="c1")
     assert client.flush(5)
-    client.shutdown()
+    client.close()
     for reg in regs:
         snap = reg.session("s1")
         assert snap is not None and snap.state == "tool"
@@ -50,7 +50,7 @@ def test_reads_merge_across_engines(engines, fanout):
     client.session_start("a")
     client.session_start("b")
     assert client.flush(5)
-    client.shutdown()
+    client.close()
     with HintReader(addr) as reader:
         assert {s.session_id for s in reader.sessions()} == {"a", "b"}
         assert reader.session("a").session_id == "a"
@@ -67,19 +67,19 @@ def test_a_dead_engine_is_skipped_and_no_engine_is_unavailable(engines):
     endpoints = [s.endpoint for s in servers]
     server, servicer, port = start_fanout(lambda: list(endpoints), "127.0.0.1:0")
     try:
-        servers[0].stop(grace=None)
+        servers[0].close(grace=None)
         client = HintClient(endpoint=f"127.0.0.1:{port}")
         client.session_start("x")
         assert client.flush(5)
         assert regs[1].session("x") is not None
         assert servicer.counters["forward_errors"] >= 1
-        servers[1].stop(grace=None)
+        servers[1].close(grace=None)
         client.session_start("y")
         client.flush(3)  # refused upstream: the client drops, never blocks the agent
-        client.shutdown()
+        client.close()
         assert servicer.counters["no_replica"] >= 1
     finally:
-        server.stop(None)
+        server.close(None)
 
 
 def test_with_an_api_key_the_fanout_checks_it_and_forwards_it():
@@ -98,7 +98,7 @@ def test_with_an_api_key_the_fanout_checks_it_and_forwards_it():
         wrong.session_start("intruder")
         wrong.flush(5)
         assert wrong.stats().dropped_failed == 1
-        right.shutdown(); wrong.shutdown()
+        right.close(); wrong.close()
         assert all(r.session("member") is not None for r in regs)
         assert all(r.session("intruder") is None for r in regs)
         assert servicer.counters["auth_failures"] == 1 and servicer.counters["forward_errors"] == 0
@@ -106,9 +106,9 @@ def test_with_an_api_key_the_fanout_checks_it_and_forwards_it():
             assert reader.session("member").tenant == "t"
             assert reader.stats()["replicas_reachable"] == 2.0
     finally:
-        server.stop(None)
+        server.close(None)
         for s in servers:
-            s.stop(grace=None)
+            s.close(grace=None)
 
 
 def test_router_figures_join_the_cluster_stats(engines):
@@ -120,7 +120,7 @@ def test_router_figures_join_the_cluster_stats(engines):
             stats = reader.stats()
         assert stats["router_steals"] == 3.0 and stats["router_routes_affinity"] == 10.0
     finally:
-        server.stop(None)
+        server.close(None)
 
 
 def test_a_moved_session_is_reported_by_its_new_engine_only():
@@ -149,6 +149,6 @@ def test_a_moved_session_is_reported_by_its_new_engine_only():
         cores[0].on_request_arrival("s", 1000)  # it came back: resident again
         assert "s" in read_report(servers[0].endpoint)["sessions"]
     finally:
-        server.stop(None)
+        server.close(None)
         for s in servers:
-            s.stop(grace=None)
+            s.close(grace=None)

@@ -141,7 +141,7 @@ def test_the_ticker_tells_each_engine_what_the_others_served_its_tenants():
         assert router.stats()["moves"]["peer_sends"] == 2
     finally:
         for s in servers.values():
-            s.stop(grace=None)
+            s.close(grace=None)
 
 
 def test_a_stolen_session_is_released_on_its_source_engine():
@@ -171,7 +171,7 @@ def test_a_stolen_session_is_released_on_its_source_engine():
         assert router.saga.home_of("agent") == "idle"
         assert ReleaseKv("agent") in source.drain()
     finally:
-        server.stop(grace=None)
+        server.close(grace=None)
 
 
 class _Body:

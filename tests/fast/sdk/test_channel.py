@@ -15,7 +15,7 @@ from saga_server.rpc import HintServer
 def keyed_server(registry):
     server = HintServer(registry, "127.0.0.1:0", api_key="sekret").start()
     yield server
-    server.stop(grace=None)
+    server.close(grace=None)
 
 
 def _batch(sid: str) -> pb.HintBatch:

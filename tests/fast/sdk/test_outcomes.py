@@ -41,7 +41,7 @@ def test_a_session_scope_ends_with_the_outcome_of_what_left_it(hint_server, regi
     with pytest.raises(TimeoutError), client.session("broken"):
         raise TimeoutError
     assert client.flush(5)
-    client.shutdown()
+    client.close()
     ends = {sid: registry.session(sid).history[-1] for sid in ("fine", "stopped", "broken")}
     assert {e.kind for e in ends.values()} == {"session_end"}
     assert {sid: e.detail for sid, e in ends.items()} == {"fine": "completed", "stopped": "cancelled",
