@@ -48,7 +48,12 @@ class HintReader:
         return list(self._checked(self._stub.ListSessions, pb.ListSessionsRequest(limit=limit)).sessions)
 
     def stats(self) -> Mapping[str, float]:
-        return dict(self._checked(self._stub.GetStats, pb.GetStatsRequest()).stats)
+        """The service's figures (counters, gauges), by name."""
+        return dict(self.server_stats().stats)
+
+    def server_stats(self) -> "pb.ServerStats":
+        """The whole `GetStats` reply: the figures and the tokens served per tenant."""
+        return self._checked(self._stub.GetStats, pb.GetStatsRequest())
 
     def close(self) -> None:
         self._channel.close()

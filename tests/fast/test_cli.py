@@ -35,3 +35,14 @@ def test_status_shows_sessions_and_open_tools(hint_server, capsys):
 def test_status_without_a_service_says_so(capsys):
     assert cli.main(["status", "--hints", "127.0.0.1:9"]) == 1
     assert "hint service not reachable" in capsys.readouterr().err
+
+
+def test_status_shows_the_tokens_served_per_tenant(capsys):
+    from saga_server.core import WorkflowCore
+    from saga_server.rpc import HintServer
+
+    core = WorkflowCore()
+    core.record_service("acme", 120)
+    with HintServer(core, "127.0.0.1:0") as server:
+        assert cli.main(["status", "--hints", server.endpoint]) == 0
+    assert "tokens served: acme=120" in capsys.readouterr().out

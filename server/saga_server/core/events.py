@@ -160,9 +160,13 @@ class HintSink(Protocol):
 class PeerServiceSink(Protocol):
     """A sink that also ranks tenants across a cluster (Agent Fair Share): it takes
     the service other engines delivered per tenant since the last report, applies
-    all of it or raises ValueError and applies none (see `core.cluster_share`)."""
+    all of it or raises ValueError and applies none (see `core.cluster_share`), and
+    reports the service it delivered itself: tenant -> tokens, cumulative (peer
+    service never counts there)."""
 
     def record_peer_service(self, tokens: Mapping[str, float]) -> int: ...
+
+    def served_by_tenant(self) -> Mapping[str, float]: ...
 
 
 class KvReleaseSink(Protocol):

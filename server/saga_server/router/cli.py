@@ -170,9 +170,10 @@ def _published_router_stats() -> dict:
     return json.loads(raw) if raw else {}
 
 
-def _engine_stats_by_replica(fanout) -> dict[str, dict[str, float]]:
+def _engine_stats_by_replica(fanout) -> dict:
+    """Serve replica id (else hint endpoint) -> its engine's GetStats reply."""
     names = {addr: rid for rid, addr in _kv_replicas().items()}
-    return {names.get(ep, ep): stats for ep, stats in fanout.engine_stats().items()}
+    return {names.get(ep, ep): reply for ep, reply in fanout.engine_stats().items()}
 
 
 def _router_stats() -> dict[str, float]:

@@ -10,7 +10,8 @@ served a session do not report it as resident (see `replica.read_report`).
 
 Reads are merged: `GetSession` answers from the engine that holds the session's
 KV (`kv_resident`, then the largest `context_tokens`), `ListSessions` merges by id
-the same way, and `GetStats` sums the engines' figures and adds the fan-out's own counters.
+the same way, and `GetStats` sums the engines' figures and their per-tenant
+service and adds the fan-out's own counters.
 
 Replica endpoints are discovered through `discover()` (Ray's internal KV in
 `cli.py`: each replica registers its hint address there, which works across
@@ -138,20 +139,19 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
         limit = request.limit or 100
         return pb.SessionList(sessions=list(merged.values())[:limit])
 
-    def engine_stats(self) -> dict[str, dict[str, float]]:
-        """endpoint -> that engine's own GetStats, for engines that answered."""
-        return {ep: dict(st.stats)
-                for ep, st in self._each(lambda s: s.GetStats(pb.GetStatsRequest(), timeout=self._timeout))}
+    def engine_stats(self) -> dict[str, "pb.ServerStats"]:
+        """endpoint -> that engine's own GetStats reply, for engines that answered."""
+        return dict(self._each(lambda s: s.GetStats(pb.GetStatsRequest(), timeout=self._timeout)))
 
     def GetStats(self, request, context):
         out = pb.ServerStats()
         replies = self.engine_stats()
-        for ep, stats in replies.items():
-            for k, v in stats.items():
-                out.stats[k] = out.stats[k] + v if k in out.stats else v
+        for ep, reply in replies.items():
+            _add(out.stats, reply.stats)
+            _add(out.served_tokens_by_tenant, reply.served_tokens_by_tenant)
             for k in _PER_REPLICA:  # per-replica view for `saga status`
-                if k in stats:
-                    out.stats[f"{k}{{{ep}}}"] = stats[k]
+                if k in reply.stats:
+                    out.stats[f"{k}{{{ep}}}"] = reply.stats[k]
         try:
             for k, v in self._extra_stats().items():
                 out.stats[k] = float(v)
@@ -162,6 +162,11 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
                 out.stats[f"fanout_{k}"] = float(v)
         out.stats["replicas_reachable"] = float(len(replies))
         return out
+
+
+def _add(into, values: Mapping[str, float]) -> None:
+    for k, v in values.items():
+        into[k] = into[k] + v if k in into else v
 
 
 def start_fanout(discover: Callable[[], Sequence[str]], address: str,

@@ -31,7 +31,6 @@ from typing import Any
 
 from ray.serve.llm.deployment import LLMServer
 
-from saga_server.core.cluster_share import served_from_stats
 from saga_server.engines.vllm.intake import HINT_ADDR_ENV
 
 log = logging.getLogger("ray.serve")
@@ -55,7 +54,8 @@ def read_report(hint_addr: str, timeout: float = 2.0) -> dict[str, Any]:
     out: dict[str, Any] = {"hint_addr": hint_addr}
     with HintReader(hint_addr, timeout=timeout) as reader:
         sessions = reader.sessions(MAX_REPORTED_SESSIONS)
-        stats = reader.stats()
+        reply = reader.server_stats()
+    stats = reply.stats
     # Hints reach every engine (see hints.py), so a session the engine merely heard
     # of is not resident: only those it served a prompt for and still holds
     # (kv_resident: it served a prompt there and was not moved away since).
@@ -66,7 +66,7 @@ def read_report(hint_addr: str, timeout: float = 2.0) -> dict[str, Any]:
     out["kv_usage"] = float(stats.get("engine_held_blocks", 0.0)) / blocks if blocks else 0.0
     out["held_sessions"] = float(stats.get("engine_held_sessions", 0.0))
     out["pinned_blocks"] = float(stats.get("engine_pinned_blocks", 0.0))
-    out["served"] = served_from_stats(stats)
+    out["served"] = dict(reply.served_tokens_by_tenant)
     return out
 
 

@@ -133,6 +133,10 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
                 stats.stats[f"hints_{key}"] = float(value)
         for key, value in self.sink.stats().items():
             stats.stats[key] = float(value)
+        served = getattr(self.sink, "served_by_tenant", None)  # PeerServiceSink
+        if served is not None:
+            for tenant, tokens in served().items():
+                stats.served_tokens_by_tenant[tenant] = float(tokens)
         return stats
 
 

@@ -111,6 +111,24 @@ def test_with_an_api_key_the_fanout_checks_it_and_forwards_it():
             s.close(grace=None)
 
 
+def test_the_cluster_stats_sum_the_engines_service_per_tenant():
+    from saga_server.core import WorkflowCore
+
+    cores = [WorkflowCore(), WorkflowCore()]
+    servers = [HintServer(c, "127.0.0.1:0").start() for c in cores]
+    server, _, port = start_fanout(lambda: [s.endpoint for s in servers], "127.0.0.1:0")
+    try:
+        cores[0].record_service("acme", 300)
+        cores[1].record_service("acme", 200)
+        cores[1].record_service("zeta", 50)
+        with HintReader(f"127.0.0.1:{port}") as reader:
+            assert dict(reader.server_stats().served_tokens_by_tenant) == {"acme": 500.0, "zeta": 50.0}
+    finally:
+        server.close(None)
+        for s in servers:
+            s.close(grace=None)
+
+
 def test_router_figures_join_the_cluster_stats(engines):
     _, servers = engines
     server, _, port = start_fanout(lambda: [s.endpoint for s in servers], "127.0.0.1:0",

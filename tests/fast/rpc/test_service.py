@@ -218,6 +218,20 @@ def test_peer_service_reaches_the_core_and_bad_reports_change_nothing():
         server.close(grace=None)
 
 
+def test_stats_carry_the_service_per_tenant_as_a_typed_map(stub):
+    from saga_server.core import WorkflowCore
+
+    core = WorkflowCore()
+    core.record_service("acme", 300)
+    core.record_service("", 20)  # sessions without a tenant
+    with HintServer(core, "127.0.0.1:0") as server, HintReader(server.endpoint) as reader:
+        reply = reader.server_stats()
+    assert dict(reply.served_tokens_by_tenant) == {"acme": 300.0, "": 20.0}
+    assert not any("acme" in key for key in reply.stats)
+    # a service without fair share (the plain registry) leaves the map empty
+    assert not stub.GetStats(pb.GetStatsRequest(), timeout=5).served_tokens_by_tenant
+
+
 def test_peer_service_to_a_service_without_fair_share_is_unimplemented(stub):
     with pytest.raises(grpc.RpcError) as err:
         stub.ReportPeerService(pb.PeerService(tenant_tokens={"acme": 1.0}), timeout=5)

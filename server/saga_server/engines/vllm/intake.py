@@ -95,6 +95,9 @@ class EngineHintSink:
     def record_peer_service(self, tokens: Mapping[str, float]) -> int:
         return self.core.record_peer_service(tokens)  # AFS only: nothing for the engine loop
 
+    def served_by_tenant(self) -> Mapping[str, float]:
+        return self.core.served_by_tenant()
+
     def session(self, session_id: str) -> SessionSnapshot | None:
         return self.core.session(session_id)
 
