@@ -303,3 +303,23 @@ class ReleaseSessionAck(_message.Message):
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     queued: bool
     def __init__(self, queued: bool = ...) -> None: ...
+
+class ListResidentRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ResidentSession(_message.Message):
+    __slots__ = ("session_id", "in_tool")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    IN_TOOL_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    in_tool: bool
+    def __init__(self, session_id: _Optional[str] = ..., in_tool: bool = ...) -> None: ...
+
+class ResidentSessions(_message.Message):
+    __slots__ = ("sessions",)
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[ResidentSession]
+    def __init__(self, sessions: _Optional[_Iterable[_Union[ResidentSession, _Mapping]]] = ...) -> None: ...

@@ -47,6 +47,12 @@ class HintReader:
     def sessions(self, limit: int = 100) -> list["pb.SessionState"]:
         return list(self._checked(self._stub.ListSessions, pb.ListSessionsRequest(limit=limit)).sessions)
 
+    def resident(self, limit: int = 0) -> list["pb.ResidentSession"]:
+        """Sessions whose KV the engine holds (ids, and whether each is in a tool
+        call; `limit` 0: the server's default). An engine's hint service only: a
+        service that holds no KV raises `SagaUnavailable` (UNIMPLEMENTED)."""
+        return list(self._checked(self._stub.ListResident, pb.ListResidentRequest(limit=limit)).sessions)
+
     def stats(self) -> Mapping[str, float]:
         """The service's figures (counters, gauges), by name."""
         return dict(self.server_stats().stats)

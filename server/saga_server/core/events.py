@@ -169,6 +169,23 @@ class PeerServiceSink(Protocol):
     def served_by_tenant(self) -> Mapping[str, float]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class ResidentSession:
+    """A session whose KV an engine holds (`KvResidencySink`)."""
+
+    session_id: str
+    in_tool: bool = False  # inside a tool call (or an inferred tool gap)
+
+
+class KvResidencySink(Protocol):
+    """A sink in front of an engine that holds KV for sessions: `resident_sessions`
+    lists up to `limit` of them, most recently active first: those it served a
+    prompt for that have not ended nor moved to another engine since (a session
+    it only heard hints of is not resident)."""
+
+    def resident_sessions(self, limit: int) -> Sequence[ResidentSession]: ...
+
+
 class KvReleaseSink(Protocol):
     """A sink in front of an engine that holds KV for sessions: `release_session`
     makes the engine drop its holds and pins for the session (it moved to another

@@ -2,7 +2,7 @@
 (`PeerServiceRelay`) and releasing a moved session's copy (`release_session`).
 
 Each replica's routing report carries its engine's cumulative per-tenant
-service (`served`, see `replica.py`). `PeerServiceRelay` feeds those into a
+service (`ReplicaReport.served`, see `report.py`). `PeerServiceRelay` feeds those into a
 `core.cluster_share.PeerServiceLedger` and tells every engine, through its hint
 service's `ReportPeerService`, what the others served since the last round.
 Sends run off the router's event loop, one in flight per engine; a failed send
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Mapping
+from typing import Mapping
 
 from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
@@ -22,6 +22,8 @@ from saga_sdk import SagaConfig
 from saga_sdk.channel import hint_channel
 
 from saga_server.core.cluster_share import PeerServiceLedger
+
+from .report import ReplicaReport
 
 log = logging.getLogger("ray.serve")
 
@@ -58,16 +60,16 @@ class PeerServiceRelay:
         self._sending: set[str] = set()
         self.counters = {"peer_sends": 0, "peer_send_failures": 0}
 
-    def relay(self, reports: Mapping[str, Mapping[str, Any]], tasks: set) -> None:
+    def relay(self, reports: Mapping[str, ReplicaReport], tasks: set) -> None:
         """`reports`: replica id -> its current routing report (live replicas only)."""
         for gone in [e for e in self.ledger.engines() if e not in reports]:
             self.ledger.forget(gone)
         for replica, rep in reports.items():
-            if "served" in rep:
-                self.ledger.observe(replica, rep["served"])
+            if rep.readable:
+                self.ledger.observe(replica, rep.served)
         loop = asyncio.get_running_loop()
         for replica, rep in reports.items():
-            addr = rep.get("hint_addr")
+            addr = rep.hint_addr
             if not addr or replica in self._sending:
                 continue
             owed = self.ledger.take(replica)

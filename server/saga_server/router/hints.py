@@ -6,7 +6,8 @@ broadcast, not lookup, because the session's holder can change (stealing,
 failover) between a hint and the request it describes, and a moved session's
 new engine then already knows its workflow history. Hints are tiny and replicas
 few, so the cost is N small RPCs per batch, sent in parallel. Engines that never
-served a session do not report it as resident (see `replica.read_report`).
+served a session do not report it as resident (`ListResident`, which the fan-out
+itself does not answer: residency is per engine).
 
 Reads are merged: `GetSession` answers from the engine that holds the session's
 KV (`kv_resident`, then the largest `context_tokens`), `ListSessions` merges by id

@@ -31,6 +31,8 @@ log = logging.getLogger("saga.rpc")
 _MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 _MAX_TRACKED_CLIENTS = 10_000
 _MAX_PEER_TENANTS = 4096
+_MAX_LISTED = 10_000  # sessions in one list reply
+_DEFAULT_RESIDENT = 4096
 
 
 class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
@@ -123,7 +125,7 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
 
     def ListSessions(self, request, context):
         now = self.clock()
-        limit = min(request.limit or 100, 10_000)
+        limit = min(request.limit or 100, _MAX_LISTED)
         return pb.SessionList(sessions=[snapshot_to_wire(s, now) for s in self.sink.sessions(limit)])
 
     def GetStats(self, request, context):
@@ -154,6 +156,14 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
         self.count("peer_reports")
         return pb.PeerServiceAck(tenants=n)
 
+
+    def ListResident(self, request, context):
+        resident = getattr(self.sink, "resident_sessions", None)  # KvResidencySink
+        if resident is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this hint service holds no KV")
+        limit = min(request.limit or _DEFAULT_RESIDENT, _MAX_LISTED)
+        return pb.ResidentSessions(sessions=[pb.ResidentSession(session_id=r.session_id, in_tool=r.in_tool)
+                                             for r in resident(limit)])
 
     def ReleaseSession(self, request, context):
         release = getattr(self.sink, "release_session", None)  # KvReleaseSink

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from saga_sdk import HintClient, HintReader, UnknownSession
+from saga_sdk import HintClient, HintReader, SagaUnavailable, UnknownSession
 from saga_server.core.registry import SessionRegistry
 from saga_server.router.hints import start_fanout
 from saga_server.rpc import HintServer
@@ -56,6 +56,8 @@ def test_reads_merge_across_engines(engines, fanout):
         assert reader.session("a").session_id == "a"
         with pytest.raises(UnknownSession):
             reader.session("nope")
+        with pytest.raises(SagaUnavailable, match="UNIMPLEMENTED"):  # residency is per engine
+            reader.resident()
         stats = reader.stats()
     assert stats["replicas_reachable"] == 2.0
     assert sum(1 for k in stats if k.startswith("engine_held_sessions{")) in (0, 2)
@@ -147,7 +149,7 @@ def test_a_moved_session_is_reported_by_its_new_engine_only():
     both point at the engine that holds its KV now."""
     from saga_server.core import SessionStart, WorkflowCore
     from saga_server.engines.vllm.intake import EngineHintSink
-    from saga_server.router.replica import read_report
+    from saga_server.router.report import read_report
 
     cores = [WorkflowCore(), WorkflowCore()]
     servers = [HintServer(EngineHintSink(c), "127.0.0.1:0").start() for c in cores]
@@ -157,15 +159,15 @@ def test_a_moved_session_is_reported_by_its_new_engine_only():
             core.accept(SessionStart("s", core._clock()))
         cores[0].on_request_arrival("s", 900)  # served here first, with a longer context
         cores[1].on_request_arrival("s", 600)  # then re-prefilled on the new engine
-        assert "s" in read_report(servers[0].endpoint)["sessions"]
+        assert "s" in read_report(servers[0].endpoint).sessions
         servers[0].service.sink.release_session("s")
-        assert "s" not in read_report(servers[0].endpoint)["sessions"]
-        assert "s" in read_report(servers[1].endpoint)["sessions"]
+        assert "s" not in read_report(servers[0].endpoint).sessions
+        assert "s" in read_report(servers[1].endpoint).sessions
         with HintReader(f"127.0.0.1:{port}") as reader:
             assert reader.session("s").metrics["kv_resident"] == 1.0
             assert reader.session("s").metrics["context_tokens"] == 600.0
         cores[0].on_request_arrival("s", 1000)  # it came back: resident again
-        assert "s" in read_report(servers[0].endpoint)["sessions"]
+        assert "s" in read_report(servers[0].endpoint).sessions
     finally:
         server.close(None)
         for s in servers:
