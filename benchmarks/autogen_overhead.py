@@ -132,9 +132,9 @@ def main() -> None:
         up.flush(30)
         stats = up.stats()
     finally:
-        up.shutdown(timeout=2)
-        down.shutdown(timeout=0.2)
-        server.stop(grace=None)
+        up.close(timeout=2)
+        down.close(timeout=0.2)
+        server.close(grace=None)
 
     print(f"AutoGen integration overhead, {args.calls} calls x {args.rounds} rounds, median of round means (us/call)")
     print(f"{'':34s}{'service up':>12s}{'service down':>14s}")

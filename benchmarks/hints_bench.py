@@ -21,9 +21,10 @@ import subprocess
 import sys
 import time
 
+from saga_proto import hints_pb2 as pb
+from saga_proto import hints_pb2_grpc
 from saga_sdk import HintClient
-from saga_sdk._proto import hints_pb2 as pb
-from saga_sdk._proto import hints_pb2_grpc
+from saga_sdk.channel import hint_channel
 
 
 def free_port() -> int:
@@ -83,7 +84,7 @@ def ingest_rate(endpoint: str, events: int, batch_size: int = 512) -> float:
             batch.sequence = seq
             yield batch
 
-    channel = grpc_channel(endpoint)
+    channel = hint_channel(endpoint)
     stub = hints_pb2_grpc.WorkflowHintsStub(channel)
     t0 = time.perf_counter()
     accepted = sum(ack.accepted for ack in stub.StreamHints(stream()))
@@ -91,12 +92,6 @@ def ingest_rate(endpoint: str, events: int, batch_size: int = 512) -> float:
     channel.close()
     assert accepted == batches * batch_size, f"service accepted {accepted} of {batches * batch_size}"
     return accepted / elapsed
-
-
-def grpc_channel(endpoint: str):
-    import grpc
-
-    return grpc.insecure_channel(endpoint)
 
 
 def main() -> int:
@@ -112,7 +107,7 @@ def main() -> int:
         up_costs = emit_costs(up, args.emits)
         up.flush(30)
         print(f"sender: {up.stats()}")
-        up.shutdown()
+        up.close()
         rate = ingest_rate(f"127.0.0.1:{port}", args.events)
     finally:
         service.terminate()
@@ -121,7 +116,7 @@ def main() -> int:
     down = HintClient(endpoint=f"127.0.0.1:{free_port()}", rpc_timeout_s=0.2)
     down_costs = emit_costs(down, args.emits)
     down_stats = down.stats()
-    down.shutdown(timeout=0.1)
+    down.close(timeout=0.1)
 
     print(f"{'case':<28} {'median us':>10} {'p99 us':>10}   target: median <= 5, p99 <= 50")
     for name, costs in (("emit, service up", up_costs), ("emit, service down", down_costs)):

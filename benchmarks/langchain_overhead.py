@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         from saga_server.rpc import HintServer
 
         hint_server = HintServer(SessionRegistry(max_sessions=100_000), "127.0.0.1:0").start()
-        endpoint, stop_hints = hint_server.endpoint, lambda: hint_server.stop(grace=None)
+        endpoint, stop_hints = hint_server.endpoint, lambda: hint_server.close(grace=None)
     client = HintClient(endpoint=endpoint)
 
     tmp = tempfile.TemporaryDirectory()
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     loop_us = callback_loop_cost(client, args.loop)
     client.flush(5)
     stats = client.stats()
-    client.shutdown()
+    client.close()
     stop()
     stop_hints()
     tmp.cleanup()

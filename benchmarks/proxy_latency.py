@@ -59,7 +59,7 @@ def serve_upstream() -> int:
     print(f"READY {server.port} {hints.endpoint}", flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
     server.stop()
-    hints.stop(grace=None)
+    hints.close(grace=None)
     return 0
 
 

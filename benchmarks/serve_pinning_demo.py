@@ -98,7 +98,7 @@ def run(saga: bool, args) -> dict:
         res["resume_prompt_tokens"] = second["usage"]["prompt_tokens"]
         res["resume_cached_tokens"] = second["usage"]["prompt_tokens_details"]["cached_tokens"]
         hints.session_end(sid)
-        hints.shutdown(5)
+        hints.close(5)
         m = fetch_metrics(server.base_url)
         res["pins"] = {k: v for k, v in m.items() if k.startswith("saga_pins_total")}
     finally:

@@ -190,7 +190,7 @@ def run_session(server, task: Task, tokens: TokenSource, hint_addr: str, seed: i
         res.error = repr(exc)
         res.end = time.monotonic()
     finally:
-        hints.shutdown(2)
+        hints.close(2)
 
 
 # Modes: SAGA as shipped; SAGA with request-level FCFS inside a tenant (no task

@@ -140,7 +140,7 @@ async def main(argv: list[str] | None = None) -> int:
             print(f"{sid}: state={state.state} steps={state.steps} tool_calls={state.tool_calls}")
             print("  " + " ".join(f"{h.kind}:{h.detail}" if h.detail else h.kind for h in state.history))
     await model_client.close()
-    hints.shutdown()
+    hints.close()
     return 0
 
 

@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
               f"tool_calls={state.tool_calls}")
     except Exception as exc:  # the agent ran either way; the readback is informational
         print(f"(could not read the session back from {args.hints}: {exc})", file=sys.stderr)
-    hints.shutdown()
+    hints.close()
     return 0
 
 

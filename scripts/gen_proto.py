@@ -1,4 +1,5 @@
-"""Generate the Python code for proto/saga/v1/hints.proto into sdk/saga_sdk/_proto.
+"""Generate the Python code for proto/saga/v1/hints.proto into sdk/saga_proto
+(the `saga_proto` package, shipped with the SDK and imported by SDK and server).
 
     python scripts/gen_proto.py          # write the files
     python scripts/gen_proto.py --check  # exit 1 if the checked-in files differ
@@ -18,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
 PROTO = "saga/v1/hints.proto"
-OUT = ROOT / "sdk" / "saga_sdk" / "_proto"
+OUT = ROOT / "sdk" / "saga_proto"
 GENERATED = ("hints_pb2.py", "hints_pb2.pyi", "hints_pb2_grpc.py")
 
 
@@ -34,7 +35,7 @@ def generate() -> dict[str, str]:
         out = {}
         for name in GENERATED:
             text = (Path(tmp) / "saga" / "v1" / name).read_text()
-            # The package lives inside saga_sdk, not at the top level as `saga.v1`.
+            # The package is `saga_proto`, not `saga.v1`: imports within it are relative.
             out[name] = re.sub(r"^from saga\.v1 import ", "from . import ", text, flags=re.M)
         return out
 

@@ -1,6 +1,6 @@
 """`HintClient`: sends workflow hints to SAGA without ever slowing the agent down.
 
-The contract, for every public method except `flush`/`shutdown`:
+The contract, for every public method except `flush`/`close`:
   * it never blocks on the network and never raises: an event is appended to a
     bounded in-memory queue (or dropped and counted when the queue is full, hints
     are disabled, or the session is sampled out);
@@ -11,7 +11,8 @@ The contract, for every public method except `flush`/`shutdown`:
   * events older than `max_event_age_s` are dropped, not sent: stale hints would
     mislead the scheduler more than missing ones.
 `flush(timeout)` waits until everything queued before the call has been sent or
-dropped; `shutdown()` flushes briefly and stops the thread. An exit hook flushes
+dropped; `close()` (or leaving `with HintClient(...) as hints:`) flushes briefly
+and stops the thread (`shutdown()` is the same, for existing callers). An exit hook flushes
 with `exit_flush_s` as its bound, and a forked child starts with an empty queue
 and its own thread and channel (the parent's are not usable after fork).
 """
@@ -29,10 +30,12 @@ import weakref
 import zlib
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable
 
 from .config import SagaConfig
 from .context import SessionContext, reset_current_session, set_current_session, new_session_id
+from .logs import LogOnce
+from .outcomes import session_outcome_of
 
 __all__ = ["HintClient", "ClientStats"]
 
@@ -112,7 +115,7 @@ class HintClient:
     def session(self, session_id: str | None = None, *, tenant: str = "", workflow: str = "",
                 deadline_s: float | None = None) -> "_SessionScope":
         """Context manager: start a session, make it current, end it on exit
-        (outcome "failed" or "cancelled" when the block raises)."""
+        (outcome "failed" or "cancelled" when the block raises: `outcomes`)."""
         return _SessionScope(self, session_id or new_session_id(), tenant or self.config.tenant,
                              workflow, deadline_s)
 
@@ -129,7 +132,7 @@ class HintClient:
         self._wake.set()
         return marker.done.wait(timeout)
 
-    def shutdown(self, timeout: float | None = None) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Flush (bounded by `timeout`, default `exit_flush_s`) and stop. Idempotent;
         events emitted afterwards are dropped."""
         if self._closed:
@@ -143,6 +146,16 @@ class HintClient:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=max(bound, 0.05))
         self._close_channel()
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Alias of `close`, kept for applications written against earlier releases."""
+        self.close(timeout)
+
+    def __enter__(self) -> "HintClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def stats(self) -> ClientStats:
         c = self._counts
@@ -197,7 +210,7 @@ class HintClient:
         self._drop_lock = threading.Lock()
         self._counts = dict.fromkeys(
             ("sent", "rejected", "dropped_stale", "dropped_failed", "batches", "send_errors", "reconnects"), 0)
-        self._logged: set[str] = set()
+        self._log_once = LogOnce(log)
 
     def _ensure_sender(self) -> None:
         with self._thread_lock:
@@ -255,7 +268,7 @@ class HintClient:
         try:
             stub = self._connect()
             batch = _encode_batch(self.client_id, sequence, events)
-            ack = stub.SendHints(batch, timeout=self.config.rpc_timeout_s, metadata=self._metadata())
+            ack = stub.SendHints(batch, timeout=self.config.rpc_timeout_s)
         except grpc.RpcError as exc:
             code = exc.code().name if hasattr(exc, "code") and exc.code() else "UNKNOWN"
             if code in _PERMANENT:
@@ -282,13 +295,13 @@ class HintClient:
 
     def _connect(self):
         if self._stub is None:
-            import grpc
+            from saga_proto import hints_pb2_grpc
 
-            from ._proto import hints_pb2_grpc
+            from .channel import hint_channel
 
             if self._channel is not None or self._counts["batches"] or self._counts["send_errors"]:
                 self._counts["reconnects"] += 1
-            self._channel = grpc.insecure_channel(self.config.endpoint, options=[
+            self._channel = hint_channel(self.config.endpoint, self.config.api_key, options=[
                 ("grpc.keepalive_time_ms", 30_000),
                 ("grpc.enable_retries", 0),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
@@ -303,15 +316,6 @@ class HintClient:
                 channel.close()
             except Exception:
                 pass
-
-    def _metadata(self) -> Sequence[tuple[str, str]]:
-        key = self.config.api_key
-        return (("authorization", f"Bearer {key}"),) if key else ()
-
-    def _log_once(self, key: str, msg: str, *args, **kwargs) -> None:
-        if key not in self._logged:
-            self._logged.add(key)
-            log.warning(msg, *args, **kwargs)
 
     def _after_fork_in_child(self) -> None:
         # A new identity too: the child's batch sequence restarts at 1, and the
@@ -336,13 +340,7 @@ class _SessionScope:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         reset_current_session(self._token)
-        if exc_type is None:
-            outcome = "completed"
-        elif issubclass(exc_type, (KeyboardInterrupt, GeneratorExit)) or exc_type.__name__ == "CancelledError":
-            outcome = "cancelled"
-        else:
-            outcome = "failed"
-        self.client.session_end(self.context.session_id, outcome=outcome)
+        self.client.session_end(self.context.session_id, outcome=session_outcome_of(exc))
 
 
 class _Backoff:
@@ -361,7 +359,7 @@ class _Backoff:
 
 
 def _encode_batch(client_id: str, sequence: int, events: list):
-    from ._proto import hints_pb2 as pb
+    from saga_proto import hints_pb2 as pb
 
     batch = pb.HintBatch(client_id=client_id, sequence=sequence)
     for kind, session_id, t, payload in events:
@@ -401,7 +399,7 @@ def _encode_batch(client_id: str, sequence: int, events: list):
 def _shutdown_all_at_exit() -> None:
     for client in list(_clients):
         try:
-            client.shutdown()
+            client.close()
         except Exception:
             pass
 

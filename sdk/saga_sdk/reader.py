@@ -11,8 +11,10 @@ from typing import Mapping
 
 import grpc
 
-from ._proto import hints_pb2 as pb
-from ._proto import hints_pb2_grpc
+from saga_proto import hints_pb2 as pb
+from saga_proto import hints_pb2_grpc
+
+from .channel import hint_channel
 from .config import SagaConfig
 
 __all__ = ["HintReader", "SagaUnavailable", "UnknownSession"]
@@ -30,12 +32,8 @@ class HintReader:
     def __init__(self, endpoint: str | None = None, *, api_key: str | None = None, timeout: float = 2.0) -> None:
         config = SagaConfig.from_env()
         self.endpoint = endpoint or config.endpoint
-        key = api_key if api_key is not None else config.api_key
-        self._metadata = (("authorization", f"Bearer {key}"),) if key else ()
         self._timeout = timeout
-        # Own subchannel pool: a service restarted on the same address must not look
-        # unavailable because another channel is backing off from its predecessor.
-        self._channel = grpc.insecure_channel(self.endpoint, options=[("grpc.use_local_subchannel_pool", 1)])
+        self._channel = hint_channel(self.endpoint, api_key if api_key is not None else config.api_key)
         self._stub = hints_pb2_grpc.WorkflowHintsStub(self._channel)
 
     def session(self, session_id: str) -> "pb.SessionState":
@@ -49,8 +47,19 @@ class HintReader:
     def sessions(self, limit: int = 100) -> list["pb.SessionState"]:
         return list(self._checked(self._stub.ListSessions, pb.ListSessionsRequest(limit=limit)).sessions)
 
+    def resident(self, limit: int = 0) -> list["pb.ResidentSession"]:
+        """Sessions whose KV the engine holds (ids, and whether each is in a tool
+        call; `limit` 0: the server's default). An engine's hint service only: a
+        service that holds no KV raises `SagaUnavailable` (UNIMPLEMENTED)."""
+        return list(self._checked(self._stub.ListResident, pb.ListResidentRequest(limit=limit)).sessions)
+
     def stats(self) -> Mapping[str, float]:
-        return dict(self._checked(self._stub.GetStats, pb.GetStatsRequest()).stats)
+        """The service's figures (counters, gauges), by name."""
+        return dict(self.server_stats().stats)
+
+    def server_stats(self) -> "pb.ServerStats":
+        """The whole `GetStats` reply: the figures and the tokens served per tenant."""
+        return self._checked(self._stub.GetStats, pb.GetStatsRequest())
 
     def close(self) -> None:
         self._channel.close()
@@ -62,7 +71,7 @@ class HintReader:
         self.close()
 
     def _call(self, method, request):
-        return method(request, timeout=self._timeout, metadata=self._metadata)
+        return method(request, timeout=self._timeout)
 
     def _checked(self, method, request):
         try:

@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         with HintReader(args.hints) as reader:
-            stats, sessions = reader.stats(), reader.sessions(args.sessions)
+            reply, sessions = reader.server_stats(), reader.sessions(args.sessions)
     except SagaUnavailable as exc:
         print(f"saga status: hint service not reachable: {exc}", file=sys.stderr)
         return 1
@@ -41,11 +41,12 @@ def main(argv: list[str]) -> int:
                 metrics = fetch_metrics(args.url)
             except Exception as exc:  # status is best effort beyond the hint service
                 print(f"(metrics from {args.url} unavailable: {exc})", file=sys.stderr)
-    print(render(stats, sessions, metrics))
+    print(render(dict(reply.stats), sessions, metrics, served=dict(reply.served_tokens_by_tenant)))
     return 0
 
 
-def render(stats, sessions, metrics=None) -> str:
+def render(stats, sessions, metrics=None, served=None) -> str:
+    """`served`: tenant -> tokens served (the hint service's per-tenant service)."""
     lines = [f"hint service: {int(stats.get('sessions_live', 0))} live sessions, "
              f"{int(stats.get('open_tool_calls', 0))} open tool calls, "
              f"{int(stats.get('hints_events_accepted', 0))} events accepted, "
@@ -53,6 +54,9 @@ def render(stats, sessions, metrics=None) -> str:
     other = {k: v for k, v in sorted(stats.items()) if not k.startswith("hints_")}
     if other:
         lines.append("  " + "  ".join(f"{k}={_num(v)}" for k, v in other.items()))
+    if served:
+        lines.append("  tokens served: " + "  ".join(f"{t or '(no tenant)'}={_num(v)}"
+                                                     for t, v in sorted(served.items())))
     if metrics:
         lines.append("engine metrics:")
         lines += [f"  {k} = {_num(v)}" for k, v in sorted(metrics.items())]

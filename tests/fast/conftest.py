@@ -17,4 +17,4 @@ def registry() -> SessionRegistry:
 def hint_server(registry):
     server = HintServer(registry, "127.0.0.1:0").start()
     yield server
-    server.stop(grace=None)
+    server.close(grace=None)

@@ -23,7 +23,7 @@ def test_status_shows_sessions_and_open_tools(hint_server, capsys):
     client.llm_call_start("status-demo", step=1, node="plan")
     client.tool_call_start("status-demo", "pytest", call_id="t1")
     assert client.flush(5)
-    client.shutdown()
+    client.close()
     assert cli.main(["status", "--hints", hint_server.endpoint]) == 0
     out = capsys.readouterr().out
     assert "1 live sessions, 1 open tool calls" in out
@@ -35,3 +35,14 @@ def test_status_shows_sessions_and_open_tools(hint_server, capsys):
 def test_status_without_a_service_says_so(capsys):
     assert cli.main(["status", "--hints", "127.0.0.1:9"]) == 1
     assert "hint service not reachable" in capsys.readouterr().err
+
+
+def test_status_shows_the_tokens_served_per_tenant(capsys):
+    from saga_server.core import WorkflowCore
+    from saga_server.rpc import HintServer
+
+    core = WorkflowCore()
+    core.record_service("acme", 120)
+    with HintServer(core, "127.0.0.1:0") as server:
+        assert cli.main(["status", "--hints", server.endpoint]) == 0
+    assert "tokens served: acme=120" in capsys.readouterr().out

@@ -40,6 +40,39 @@ def test_sdk_never_imports_the_server():
     assert offenders(sdk, lambda m: not m.startswith("saga_server")) == []
 
 
+def test_the_generated_wire_code_imports_only_grpc_and_protobuf():
+    proto = ROOT / "sdk" / "saga_proto"
+    assert list(proto.glob("*_pb2.py")), "generated code not found"
+    assert offenders(proto, lambda m: m.split(".")[0] in STDLIB or m.startswith(("grpc", "google.protobuf"))) == []
+
+
+def private_sdk_imports(package_dir: Path) -> list[str]:
+    """Imports of a private SDK module (`saga_sdk._x`), in either import form."""
+    found = []
+    for path in sorted(package_dir.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+            found += [f"{shown} imports {n}" for n in names
+                      if n.startswith("saga_sdk.") and any(p.startswith("_") for p in n.split(".")[1:])]
+    return found
+
+
+def test_the_server_uses_only_the_public_sdk():
+    """The wire code is `saga_proto`, shared plumbing is in public SDK modules."""
+    assert private_sdk_imports(ROOT / "server" / "saga_server") == []
+
+
+def test_the_private_import_check_sees_both_forms(tmp_path):
+    (tmp_path / "bad.py").write_text("from saga_sdk import _bootstrap\nimport saga_sdk._x.y\n"
+                                     "from saga_sdk.client import HintClient\n")
+    assert len(private_sdk_imports(tmp_path)) == 2
+
+
 @pytest.mark.parametrize("package", ["engines/sim", "bench"])
 def test_simulator_imports_no_engine_or_transport(package):
     folder = ROOT / "server" / "saga_server" / package

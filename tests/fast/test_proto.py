@@ -25,7 +25,7 @@ def test_generated_code_matches_the_proto():
 
 
 def test_generated_code_round_trips_an_event():
-    from saga_sdk._proto import hints_pb2 as pb
+    from saga_proto import hints_pb2 as pb
 
     batch = pb.HintBatch(client_id="c", sequence=3)
     batch.events.add(session_id="s", tool_call_start=pb.ToolCallStart(tool="bash", call_id="1"))

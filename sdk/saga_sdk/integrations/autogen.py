@@ -17,7 +17,8 @@ Three pieces, each usable alone:
 * `instrument()` / `uninstrument()` patch `BaseTool.run_json` and
   `BaseStreamTool.run_json_stream`, where AutoGen actually runs every tool
   (workbenches, handoffs, agent/team tools): one tool start/end hint per call,
-  with the tool name and AutoGen's call id, outcome "ok", "error" or "cancelled".
+  with the tool name and AutoGen's call id, outcome "ok", "error" or "cancelled"
+  (`saga_sdk.outcomes`).
   Both are idempotent; the run helpers call `instrument()` for you.
 * `run` / `run_stream` / `session` open a SAGA session around an agent or team
   run (tenant, deadline, and the declared structure: participants, their tools,
@@ -41,7 +42,6 @@ go to `HintClient`'s queue) and never changes what the agent sees.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
@@ -62,6 +62,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..client import HintClient, get_client
 from ..context import SessionContext, current_session, new_session_id, reset_current_session, set_current_session
+from ..logs import LogOnce
+from ..outcomes import outcome_of, session_outcome_of
 
 __all__ = [
     "SagaChatCompletionClient",
@@ -78,13 +80,7 @@ __all__ = [
 
 log = logging.getLogger("saga_sdk.autogen")
 
-_logged: set[str] = set()
-
-
-def _log_once(key: str, msg: str, *args: Any) -> None:
-    if key not in _logged:
-        _logged.add(key)
-        log.warning(msg, *args, exc_info=True)
+_log_once = LogOnce(log)
 
 
 # -- where is the session? -------------------------------------------------------------
@@ -255,7 +251,7 @@ class SagaChatCompletionClient(ChatCompletionClient, Component[SagaChatCompletio
             hints.llm_call_start(ctx.session_id, step=step, node=node)
             return hints, ctx.session_id, step, node
         except Exception:
-            _log_once("llm_start", "SAGA: could not hint an AutoGen model call; it proceeds unhinted")
+            _log_once("llm_start", "SAGA: could not hint an AutoGen model call; it proceeds unhinted", exc_info=True)
             return None
 
     @staticmethod
@@ -266,7 +262,7 @@ class SagaChatCompletionClient(ChatCompletionClient, Component[SagaChatCompletio
                                prompt_tokens=usage.prompt_tokens if usage else 0,
                                output_tokens=usage.completion_tokens if usage else 0)
         except Exception:
-            _log_once("llm_end", "SAGA: could not hint the end of an AutoGen model call")
+            _log_once("llm_end", "SAGA: could not hint the end of an AutoGen model call", exc_info=True)
 
     def _with_session(self, extra: Mapping[str, Any], session_id: str) -> Mapping[str, Any]:
         """`extra` plus `extra_body.session_id`, merged over the wrapped client's own
@@ -282,7 +278,7 @@ class SagaChatCompletionClient(ChatCompletionClient, Component[SagaChatCompletio
             body.setdefault("session_id", session_id)
             return {**extra, "extra_body": body}
         except Exception:
-            _log_once("carry", "SAGA: could not add the session id to an AutoGen request")
+            _log_once("carry", "SAGA: could not add the session id to an AutoGen request", exc_info=True)
             return extra
 
     # -- faithful delegation --
@@ -374,7 +370,7 @@ def _tool_begin(tool, call_id: str | None):
         hints.tool_call_start(ctx.session_id, name, call_id=cid)
         return hints, ctx.session_id, name, cid, bound
     except Exception:
-        _log_once("tool_start", "SAGA: could not hint an AutoGen tool call; it proceeds unhinted")
+        _log_once("tool_start", "SAGA: could not hint an AutoGen tool call; it proceeds unhinted", exc_info=True)
         return None
 
 
@@ -385,13 +381,7 @@ def _tool_end(call, outcome: str) -> None:
             return  # the session already ended it
         hints.tool_call_end(sid, name, call_id=cid, outcome=outcome)
     except Exception:
-        _log_once("tool_end", "SAGA: could not hint the end of an AutoGen tool call")
-
-
-def _outcome(exc: BaseException | None) -> str:
-    if exc is None:
-        return "ok"
-    return "cancelled" if isinstance(exc, (asyncio.CancelledError, GeneratorExit)) else "error"
+        _log_once("tool_end", "SAGA: could not hint the end of an AutoGen tool call", exc_info=True)
 
 
 def _hinted_run_json(original):
@@ -403,7 +393,7 @@ def _hinted_run_json(original):
         try:
             result = await original(self, args, cancellation_token, call_id=call_id)
         except BaseException as exc:
-            _tool_end(call, _outcome(exc))
+            _tool_end(call, outcome_of(exc))
             raise
         _tool_end(call, "ok")
         return result
@@ -445,7 +435,7 @@ def _hinted_run_json_stream(original):
                     yield item
         except BaseException as exc:
             if call is not None:
-                _tool_end(call, _outcome(exc))
+                _tool_end(call, outcome_of(exc))
             raise
         if call is not None:
             _tool_end(call, "ok")
@@ -494,7 +484,8 @@ def describe(target) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
                     if (tool.name, nxt) not in edges:
                         edges.append((tool.name, nxt))
     except Exception:
-        _log_once("describe", "SAGA: could not read the structure of %s; declaring less", type(target).__name__)
+        _log_once("describe", "SAGA: could not read the structure of %s; declaring less", type(target).__name__,
+                  exc_info=True)
     return list(nodes.items()), edges
 
 
@@ -538,7 +529,7 @@ class SagaSession:
     As an async context manager it starts the session, makes it current in the
     caller's context and binds it to the team's agents (for runtimes started
     elsewhere), and on exit ends it: "completed", "cancelled" (`CancelledError`,
-    AutoGen's `CancellationToken` included) or "failed" (any other exception).
+    AutoGen's `CancellationToken` included) or "failed" (`saga_sdk.outcomes`).
     `run_stream` drives the same object step by step instead."""
 
     def __init__(self, target=None, *, session_id: str | None = None, tenant: str = "", workflow: str = "",
@@ -570,7 +561,7 @@ class SagaSession:
             try:
                 instrument()
             except Exception:
-                _log_once("instrument", "SAGA: could not instrument AutoGen tools")
+                _log_once("instrument", "SAGA: could not instrument AutoGen tools", exc_info=True)
         try:
             nodes, edges = describe(self.target) if self.target is not None else ([], [])
             ctx = self.context
@@ -580,7 +571,7 @@ class SagaSession:
             if self._agent_key:
                 _by_agent_key[self._agent_key] = self._bound
         except Exception:
-            _log_once("open", "SAGA: could not open a session for an AutoGen run; it runs unhinted")
+            _log_once("open", "SAGA: could not open a session for an AutoGen run; it runs unhinted", exc_info=True)
 
     def enter(self) -> Token:
         """Make the session current in this context; pass the token to `leave`."""
@@ -605,12 +596,9 @@ class SagaSession:
             for cid, name in list(self._bound.open_tools.items()):
                 if self._bound.open_tools.pop(cid, None) is not None:
                     self.client.tool_call_end(self.session_id, name, call_id=cid, outcome="cancelled")
-            outcome = ("completed" if exc is None else
-                       "cancelled" if isinstance(exc, (asyncio.CancelledError, GeneratorExit, KeyboardInterrupt))
-                       else "failed")
-            self.client.session_end(self.session_id, outcome=outcome)
+            self.client.session_end(self.session_id, outcome=session_outcome_of(exc))
         except Exception:
-            _log_once("close", "SAGA: could not end a session for an AutoGen run")
+            _log_once("close", "SAGA: could not end a session for an AutoGen run", exc_info=True)
 
     async def __aenter__(self) -> SessionContext:
         self.open()

@@ -13,8 +13,8 @@ What the handler sends (through `saga_sdk.get_client()` unless given a client):
 |---|---|
 | the outermost run it sees starts | `session_start`: id = `session_id` or `thread_id` from the run's metadata / `configurable`, else the root run id; workflow = the handler's `workflow` or the root run's name; a LangGraph graph's declared nodes and edges, once per workflow per client |
 | chat model / LLM call starts, ends | `llm_call_start`/`llm_call_end`: step = 1-based index of the call in the session, node = `langgraph_node` metadata (else the model's run name), token counts from `usage_metadata` |
-| tool starts, ends, raises | `tool_call_start`/`tool_call_end`: tool name, `tool_call_id` (else the run id), outcome ok/error (error also for a handled error, a ToolMessage with status "error"); optional category and expected duration (see `saga_tool_hint` and `tool_hints=`) |
-| the outermost run ends / raises | `session_end` completed / failed (cancelled on KeyboardInterrupt or task cancellation) |
+| tool starts, ends, raises | `tool_call_start`/`tool_call_end`: tool name, `tool_call_id` (else the run id), outcome ok/error/cancelled (`saga_sdk.outcomes`; error also for a handled error, a ToolMessage with status "error"); optional category and expected duration (see `saga_tool_hint` and `tool_hints=`) |
+| the outermost run ends / raises | `session_end` completed / failed / cancelled (`saga_sdk.outcomes`) |
 
 The session id on the wire. Scheduling needs each LLM request to carry its session id,
 and the handler sees the request only from the outside, so it makes the session current
@@ -52,10 +52,13 @@ except ImportError as exc:  # an optional extra: say which one
 
 from ..client import HintClient, get_client
 from ..context import SessionContext, current_session, reset_current_session, set_current_session
+from ..logs import LogOnce
+from ..outcomes import outcome_of, session_outcome_of
 
 __all__ = ["SagaCallbackHandler", "saga_tool_hint", "describe_graph", "ENV_VAR"]
 
 log = logging.getLogger("saga_sdk.langchain")
+_log_once = LogOnce(log)
 
 ENV_VAR = "SAGA_LANGCHAIN"
 
@@ -223,14 +226,8 @@ class SagaCallbackHandler(BaseCallbackHandler):
         sess = self._runs.pop(run_id, None)
         if sess is None or sess.root != run_id:
             return
-        if error is None:
-            outcome = "completed"
-        elif isinstance(error, (KeyboardInterrupt, GeneratorExit)) or type(error).__name__ == "CancelledError":
-            outcome = "cancelled"
-        else:
-            outcome = "failed"
         try:
-            self.client.session_end(sess.ctx.session_id, outcome=outcome)
+            self.client.session_end(sess.ctx.session_id, outcome=session_outcome_of(error))
         finally:  # even if the hint failed, the user's context must not keep our session
             _restore(sess.token)
             # Runs of this session still open (a cancelled branch never reported its
@@ -343,8 +340,7 @@ class SagaCallbackHandler(BaseCallbackHandler):
 
     @_isolated
     def on_tool_error(self, error, *, run_id, parent_run_id=None, **kwargs) -> None:
-        cancelled = isinstance(error, KeyboardInterrupt) or type(error).__name__ == "CancelledError"
-        self._tool_end(run_id, "cancelled" if cancelled else "error", error)
+        self._tool_end(run_id, outcome_of(error), error)
 
     def _tool_end(self, run_id: UUID, outcome: str, error) -> None:
         sess = self._runs.get(run_id)
@@ -362,13 +358,6 @@ class SagaCallbackHandler(BaseCallbackHandler):
 # client -> workflows whose structure it has sent (weak: clients come and go in tests)
 _described: "weakref.WeakKeyDictionary[HintClient, set[str]]" = weakref.WeakKeyDictionary()
 _described_lock = threading.Lock()
-_logged: set[str] = set()
-
-
-def _log_once(key: str, msg: str, *args, **kwargs) -> None:
-    if key not in _logged:
-        _logged.add(key)
-        log.warning(msg, *args, **kwargs)
 
 
 def _restore(token) -> None:

@@ -38,10 +38,12 @@ import threading
 from typing import Any, Callable, Mapping
 
 from ..context import current_session
+from ..logs import LogOnce
 
 __all__ = ["instrument", "uninstrument", "is_instrumented", "SESSION_HEADER", "SESSION_FIELD"]
 
 log = logging.getLogger("saga_sdk.openai")
+_log_once = LogOnce(log)
 
 SESSION_HEADER = "X-Session-ID"
 SESSION_FIELD = "session_id"
@@ -64,7 +66,6 @@ _options = {"header": True, "body": False}
 _active = False
 # (class, method name) -> the wrapper we installed; its `__wrapped__` is the original.
 _installed: dict[tuple[type, str], Callable] = {}
-_logged: set[str] = set()
 
 
 def instrument(*, header: bool = True, body: bool = False) -> bool:
@@ -170,8 +171,3 @@ def _merge_body(user: Mapping[str, Any] | None, sid: str) -> Mapping[str, Any]:
         return user
     return {**user, SESSION_FIELD: sid}
 
-
-def _log_once(key: str, msg: str, *args, **kwargs) -> None:
-    if key not in _logged:
-        _logged.add(key)
-        log.warning(msg, *args, **kwargs)

@@ -16,9 +16,11 @@ from .events import (
     HintRejected,
     HintSink,
     KvReleaseSink,
+    KvResidencySink,
     LlmCallEnd,
     LlmCallStart,
     PeerServiceSink,
+    ResidentSession,
     SessionEnd,
     SessionOutcome,
     SessionSnapshot,
@@ -41,7 +43,8 @@ __all__ = [
     # facade
     "WorkflowCore", "CoreConfig", "Prediction", "PinDecision", "PrefetchCandidate", "PrefetchAction",
     # hint contract
-    "HintEvent", "HintRejected", "HintSink", "PeerServiceSink", "KvReleaseSink", "SessionSnapshot", "SessionStart", "SessionEnd",
+    "HintEvent", "HintRejected", "HintSink", "PeerServiceSink", "KvReleaseSink", "KvResidencySink",
+    "ResidentSession", "SessionSnapshot", "SessionStart", "SessionEnd",
     "LlmCallStart", "LlmCallEnd", "ToolCallStart", "ToolCallEnd", "ToolOutcome", "SessionOutcome",
     "WorkflowNode", "WorkflowStructure", "SessionRegistry",
     # building blocks

@@ -1,7 +1,8 @@
 """Cluster-wide Agent Fair Share: what each engine must learn about the others.
 
 Each engine reports the service it delivered per tenant as cumulative token
-counters (`FairShare.served`). `PeerServiceLedger` turns a stream of those
+counters (`FairShare.served`, on the wire `ServerStats.served_tokens_by_tenant`).
+`PeerServiceLedger` turns a stream of those
 reports into, for every engine, the service delivered to each tenant on the
 *other* engines since that engine was last told; the engine applies it with
 `FairShare.record_peer_service`. Together every engine ranks tenants by their
@@ -20,19 +21,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-__all__ = ["PeerServiceLedger", "served_stat_key", "served_from_stats"]
-
-_SERVED = "afs_served_tokens{"
-
-
-def served_stat_key(tenant: str) -> str:
-    """The stats key under which an engine reports a tenant's cumulative service."""
-    return f"{_SERVED}{tenant}}}"
-
-
-def served_from_stats(stats: Mapping[str, float]) -> dict[str, float]:
-    """tenant -> cumulative service, from an engine's stats (`WorkflowCore.stats`)."""
-    return {k[len(_SERVED):-1]: float(v) for k, v in stats.items() if k.startswith(_SERVED) and k.endswith("}")}
+__all__ = ["PeerServiceLedger"]
 
 
 class PeerServiceLedger:

@@ -160,9 +160,30 @@ class HintSink(Protocol):
 class PeerServiceSink(Protocol):
     """A sink that also ranks tenants across a cluster (Agent Fair Share): it takes
     the service other engines delivered per tenant since the last report, applies
-    all of it or raises ValueError and applies none (see `core.cluster_share`)."""
+    all of it or raises ValueError and applies none (see `core.cluster_share`), and
+    reports the service it delivered itself: tenant -> tokens, cumulative (peer
+    service never counts there)."""
 
     def record_peer_service(self, tokens: Mapping[str, float]) -> int: ...
+
+    def served_by_tenant(self) -> Mapping[str, float]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ResidentSession:
+    """A session whose KV an engine holds (`KvResidencySink`)."""
+
+    session_id: str
+    in_tool: bool = False  # inside a tool call (or an inferred tool gap)
+
+
+class KvResidencySink(Protocol):
+    """A sink in front of an engine that holds KV for sessions: `resident_sessions`
+    lists up to `limit` of them, most recently active first: those it served a
+    prompt for that have not ended nor moved to another engine since (a session
+    it only heard hints of is not resident)."""
+
+    def resident_sessions(self, limit: int) -> Sequence[ResidentSession]: ...
 
 
 class KvReleaseSink(Protocol):

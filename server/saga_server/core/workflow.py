@@ -23,7 +23,6 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 from .aeg import AEG, Prediction, SessionTrack
-from .cluster_share import served_stat_key
 from .eviction import EvictionConfig, wa_lru_key
 from .events import (
     HintEvent,
@@ -131,9 +130,13 @@ class WorkflowCore:
             out["aeg_workflows"] = float(len(self.aeg.workflows()))
             out["afs_tenants_active"] = float(len(self.fair.active(self._clock())))
             out["afs_peer_tokens"] = self._peer_tokens
-            for tenant, served in self.fair.served.items():  # read by the cluster router
-                out[served_stat_key(tenant)] = served
             return out
+
+    def served_by_tenant(self) -> dict[str, float]:
+        """Tokens served per tenant here, cumulative (`FairShare.served`): what the
+        cluster router compares across engines (`PeerServiceSink`)."""
+        with self._lock:
+            return dict(self.fair.served)
 
     # -- engine events (no hints needed) ---------------------------------------------
 

@@ -37,6 +37,7 @@ import httpx
 from starlette.responses import JSONResponse, StreamingResponse
 
 from saga_sdk import HintClient
+from saga_sdk.logs import LogOnce
 
 from .answers import JsonAnswer, SseAnswer
 from .sessions import HintEvent, SessionTracker, Turn, explicit_session_id
@@ -92,7 +93,7 @@ class SagaProxy:
                                       write=config.read_timeout_s, pool=config.connect_timeout_s).as_dict()
         self._next_pool = 0
         self._expiry: asyncio.Task | None = None
-        self._logged: set[str] = set()
+        self._log_once = LogOnce(log)
         self.errors = {"upstream_unreachable": 0, "upstream_timeout": 0, "stream_broken": 0, "internal": 0}
 
     # -- ASGI -------------------------------------------------------------------------
@@ -116,7 +117,9 @@ class SagaProxy:
                 return
 
     async def aclose(self) -> None:
-        """End all sessions, flush hints briefly, close the upstream pool."""
+        """End all sessions, flush hints briefly, close the upstream pool. The ASGI
+        lifespan's shutdown calls it, and so does leaving `async with proxy:` (for
+        a proxy driven without a server). The `HintClient` stays open: it is the caller's."""
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
@@ -125,6 +128,12 @@ class SagaProxy:
         pools, self._pools = self._pools, []
         for pool in pools:
             await pool.aclose()
+
+    async def __aenter__(self) -> "SagaProxy":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
 
     # -- one request --------------------------------------------------------------------
 
@@ -340,12 +349,6 @@ class SagaProxy:
             await asyncio.sleep(period)
             self._emit(self._safe(self.tracker.expire))
 
-    def _log_once(self, key: str, message: str, *args, exc_info: bool = False) -> None:
-        if key in self._logged:
-            log.debug(message, *args)
-            return
-        self._logged.add(key)
-        log.warning(message, *args, exc_info=exc_info)
 
 
 class UpstreamBroke(Exception):

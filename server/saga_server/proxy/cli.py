@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(hints: {hint_note})", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                 lifespan="on", http="auto")
-    hints.shutdown()
+    hints.close()
     return 0
 
 

@@ -1,8 +1,9 @@
 """Many hosts: SAGA on Ray Serve LLM (`saga router`).
 
 - `replica.SagaLLMServer`: Ray's `LLMServer` with a per-replica SAGA hint
-  service inside its vLLM engine and a routing report (sessions held, sessions in
-  a tool call, KV held) for the request router.
+  service inside its vLLM engine and a routing report (`report.ReplicaReport`:
+  sessions held, sessions in a tool call, KV held, service per tenant) for the
+  request router.
 - `request_router.SagaRequestRouter`: Ray Serve `RequestRouter` applying
   `saga_server.core.routing` (affinity, deterministic homes, work stealing with
   speculative re-prefill on the target).

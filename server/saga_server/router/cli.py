@@ -170,9 +170,10 @@ def _published_router_stats() -> dict:
     return json.loads(raw) if raw else {}
 
 
-def _engine_stats_by_replica(fanout) -> dict[str, dict[str, float]]:
+def _engine_stats_by_replica(fanout) -> dict:
+    """Serve replica id (else hint endpoint) -> its engine's GetStats reply."""
     names = {addr: rid for rid, addr in _kv_replicas().items()}
-    return {names.get(ep, ep): stats for ep, stats in fanout.engine_stats().items()}
+    return {names.get(ep, ep): reply for ep, reply in fanout.engine_stats().items()}
 
 
 def _router_stats() -> dict[str, float]:
@@ -243,6 +244,8 @@ def main(argv: list[str]) -> int:
         print(f"saga router: Ray Serve LLM is not installed ({exc}); pip install 'ray[serve]==2.60.0' pyarrow pandas",
               file=sys.stderr)
         return 2
+    from saga_sdk import SagaConfig  # noqa: PLC0415
+
     from .hints import start_fanout  # noqa: PLC0415
     from .metrics import ClusterCollector, serve_metrics  # noqa: PLC0415
 
@@ -272,8 +275,10 @@ def main(argv: list[str]) -> int:
     fanout = metrics = None
     url = f"http://{opts.host}:{opts.port}"
     try:
+        # SAGA_API_KEY, as the engines read it: required here, presented to them.
         fanout, servicer, hint_port = start_fanout(_kv_endpoints, f"{opts.host}:{_release_port(reserved[0])}",
-                                                 _router_stats if opts.router == "saga" else dict)
+                                                 _router_stats if opts.router == "saga" else dict,
+                                                 api_key=SagaConfig.from_env().api_key)
         if opts.metrics_port:
             collector = ClusterCollector(lambda: _engine_stats_by_replica(servicer), _published_router_stats)
             metrics = serve_metrics(collector, opts.host, _release_port(reserved[1]))
@@ -300,7 +305,7 @@ def main(argv: list[str]) -> int:
             signal.signal(s, h)
         print("[saga] stopping", file=sys.stderr, flush=True)
         if fanout is not None:
-            fanout.stop(0.5)
+            fanout.close(0.5)
         if metrics is not None:
             metrics.shutdown()
         try:

@@ -2,7 +2,7 @@
 (`PeerServiceRelay`) and releasing a moved session's copy (`release_session`).
 
 Each replica's routing report carries its engine's cumulative per-tenant
-service (`served`, see `replica.py`). `PeerServiceRelay` feeds those into a
+service (`ReplicaReport.served`, see `report.py`). `PeerServiceRelay` feeds those into a
 `core.cluster_share.PeerServiceLedger` and tells every engine, through its hint
 service's `ReportPeerService`, what the others served since the last round.
 Sends run off the router's event loop, one in flight per engine; a failed send
@@ -14,37 +14,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Mapping
+from typing import Mapping
 
-import grpc
-
+from saga_proto import hints_pb2 as pb
+from saga_proto import hints_pb2_grpc
 from saga_sdk import SagaConfig
-from saga_sdk._proto import hints_pb2 as pb
-from saga_sdk._proto import hints_pb2_grpc
+from saga_sdk.channel import hint_channel
 
 from saga_server.core.cluster_share import PeerServiceLedger
+
+from .report import ReplicaReport
 
 log = logging.getLogger("ray.serve")
 
 __all__ = ["PeerServiceRelay", "send_peer_service", "release_session"]
 
 
-def _channel(hint_addr: str) -> grpc.Channel:
-    # Own subchannel pool: an engine restarted on the same address must not inherit
-    # the connect-failure backoff another channel recorded for its predecessor.
-    return grpc.insecure_channel(hint_addr, options=[("grpc.use_local_subchannel_pool", 1)])
-
-
-def _metadata() -> tuple:
-    key = SagaConfig.from_env().api_key
-    return (("authorization", f"Bearer {key}"),) if key else ()
+def _channel(hint_addr: str):
+    return hint_channel(hint_addr, SagaConfig.from_env().api_key)
 
 
 def release_session(hint_addr: str, session_id: str, *, timeout: float = 2.0) -> bool:
     """Tell one engine to drop its holds for a session that moved (raises grpc.RpcError)."""
     with _channel(hint_addr) as channel:
         ack = hints_pb2_grpc.WorkflowHintsStub(channel).ReleaseSession(
-            pb.ReleaseSessionRequest(session_id=session_id, reason="moved"), timeout=timeout, metadata=_metadata())
+            pb.ReleaseSessionRequest(session_id=session_id, reason="moved"), timeout=timeout)
     return ack.queued
 
 
@@ -53,7 +47,7 @@ def send_peer_service(hint_addr: str, tokens: Mapping[str, float], *, timeout: f
     """One `ReportPeerService` call; returns the tenants applied (raises grpc.RpcError)."""
     with _channel(hint_addr) as channel:
         ack = hints_pb2_grpc.WorkflowHintsStub(channel).ReportPeerService(
-            pb.PeerService(tenant_tokens=dict(tokens), source=source), timeout=timeout, metadata=_metadata())
+            pb.PeerService(tenant_tokens=dict(tokens), source=source), timeout=timeout)
     return ack.tenants
 
 
@@ -66,16 +60,16 @@ class PeerServiceRelay:
         self._sending: set[str] = set()
         self.counters = {"peer_sends": 0, "peer_send_failures": 0}
 
-    def relay(self, reports: Mapping[str, Mapping[str, Any]], tasks: set) -> None:
+    def relay(self, reports: Mapping[str, ReplicaReport], tasks: set) -> None:
         """`reports`: replica id -> its current routing report (live replicas only)."""
         for gone in [e for e in self.ledger.engines() if e not in reports]:
             self.ledger.forget(gone)
         for replica, rep in reports.items():
-            if "served" in rep:
-                self.ledger.observe(replica, rep["served"])
+            if rep.readable:
+                self.ledger.observe(replica, rep.served)
         loop = asyncio.get_running_loop()
         for replica, rep in reports.items():
-            addr = rep.get("hint_addr")
+            addr = rep.hint_addr
             if not addr or replica in self._sending:
                 continue
             owed = self.ledger.take(replica)

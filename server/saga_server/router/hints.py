@@ -6,17 +6,23 @@ broadcast, not lookup, because the session's holder can change (stealing,
 failover) between a hint and the request it describes, and a moved session's
 new engine then already knows its workflow history. Hints are tiny and replicas
 few, so the cost is N small RPCs per batch, sent in parallel. Engines that never
-served a session do not report it as resident (see `replica.read_report`).
+served a session do not report it as resident (`ListResident`, which the fan-out
+itself does not answer: residency is per engine).
 
 Reads are merged: `GetSession` answers from the engine that holds the session's
 KV (`kv_resident`, then the largest `context_tokens`), `ListSessions` merges by id
-the same way, and `GetStats` sums the engines' figures and adds the fan-out's own counters.
+the same way, and `GetStats` sums the engines' figures and their per-tenant
+service and adds the fan-out's own counters.
 
 Replica endpoints are discovered through `discover()` (Ray's internal KV in
 `cli.py`: each replica registers its hint address there, which works across
 hosts); an endpoint that stops answering is skipped until it answers again.
 An unreachable cluster answers UNAVAILABLE: the SDK client drops or retries,
 and the agent never waits on it.
+
+API key (`api_key`, `saga router` passes `SAGA_API_KEY`): the fan-out refuses
+calls without it, as an engine's hint service does, and presents it to every
+engine it forwards to.
 """
 
 from __future__ import annotations
@@ -28,8 +34,11 @@ from concurrent import futures
 from typing import Callable, Mapping, Sequence
 
 import grpc
-from saga_sdk._proto import hints_pb2 as pb
-from saga_sdk._proto import hints_pb2_grpc
+from saga_proto import hints_pb2 as pb
+from saga_proto import hints_pb2_grpc
+from saga_sdk.channel import hint_channel
+
+from saga_server.rpc import HintServer
 
 log = logging.getLogger("saga.router")
 
@@ -49,9 +58,11 @@ def _holder_rank(state: "pb.SessionState") -> tuple[float, float]:
 
 class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
     def __init__(self, discover: Callable[[], Sequence[str]], *, timeout: float = 2.0,
-                 refresh_s: float = 2.0, extra_stats: Callable[[], Mapping[str, float]] = dict) -> None:
+                 refresh_s: float = 2.0, extra_stats: Callable[[], Mapping[str, float]] = dict,
+                 api_key: str | None = None) -> None:
         self._discover = discover
         self._extra_stats = extra_stats
+        self._api_key = api_key
         self._timeout = timeout
         self._refresh_s = refresh_s
         self._endpoints: list[str] = []
@@ -59,7 +70,11 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
         self._stubs: dict[str, hints_pb2_grpc.WorkflowHintsStub] = {}
         self._lock = threading.Lock()
         self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="saga-fanout")
-        self.counters = dict.fromkeys(("batches", "forwarded", "forward_errors", "no_replica"), 0)
+        self.counters = dict.fromkeys(("batches", "forwarded", "forward_errors", "no_replica", "auth_failures"), 0)
+
+    def count(self, counter: str, n: int = 1) -> None:
+        with self._lock:
+            self.counters[counter] += n
 
     def endpoints(self) -> list[str]:
         now = time.monotonic()
@@ -76,7 +91,8 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
         with self._lock:
             stub = self._stubs.get(endpoint)
             if stub is None:
-                stub = self._stubs[endpoint] = hints_pb2_grpc.WorkflowHintsStub(grpc.insecure_channel(endpoint))
+                stub = self._stubs[endpoint] = hints_pb2_grpc.WorkflowHintsStub(
+                    hint_channel(endpoint, self._api_key))
             return stub
 
     def _each(self, call: Callable[[hints_pb2_grpc.WorkflowHintsStub], object]) -> list[tuple[str, object]]:
@@ -89,22 +105,18 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
                 out.append((ep, fut.result()))
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.NOT_FOUND:
-                    with self._lock:
-                        self.counters["forward_errors"] += 1
+                    self.count("forward_errors")
         return out
 
     # -- RPCs -----------------------------------------------------------------------------
 
     def SendHints(self, request, context):
-        with self._lock:
-            self.counters["batches"] += 1
+        self.count("batches")
         replies = self._each(lambda s: s.SendHints(request, timeout=self._timeout))
         if not replies:
-            with self._lock:
-                self.counters["no_replica"] += 1
+            self.count("no_replica")
             context.abort(grpc.StatusCode.UNAVAILABLE, "no SAGA engine replica reachable")
-        with self._lock:
-            self.counters["forwarded"] += len(replies)
+        self.count("forwarded", len(replies))
         # every engine validates the same way: the first answer stands for all
         return replies[0][1]
 
@@ -128,20 +140,19 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
         limit = request.limit or 100
         return pb.SessionList(sessions=list(merged.values())[:limit])
 
-    def engine_stats(self) -> dict[str, dict[str, float]]:
-        """endpoint -> that engine's own GetStats, for engines that answered."""
-        return {ep: dict(st.stats)
-                for ep, st in self._each(lambda s: s.GetStats(pb.GetStatsRequest(), timeout=self._timeout))}
+    def engine_stats(self) -> dict[str, "pb.ServerStats"]:
+        """endpoint -> that engine's own GetStats reply, for engines that answered."""
+        return dict(self._each(lambda s: s.GetStats(pb.GetStatsRequest(), timeout=self._timeout)))
 
     def GetStats(self, request, context):
         out = pb.ServerStats()
         replies = self.engine_stats()
-        for ep, stats in replies.items():
-            for k, v in stats.items():
-                out.stats[k] = out.stats[k] + v if k in out.stats else v
+        for ep, reply in replies.items():
+            _add(out.stats, reply.stats)
+            _add(out.served_tokens_by_tenant, reply.served_tokens_by_tenant)
             for k in _PER_REPLICA:  # per-replica view for `saga status`
-                if k in stats:
-                    out.stats[f"{k}{{{ep}}}"] = stats[k]
+                if k in reply.stats:
+                    out.stats[f"{k}{{{ep}}}"] = reply.stats[k]
         try:
             for k, v in self._extra_stats().items():
                 out.stats[k] = float(v)
@@ -154,14 +165,16 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
         return out
 
 
+def _add(into, values: Mapping[str, float]) -> None:
+    for k, v in values.items():
+        into[k] = into[k] + v if k in into else v
+
+
 def start_fanout(discover: Callable[[], Sequence[str]], address: str,
-                 extra_stats: Callable[[], Mapping[str, float]] = dict) -> tuple[grpc.Server, FanOutHints, int]:
-    """Serve a `FanOutHints` on `address`; returns (server, servicer, port)."""
-    servicer = FanOutHints(discover, extra_stats=extra_stats)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="saga-hints"))
-    hints_pb2_grpc.add_WorkflowHintsServicer_to_server(servicer, server)
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"could not listen on {address}")
-    server.start()
-    return server, servicer, port
+                 extra_stats: Callable[[], Mapping[str, float]] = dict, *,
+                 api_key: str | None = None) -> tuple[HintServer, FanOutHints, int]:
+    """Serve a `FanOutHints` on `address` (with `api_key`: required from callers,
+    presented to engines); returns (server, servicer, port)."""
+    servicer = FanOutHints(discover, extra_stats=extra_stats, api_key=api_key)
+    server = HintServer.for_service(servicer, address, api_key=api_key).start()
+    return server, servicer, server.port

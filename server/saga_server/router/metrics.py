@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
-from saga_server.core.cluster_share import served_from_stats
+if TYPE_CHECKING:
+    from saga_proto import hints_pb2 as pb
 
 log = logging.getLogger("saga.router")
 
@@ -41,10 +42,10 @@ _REPLICA_KEY = re.compile(r"^(?P<name>[a-z_]+)\{(?P<label>.*)\}$")
 
 
 class ClusterCollector:
-    """`engine_stats()`: replica -> its engine's GetStats; `router_stats()`: the
-    request router's published dict (may be empty)."""
+    """`engine_stats()`: replica -> its engine's GetStats reply (`ServerStats`);
+    `router_stats()`: the request router's published dict (may be empty)."""
 
-    def __init__(self, engine_stats: Callable[[], Mapping[str, Mapping[str, float]]],
+    def __init__(self, engine_stats: Callable[[], Mapping[str, "pb.ServerStats"]],
                  router_stats: Callable[[], Mapping], max_tenants: int = 200) -> None:
         self._engine_stats = engine_stats
         self._router_stats = router_stats
@@ -74,14 +75,15 @@ class ClusterCollector:
             ("engine_held_blocks", "saga_replica_held_blocks", "KV blocks held for sessions"))}
         requests = CounterMetricFamily("saga_replica_requests", "Requests the engine admitted", labels=["replica"])
         served: dict[str, float] = {}
-        for replica, stats in sorted(engines.items()):
+        for replica, reply in sorted(engines.items()):
+            stats = reply.stats
             up.add_metric([replica], 1.0)
             for key, fam in gauges.items():
                 if key in stats:
                     fam.add_metric([replica], float(stats[key]))
             if "requests_arrived" in stats:
                 requests.add_metric([replica], float(stats["requests_arrived"]))
-            for tenant, tokens in served_from_stats(stats).items():
+            for tenant, tokens in reply.served_tokens_by_tenant.items():
                 served[tenant] = served.get(tenant, 0.0) + tokens
         yield up
         yield from gauges.values()

@@ -7,18 +7,10 @@ there (see `engines/vllm/intake.py`): every replica has its own hint endpoint.
 
 `record_routing_stats` (polled by Serve and handed to request routers as
 `RunningReplica.routing_stats`) reads that hint service back (a side channel to
-the EngineCore, where session state lives) and reports under key "saga":
-
-    hint_addr  the replica's hint endpoint
-    sessions   session ids the engine has served a prompt for, not seen end and
-               not released to another replica (KV residency, as far as the
-               engine's workflow core knows it)
-    in_tool    of those, sessions inside a tool call (or an inferred tool gap)
-    kv_usage   KV blocks held for sessions / KV blocks in the pool
-    served     tenant -> tokens the engine served it (cumulative; cluster-wide
-               Agent Fair Share, see `engine_calls.py`)
-
-A failed read reports what it has (the hint address) and never fails the poll.
+the EngineCore, where session state lives) and reports a `report.ReplicaReport`
+(which sessions' KV the engine holds, which of them are in a tool call, KV
+usage, tokens served per tenant) under `REPORT_KEY`, as a plain dict. A failed
+read reports the hint address and the error, and never fails the poll.
 """
 
 from __future__ import annotations
@@ -31,46 +23,20 @@ from typing import Any
 
 from ray.serve.llm.deployment import LLMServer
 
-from saga_server.core.cluster_share import served_from_stats
 from saga_server.engines.vllm.intake import HINT_ADDR_ENV
+
+from .hints import HINT_KV_PREFIX
+from .report import REPORT_KEY, ReplicaReport, read_report
 
 log = logging.getLogger("ray.serve")
 
-__all__ = ["SagaLLMServer", "read_report", "REPORT_KEY"]
-
-REPORT_KEY = "saga"
-MAX_REPORTED_SESSIONS = 4096
+__all__ = ["SagaLLMServer"]
 
 
 def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def read_report(hint_addr: str, timeout: float = 2.0) -> dict[str, Any]:
-    """The routing report of the engine whose hint service listens on `hint_addr`."""
-    from saga_sdk import HintReader  # noqa: PLC0415
-
-    out: dict[str, Any] = {"hint_addr": hint_addr}
-    with HintReader(hint_addr, timeout=timeout) as reader:
-        sessions = reader.sessions(MAX_REPORTED_SESSIONS)
-        stats = reader.stats()
-    # Hints reach every engine (see hints.py), so a session the engine merely heard
-    # of is not resident: only those it served a prompt for and still holds
-    # (kv_resident: it served a prompt there and was not moved away since).
-    live = [s for s in sessions if s.state != "ended" and s.metrics.get("kv_resident", 0.0) > 0]
-    out["sessions"] = [s.session_id for s in live]
-    out["in_tool"] = [s.session_id for s in live if s.state == "tool"]
-    blocks = stats.get("engine_kv_blocks") or 0.0
-    out["kv_usage"] = float(stats.get("engine_held_blocks", 0.0)) / blocks if blocks else 0.0
-    out["held_sessions"] = float(stats.get("engine_held_sessions", 0.0))
-    out["pinned_blocks"] = float(stats.get("engine_pinned_blocks", 0.0))
-    out["served"] = served_from_stats(stats)
-    return out
-
-
-from .hints import HINT_KV_PREFIX
 
 
 def _register(server: "SagaLLMServer") -> None:
@@ -115,6 +81,6 @@ class SagaLLMServer(LLMServer):
         try:
             report = await asyncio.to_thread(read_report, self.saga_hint_addr)
         except Exception as exc:  # engine starting or busy: report the address only
-            report = {"hint_addr": self.saga_hint_addr, "error": str(exc)[:200]}
-        stats[REPORT_KEY] = report
+            report = ReplicaReport.unreadable(self.saga_hint_addr, str(exc))
+        stats[REPORT_KEY] = report.to_dict()  # Ray wants a plain dict here
         return stats

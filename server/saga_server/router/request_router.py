@@ -3,8 +3,8 @@
 Runs inside the ingress replica's process (one instance per deployment handle).
 Per request it reads the session id (`x-session-id` header, which Serve puts in
 `PendingRequest.metadata.session_id`, or the body's `session_id`), refreshes the
-policy's replica views from the replicas' reports (`routing_stats["saga"]`,
-see `replica.py`) plus its own in-flight counts, and returns the policy's single
+policy's replica views from the replicas' reports (`report.ReplicaReport`, in
+`routing_stats[REPORT_KEY]`) plus its own in-flight counts, and returns the policy's single
 choice: a session waits for its home rather than scattering to a free replica.
 
 Reports: a replica whose report could not be read (its engine too busy to
@@ -54,6 +54,7 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 from saga_server.core.routing import ReplicaView, RoutingConfig, SessionRouter
 
 from .engine_calls import PeerServiceRelay, release_session
+from .report import REPORT_KEY, ReplicaReport
 
 log = logging.getLogger("ray.serve")
 
@@ -95,7 +96,7 @@ class SagaRequestRouter(RequestRouter):
         self.steals: collections.deque = collections.deque(maxlen=200)  # (session, source, target, in_tool)
         self._published_at = 0.0
         self._reports = LastGoodReports(report_ttl_s)
-        self._current: dict[str, dict] = {}  # replica id -> report used by the last refresh
+        self._current: dict[str, ReplicaReport] = {}  # replica id -> report used by the last refresh
         self._peers = PeerServiceRelay() if cluster_fair_share else None
         self._ticker: asyncio.Task | None = None
         self._moving: dict[str, asyncio.Event] = {}  # session -> set when its re-prefill is done
@@ -183,15 +184,14 @@ class SagaRequestRouter(RequestRouter):
         views = []
         self._current = {}
         for r in replicas:
-            rep = self._reports.get(r.replica_id.unique_id, (r.routing_stats or {}).get("saga"))
+            rep = self._reports.get(r.replica_id.unique_id,
+                                    ReplicaReport.from_dict((r.routing_stats or {}).get(REPORT_KEY)))
             self._current[r.replica_id.unique_id] = rep
             # re-prefills run under saga-move ids: their KV belongs to the moved session
-            sessions = frozenset(s for s in rep.get("sessions") or () if not s.startswith(MOVE_PREFIX))
+            sessions = frozenset(s for s in rep.sessions if not s.startswith(MOVE_PREFIX))
             queue = self._inflight.get(r.replica_id.unique_id, 0)
-            views.append(ReplicaView(r.replica_id.unique_id, queue_len=queue,
-                                     kv_usage=float(rep.get("kv_usage") or 0.0), sessions=sessions,
-                                     in_tool=frozenset(rep.get("in_tool") or ()) & sessions
-                                     if sessions else frozenset(rep.get("in_tool") or ())))
+            views.append(ReplicaView(r.replica_id.unique_id, queue_len=queue, kv_usage=rep.kv_usage,
+                                     sessions=sessions, in_tool=rep.in_tool & sessions if sessions else rep.in_tool))
         self.saga.update(views)
 
     def _maybe_steal(self, candidates: list[str]) -> None:
@@ -209,7 +209,8 @@ class SagaRequestRouter(RequestRouter):
         log.info("SAGA steal: session %s %s -> %s (in tool: %s)", steal.session_id, steal.source,
                  steal.target, steal.in_tool)
         body = self._last_body.get(steal.session_id) if self._ingress_url else None
-        source_addr = (self._current.get(steal.source) or {}).get("hint_addr")
+        source = self._current.get(steal.source)
+        source_addr = source.hint_addr if source is not None else None
         if body is not None:
             self._moving[steal.session_id] = asyncio.Event()
         task = asyncio.get_running_loop().create_task(self._move(steal, body, source_addr))
@@ -272,24 +273,24 @@ STATS_KV_KEY = "saga:router:stats"
 
 
 class LastGoodReports:
-    """A replica's latest readable report, or its last good one while that is
-    younger than `ttl_s`. A report is good when it lists sessions (`replica.py`
-    reports only the hint address and an error when its engine did not answer)."""
+    """A replica's latest report when it is readable, or its last readable one
+    while that is younger than `ttl_s` (an engine that did not answer in time is
+    reported with the error only: `ReplicaReport.unreadable`)."""
 
     def __init__(self, ttl_s: float, clock=time.monotonic) -> None:
         self._ttl_s = ttl_s
         self._clock = clock
-        self._good: dict[str, tuple[float, dict]] = {}
+        self._good: dict[str, tuple[float, ReplicaReport]] = {}
 
-    def get(self, replica: str, report: dict | None) -> dict:
+    def get(self, replica: str, report: ReplicaReport) -> ReplicaReport:
         now = self._clock()
-        if report and "sessions" in report:
+        if report.readable:
             self._good[replica] = (now, report)
             return report
         last = self._good.get(replica)
         if last is not None and now - last[0] <= self._ttl_s:
             return last[1]
-        return report or {}
+        return report
 
     def keep_only(self, replicas: set[str]) -> None:
         for gone in [r for r in self._good if r not in replicas]:

@@ -43,5 +43,5 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    server.stop(grace=1.0)
+    server.close(grace=1.0)
     return 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from saga_sdk._proto import hints_pb2 as pb
+from saga_proto import hints_pb2 as pb
 
 from ..core.events import (
     HintEvent,

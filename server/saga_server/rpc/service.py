@@ -18,8 +18,8 @@ from typing import Callable, Iterator
 
 import grpc
 
-from saga_sdk._proto import hints_pb2 as pb
-from saga_sdk._proto import hints_pb2_grpc
+from saga_proto import hints_pb2 as pb
+from saga_proto import hints_pb2_grpc
 
 from ..core.events import HintRejected, HintSink
 from .convert import InvalidHint, Limits, from_wire, snapshot_to_wire
@@ -31,6 +31,8 @@ log = logging.getLogger("saga.rpc")
 _MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 _MAX_TRACKED_CLIENTS = 10_000
 _MAX_PEER_TENANTS = 4096
+_MAX_LISTED = 10_000  # sessions in one list reply
+_DEFAULT_RESIDENT = 4096
 
 
 class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
@@ -123,7 +125,7 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
 
     def ListSessions(self, request, context):
         now = self.clock()
-        limit = min(request.limit or 100, 10_000)
+        limit = min(request.limit or 100, _MAX_LISTED)
         return pb.SessionList(sessions=[snapshot_to_wire(s, now) for s in self.sink.sessions(limit)])
 
     def GetStats(self, request, context):
@@ -133,6 +135,10 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
                 stats.stats[f"hints_{key}"] = float(value)
         for key, value in self.sink.stats().items():
             stats.stats[key] = float(value)
+        served = getattr(self.sink, "served_by_tenant", None)  # PeerServiceSink
+        if served is not None:
+            for tenant, tokens in served().items():
+                stats.served_tokens_by_tenant[tenant] = float(tokens)
         return stats
 
 
@@ -151,6 +157,14 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
         return pb.PeerServiceAck(tenants=n)
 
 
+    def ListResident(self, request, context):
+        resident = getattr(self.sink, "resident_sessions", None)  # KvResidencySink
+        if resident is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this hint service holds no KV")
+        limit = min(request.limit or _DEFAULT_RESIDENT, _MAX_LISTED)
+        return pb.ResidentSessions(sessions=[pb.ResidentSession(session_id=r.session_id, in_tool=r.in_tool)
+                                             for r in resident(limit)])
+
     def ReleaseSession(self, request, context):
         release = getattr(self.sink, "release_session", None)  # KvReleaseSink
         if release is None:
@@ -165,9 +179,10 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
 
 
 class _ApiKeyInterceptor(grpc.ServerInterceptor):
-    """Refuses calls without `authorization: Bearer <key>` (or `x-saga-api-key`)."""
+    """Refuses calls without `authorization: Bearer <key>` (or `x-saga-api-key`),
+    counted as the service's `auth_failures`."""
 
-    def __init__(self, api_key: str, service: WorkflowHintsService) -> None:
+    def __init__(self, api_key: str, service) -> None:
         self._key = api_key.encode()
         self._service = service
 
@@ -190,12 +205,27 @@ class HintServer:
     """A running hint service: `HintServer(sink, "127.0.0.1:50051").start()`.
 
     Port 0 picks a free port (see `.port` after `start()`). `api_key` (or None for
-    no auth) must be presented by every client.
+    no auth) must be presented by every client. `close()` stops it; `with
+    HintServer(...) as server:` starts it (unless started) and closes it.
+    `for_service` serves another `WorkflowHints` servicer (the cluster fan-out)
+    with the same auth and limits.
     """
 
     def __init__(self, sink: HintSink, address: str = "127.0.0.1:50051", *, api_key: str | None = None,
                  clock: Callable[[], float] = time.monotonic, max_workers: int = 8) -> None:
-        self.service = WorkflowHintsService(sink, clock)
+        self._serve(WorkflowHintsService(sink, clock), address, api_key, max_workers)
+
+    @classmethod
+    def for_service(cls, service, address: str, *, api_key: str | None = None,
+                    max_workers: int = 8) -> "HintServer":
+        """`service`: a `WorkflowHintsServicer` with a `count(counter)` method
+        (refused calls are counted as `auth_failures`)."""
+        server = cls.__new__(cls)
+        server._serve(service, address, api_key, max_workers)
+        return server
+
+    def _serve(self, service, address: str, api_key: str | None, max_workers: int) -> None:
+        self.service = service
         self.address = address
         self.port: int | None = None
         interceptors = [_ApiKeyInterceptor(api_key, self.service)] if api_key else []
@@ -221,8 +251,19 @@ class HintServer:
     def endpoint(self) -> str:
         return f"{self.address.rpartition(':')[0]}:{self.port}"
 
-    def stop(self, grace: float | None = 1.0) -> None:
+    def close(self, grace: float | None = 1.0) -> None:
+        """Stop serving: calls in flight get `grace` seconds (None: cancelled now)."""
         self._server.stop(grace).wait()
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """Alias of `close`: the vLLM scheduler plugin's shutdown calls it."""
+        self.close(grace)
 
     def wait(self) -> None:
         self._server.wait_for_termination()
+
+    def __enter__(self) -> "HintServer":
+        return self if self.port is not None else self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -33,8 +33,8 @@ def hints(recorder):
     server = HintServer(recorder, "127.0.0.1:0").start()
     client = HintClient(endpoint=server.endpoint, flush_interval_s=0)
     yield client
-    client.shutdown(timeout=1)
-    server.stop(grace=None)
+    client.close(timeout=1)
+    server.close(grace=None)
 
 
 @pytest.fixture

@@ -292,7 +292,7 @@ def test_a_hint_service_that_is_down_changes_nothing_in_the_run(chat_server, mod
     try:
         hinted = asyncio.run(run(team_of_two(model_client), task="add 20 and 22", client=down))
     finally:
-        down.shutdown(timeout=0.2)
+        down.close(timeout=0.2)
 
     assert [(type(m), m.source, str(m.content)) for m in hinted.messages] == \
         [(type(m), m.source, str(m.content)) for m in plain.messages]

@@ -58,7 +58,9 @@ def test_peer_service_is_validated_all_or_nothing_and_never_reported_as_local():
     assert core.record_peer_service({"x": 5.0, "y": 3.0}) == 2
     stats = core.stats()
     assert stats["afs_peer_tokens"] == 8.0
-    assert not any(k.startswith("afs_served_tokens") for k in stats)  # no feedback loop
+    assert core.served_by_tenant() == {}  # peer service is not local service: no feedback loop
+    core.record_service("x", 40)
+    assert core.served_by_tenant() == {"x": 40.0}
 
 
 def _serve_cluster(rounds: int, share: bool) -> float:

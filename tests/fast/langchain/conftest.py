@@ -22,7 +22,7 @@ def registry() -> RecordingRegistry:
 def hints(hint_server):
     client = HintClient(endpoint=hint_server.endpoint, flush_interval_s=0)
     yield client
-    client.shutdown(timeout=1)
+    client.close(timeout=1)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 
 from saga_sdk import HintClient, current_session, set_client
 from saga_sdk.integrations.langchain import SagaCallbackHandler, describe_graph, saga_tool_hint
+from saga_sdk.logs import LogOnce
 
 from saga_server.core.events import LlmCallEnd, SessionOutcome, SessionStart, ToolCallEnd, ToolCallStart, ToolOutcome
 
@@ -346,7 +347,7 @@ def test_hint_server_down_same_output(make_chat_server):
         assert down.flush(0.3) is False and down.stats().sent == 0  # nothing got through...
         assert all(r.headers["x-session-id"] == "down" for r in server.chat_requests())  # ...yet tagged
     finally:
-        down.shutdown(timeout=0.2)
+        down.close(timeout=0.2)
 
 
 class ExplodingClient(HintClient):
@@ -359,7 +360,7 @@ class ExplodingClient(HintClient):
 def test_a_failing_handler_never_reaches_the_chain_and_logs_once(make_chat_server, caplog, monkeypatch):
     import saga_sdk.integrations.langchain as lc
 
-    monkeypatch.setattr(lc, "_logged", set())
+    monkeypatch.setattr(lc, "_log_once", LogOnce(lc.log))  # a fresh memory
     script = calls_then_answer(("add", {"a": 1, "b": 2}))
     plain = run_calc(make_chat_server(script), [], "boom")
     handler = SagaCallbackHandler(ExplodingClient(enabled=True))
@@ -390,7 +391,7 @@ def test_a_failed_session_start_still_keeps_the_run_one_session(make_chat_server
         assert out["messages"][-1].content == "answer 3"
         assert client.flush(5)
     finally:
-        client.shutdown(timeout=1)
+        client.close(timeout=1)
     sessions = {e.session_id for e in registry.events}
     assert sessions == {"half"}  # children did not each start a session of their own
     assert {r.headers["x-session-id"] for r in server.chat_requests()} == {"half"}

@@ -14,6 +14,7 @@ from openai.resources.chat.completions import AsyncCompletions, Completions
 
 from saga_sdk import session_scope
 from saga_sdk.integrations import openai as saga_openai
+from saga_sdk.logs import LogOnce
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -184,7 +185,7 @@ def test_a_tagging_failure_is_logged_once_and_the_request_still_goes(chat_server
         raise RuntimeError("context store broken")
 
     monkeypatch.setattr(saga_openai, "current_session", broken)
-    monkeypatch.setattr(saga_openai, "_logged", set())
+    monkeypatch.setattr(saga_openai, "_log_once", LogOnce(saga_openai.log))  # a fresh memory
     client = client_for(chat_server)
     with caplog.at_level(logging.WARNING, logger="saga_sdk.openai"):
         outs = [client.chat.completions.create(model="m", messages=MESSAGES) for _ in range(3)]

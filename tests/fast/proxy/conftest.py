@@ -57,7 +57,7 @@ def make_proxy():
     yield make
     for server in made:
         server.stop()
-        server.app.hints.shutdown(0.1)
+        server.app.hints.close(0.1)
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ with a real gRPC hint service: pass-through, sessions, tool boundaries, failures
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -10,6 +11,9 @@ import threading
 import httpx
 import openai
 import pytest
+
+from saga_sdk import HintClient
+from saga_server.proxy import ProxyConfig, SagaProxy, SessionTracker
 
 
 SECRET = "sk-test-DO-NOT-LEAK-4242"
@@ -340,3 +344,23 @@ def test_the_api_key_never_reaches_logs_or_hints(upstream, hint_server, registry
     bad = make_proxy(f"http://user:{SECRET}@{dead_address}/v1", hint_server.endpoint)
     r = httpx.post(bad.url + "/v1/chat/completions", json={"model": "m", "messages": []})
     assert r.status_code == 502 and SECRET not in r.text and SECRET not in caplog.text
+
+
+def test_leaving_an_async_with_block_ends_the_proxys_sessions(upstream, hint_server, registry):
+    """A proxy driven without an ASGI server (no lifespan) still closes cleanly."""
+    hints = HintClient(endpoint=hint_server.endpoint)
+    tracker = SessionTracker()
+    _, started = tracker.begin({"messages": [SYSTEM, {"role": "user", "content": "hi"}]},
+                               {"x-session-id": "direct"})
+    for event in started:
+        event.send(hints)
+
+    async def scenario():
+        async with SagaProxy(ProxyConfig(upstream=upstream.url + "/v1"), hints=hints, tracker=tracker):
+            pass
+
+    asyncio.run(scenario())
+    assert hints.flush(5)
+    hints.close()
+    assert tracker.session_ids() == []
+    assert registry.session("direct").state == "ended"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from saga_sdk import HintClient, HintReader, UnknownSession
+from saga_sdk import HintClient, HintReader, SagaUnavailable, UnknownSession
 from saga_server.core.registry import SessionRegistry
 from saga_server.router.hints import start_fanout
 from saga_server.rpc import HintServer
@@ -16,7 +16,7 @@ def engines():
     servers = [HintServer(r, "127.0.0.1:0").start() for r in regs]
     yield regs, servers
     for s in servers:
-        s.stop(grace=None)
+        s.close(grace=None)
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def fanout(engines):
     server, servicer, port = start_fanout(lambda: list(endpoints), "127.0.0.1:0")
     servicer.live_endpoints = endpoints  # the test may shrink the list
     yield f"127.0.0.1:{port}", servicer, endpoints
-    server.stop(None)
+    server.close(None)
 
 
 def test_hints_reach_every_engine(engines, fanout):
@@ -36,7 +36,7 @@ def test_hints_reach_every_engine(engines, fanout):
     client.session_start("s1", tenant="t")
     client.tool_call_start("s1", "pytest", call_id="c1")
     assert client.flush(5)
-    client.shutdown()
+    client.close()
     for reg in regs:
         snap = reg.session("s1")
         assert snap is not None and snap.state == "tool"
@@ -50,12 +50,14 @@ def test_reads_merge_across_engines(engines, fanout):
     client.session_start("a")
     client.session_start("b")
     assert client.flush(5)
-    client.shutdown()
+    client.close()
     with HintReader(addr) as reader:
         assert {s.session_id for s in reader.sessions()} == {"a", "b"}
         assert reader.session("a").session_id == "a"
         with pytest.raises(UnknownSession):
             reader.session("nope")
+        with pytest.raises(SagaUnavailable, match="UNIMPLEMENTED"):  # residency is per engine
+            reader.resident()
         stats = reader.stats()
     assert stats["replicas_reachable"] == 2.0
     assert sum(1 for k in stats if k.startswith("engine_held_sessions{")) in (0, 2)
@@ -67,19 +69,66 @@ def test_a_dead_engine_is_skipped_and_no_engine_is_unavailable(engines):
     endpoints = [s.endpoint for s in servers]
     server, servicer, port = start_fanout(lambda: list(endpoints), "127.0.0.1:0")
     try:
-        servers[0].stop(grace=None)
+        servers[0].close(grace=None)
         client = HintClient(endpoint=f"127.0.0.1:{port}")
         client.session_start("x")
         assert client.flush(5)
         assert regs[1].session("x") is not None
         assert servicer.counters["forward_errors"] >= 1
-        servers[1].stop(grace=None)
+        servers[1].close(grace=None)
         client.session_start("y")
         client.flush(3)  # refused upstream: the client drops, never blocks the agent
-        client.shutdown()
+        client.close()
         assert servicer.counters["no_replica"] >= 1
     finally:
-        server.stop(None)
+        server.close(None)
+
+
+def test_with_an_api_key_the_fanout_checks_it_and_forwards_it():
+    """Engines that require the key accept what the fan-out forwards; a caller with
+    a wrong key is refused at the fan-out and reaches no engine."""
+    key = "cluster-key"
+    regs = [SessionRegistry(max_sessions=100), SessionRegistry(max_sessions=100)]
+    servers = [HintServer(r, "127.0.0.1:0", api_key=key).start() for r in regs]
+    server, servicer, port = start_fanout(lambda: [s.endpoint for s in servers], "127.0.0.1:0", api_key=key)
+    try:
+        right = HintClient(endpoint=f"127.0.0.1:{port}", api_key=key)
+        right.session_start("member", tenant="t")
+        assert right.flush(5)
+        assert right.stats().rejected == 0 and right.stats().dropped_failed == 0
+        wrong = HintClient(endpoint=f"127.0.0.1:{port}", api_key="guess")
+        wrong.session_start("intruder")
+        wrong.flush(5)
+        assert wrong.stats().dropped_failed == 1
+        right.close(); wrong.close()
+        assert all(r.session("member") is not None for r in regs)
+        assert all(r.session("intruder") is None for r in regs)
+        assert servicer.counters["auth_failures"] == 1 and servicer.counters["forward_errors"] == 0
+        with HintReader(f"127.0.0.1:{port}", api_key=key) as reader:
+            assert reader.session("member").tenant == "t"
+            assert reader.stats()["replicas_reachable"] == 2.0
+    finally:
+        server.close(None)
+        for s in servers:
+            s.close(grace=None)
+
+
+def test_the_cluster_stats_sum_the_engines_service_per_tenant():
+    from saga_server.core import WorkflowCore
+
+    cores = [WorkflowCore(), WorkflowCore()]
+    servers = [HintServer(c, "127.0.0.1:0").start() for c in cores]
+    server, _, port = start_fanout(lambda: [s.endpoint for s in servers], "127.0.0.1:0")
+    try:
+        cores[0].record_service("acme", 300)
+        cores[1].record_service("acme", 200)
+        cores[1].record_service("zeta", 50)
+        with HintReader(f"127.0.0.1:{port}") as reader:
+            assert dict(reader.server_stats().served_tokens_by_tenant) == {"acme": 500.0, "zeta": 50.0}
+    finally:
+        server.close(None)
+        for s in servers:
+            s.close(grace=None)
 
 
 def test_router_figures_join_the_cluster_stats(engines):
@@ -91,7 +140,7 @@ def test_router_figures_join_the_cluster_stats(engines):
             stats = reader.stats()
         assert stats["router_steals"] == 3.0 and stats["router_routes_affinity"] == 10.0
     finally:
-        server.stop(None)
+        server.close(None)
 
 
 def test_a_moved_session_is_reported_by_its_new_engine_only():
@@ -100,7 +149,7 @@ def test_a_moved_session_is_reported_by_its_new_engine_only():
     both point at the engine that holds its KV now."""
     from saga_server.core import SessionStart, WorkflowCore
     from saga_server.engines.vllm.intake import EngineHintSink
-    from saga_server.router.replica import read_report
+    from saga_server.router.report import read_report
 
     cores = [WorkflowCore(), WorkflowCore()]
     servers = [HintServer(EngineHintSink(c), "127.0.0.1:0").start() for c in cores]
@@ -110,16 +159,16 @@ def test_a_moved_session_is_reported_by_its_new_engine_only():
             core.accept(SessionStart("s", core._clock()))
         cores[0].on_request_arrival("s", 900)  # served here first, with a longer context
         cores[1].on_request_arrival("s", 600)  # then re-prefilled on the new engine
-        assert "s" in read_report(servers[0].endpoint)["sessions"]
+        assert "s" in read_report(servers[0].endpoint).sessions
         servers[0].service.sink.release_session("s")
-        assert "s" not in read_report(servers[0].endpoint)["sessions"]
-        assert "s" in read_report(servers[1].endpoint)["sessions"]
+        assert "s" not in read_report(servers[0].endpoint).sessions
+        assert "s" in read_report(servers[1].endpoint).sessions
         with HintReader(f"127.0.0.1:{port}") as reader:
             assert reader.session("s").metrics["kv_resident"] == 1.0
             assert reader.session("s").metrics["context_tokens"] == 600.0
         cores[0].on_request_arrival("s", 1000)  # it came back: resident again
-        assert "s" in read_report(servers[0].endpoint)["sessions"]
+        assert "s" in read_report(servers[0].endpoint).sessions
     finally:
-        server.stop(None)
+        server.close(None)
         for s in servers:
-            s.stop(grace=None)
+            s.close(grace=None)

@@ -13,6 +13,7 @@ pytest.importorskip("ray.serve.request_router", reason="Ray Serve not installed"
 
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID  # noqa: E402
 
+from saga_server.router.report import ReplicaReport, read_report  # noqa: E402
 from saga_server.router.request_router import LastGoodReports, SagaRequestRouter  # noqa: E402
 
 
@@ -27,21 +28,21 @@ class _Clock:
 def test_an_unreadable_report_is_replaced_by_the_last_good_one_until_it_is_too_old():
     clock = _Clock()
     reports = LastGoodReports(ttl_s=10, clock=clock)
-    good = {"hint_addr": "a", "sessions": ["s1"], "in_tool": ["s1"]}
+    good = ReplicaReport("a", sessions=frozenset({"s1"}), in_tool=frozenset({"s1"}))
     assert reports.get("r1", good) is good
     clock.now = 9
-    assert reports.get("r1", {"hint_addr": "a", "error": "deadline exceeded"}) is good
-    assert reports.get("r1", None) is good
+    assert reports.get("r1", ReplicaReport.unreadable("a", "deadline exceeded")) is good
+    assert reports.get("r1", ReplicaReport.from_dict(None)) is good
     clock.now = 20
-    assert reports.get("r1", {"hint_addr": "a", "error": "x"}) == {"hint_addr": "a", "error": "x"}
-    assert reports.get("r2", None) == {}
+    assert reports.get("r1", ReplicaReport.unreadable("a", "x")) == ReplicaReport.unreadable("a", "x")
+    assert not reports.get("r2", ReplicaReport.from_dict(None)).sessions
 
 
 def test_reports_of_replicas_that_left_are_dropped():
     reports = LastGoodReports(ttl_s=10, clock=_Clock())
-    reports.get("r1", {"sessions": ["s1"]})
+    reports.get("r1", ReplicaReport(sessions=frozenset({"s1"})))
     reports.keep_only({"r2"})
-    assert reports.get("r1", None) == {}
+    assert not reports.get("r1", ReplicaReport.from_dict(None)).sessions
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ def test_the_ticker_moves_a_session_in_a_tool_call_off_an_overloaded_replica_wit
                 break
         router._ticker.cancel()
 
-    router._reports.get("busy", {"sessions": ["agent"], "in_tool": ["agent"]})  # last good report
+    last_good = ReplicaReport(sessions=frozenset({"agent"}), in_tool=frozenset({"agent"}))
+    router._reports.get("busy", last_good)
     asyncio.run(scenario())
     assert list(router.steals) == [("agent", "busy", "idle", True)]
     assert router.saga.home_of("agent") == "idle"
@@ -104,11 +106,11 @@ def test_the_ticker_tells_each_engine_what_the_others_served_its_tenants():
     """Two real hint services over real workflow cores stand in for the replicas'
     engines; their reports are read the way a replica reads its own."""
     from saga_server.core import WorkflowCore
-    from saga_server.router.replica import read_report
+    from saga_server.engines.vllm.intake import EngineHintSink
     from saga_server.rpc import HintServer
 
     cores = {"r1": WorkflowCore(), "r2": WorkflowCore()}
-    servers = {rid: HintServer(core, "127.0.0.1:0").start() for rid, core in cores.items()}
+    servers = {rid: HintServer(EngineHintSink(core), "127.0.0.1:0").start() for rid, core in cores.items()}
     try:
         router = _router()
         replicas = {rid: _Replica(_ReplicaId(rid)) for rid in cores}
@@ -116,7 +118,7 @@ def test_the_ticker_tells_each_engine_what_the_others_served_its_tenants():
 
         def poll():  # what Serve does with record_routing_stats
             for rid, rep in replicas.items():
-                rep.routing_stats = {"saga": read_report(servers[rid].endpoint)}
+                rep.routing_stats = {"saga": read_report(servers[rid].endpoint).to_dict()}
 
         async def scenario():
             poll()
@@ -141,7 +143,7 @@ def test_the_ticker_tells_each_engine_what_the_others_served_its_tenants():
         assert router.stats()["moves"]["peer_sends"] == 2
     finally:
         for s in servers.values():
-            s.stop(grace=None)
+            s.close(grace=None)
 
 
 def test_a_stolen_session_is_released_on_its_source_engine():
@@ -171,7 +173,7 @@ def test_a_stolen_session_is_released_on_its_source_engine():
         assert router.saga.home_of("agent") == "idle"
         assert ReleaseKv("agent") in source.drain()
     finally:
-        server.stop(grace=None)
+        server.close(grace=None)
 
 
 class _Body:

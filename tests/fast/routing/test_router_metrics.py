@@ -58,7 +58,7 @@ def test_per_replica_router_and_tenant_figures_are_scraped_live():
     finally:
         http.shutdown()
         for s in servers:
-            s.stop(grace=None)
+            s.close(grace=None)
 
 
 def test_a_scrape_survives_failing_sources():

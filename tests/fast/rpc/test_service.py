@@ -7,18 +7,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from saga_sdk import HintReader, UnknownSession
-from saga_sdk._proto import hints_pb2 as pb
-from saga_sdk._proto import hints_pb2_grpc
+from saga_proto import hints_pb2 as pb
+from saga_proto import hints_pb2_grpc
+from saga_sdk import HintReader, SagaUnavailable, UnknownSession
+from saga_sdk.channel import hint_channel
 from saga_server.core.registry import SessionRegistry
 from saga_server.rpc import HintServer, Limits
 
 
 def _channel(endpoint: str) -> grpc.Channel:
-    """A channel with its own subchannel pool: gRPC shares connections per address
-    across channels, so a port reused from an earlier test's stopped server could
-    hand this one that server's connect-failure backoff."""
-    return grpc.insecure_channel(endpoint, options=[("grpc.use_local_subchannel_pool", 1)])
+    """A channel with its own subchannel pool (see `hint_channel`): a port reused
+    from an earlier test's stopped server must not hand it that server's backoff."""
+    return hint_channel(endpoint)
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def test_too_many_sessions_are_refused_and_idle_ones_expire():
         assert registry.session("s0") is None and registry.stats()["sessions_expired"] == 3
     finally:
         channel.close()
-        server.stop(grace=None)
+        server.close(grace=None)
 
 
 def test_streaming_rpc_acks_every_batch_in_order(stub, registry):
@@ -141,7 +141,7 @@ def test_a_sink_bug_rejects_one_event_and_the_service_survives():
         assert server.service.counters["sink_errors"] == 1
     finally:
         channel.close()
-        server.stop(grace=None)
+        server.close(grace=None)
 
 
 wire_events = st.builds(
@@ -174,7 +174,7 @@ def fuzz_target():
     raw_send = channel.unary_unary("/saga.v1.WorkflowHints/SendHints")  # bytes in, bytes out
     yield hints_pb2_grpc.WorkflowHintsStub(channel), raw_send, registry
     channel.close()
-    server.stop(grace=None)
+    server.close(grace=None)
 
 
 _canaries = iter(range(10**9))
@@ -215,7 +215,21 @@ def test_peer_service_reaches_the_core_and_bad_reports_change_nothing():
         assert stats["hints_peer_reports"] == 1.0 and stats["hints_peer_reports_invalid"] == 3.0
     finally:
         channel.close()
-        server.stop(grace=None)
+        server.close(grace=None)
+
+
+def test_stats_carry_the_service_per_tenant_as_a_typed_map(stub):
+    from saga_server.core import WorkflowCore
+
+    core = WorkflowCore()
+    core.record_service("acme", 300)
+    core.record_service("", 20)  # sessions without a tenant
+    with HintServer(core, "127.0.0.1:0") as server, HintReader(server.endpoint) as reader:
+        reply = reader.server_stats()
+    assert dict(reply.served_tokens_by_tenant) == {"acme": 300.0, "": 20.0}
+    assert not any("acme" in key for key in reply.stats)
+    # a service without fair share (the plain registry) leaves the map empty
+    assert not stub.GetStats(pb.GetStatsRequest(), timeout=5).served_tokens_by_tenant
 
 
 def test_peer_service_to_a_service_without_fair_share_is_unimplemented(stub):
@@ -244,7 +258,7 @@ def test_release_session_reaches_an_engine_sink_and_is_refused_elsewhere(stub):
         assert sink.drain() == [ReleaseKv("s")]
     finally:
         channel.close()
-        server.stop(grace=None)
+        server.close(grace=None)
 
 
 def test_a_reader_reaches_a_service_restarted_on_the_same_port():
@@ -256,7 +270,7 @@ def test_a_reader_reaches_a_service_restarted_on_the_same_port():
     stale = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = hints_pb2_grpc.WorkflowHintsStub(stale)
     stub.GetStats(pb.GetStatsRequest(), timeout=5)
-    first.stop(grace=None)
+    first.close(grace=None)
     with pytest.raises(grpc.RpcError):
         stub.GetStats(pb.GetStatsRequest(), timeout=1)
     second = HintServer(SessionRegistry(), f"127.0.0.1:{port}").start()
@@ -265,4 +279,12 @@ def test_a_reader_reaches_a_service_restarted_on_the_same_port():
             assert "hints_batches" in reader.stats()
     finally:
         stale.close()
-        second.stop(grace=None)
+        second.close(grace=None)
+
+
+def test_a_with_block_starts_the_server_and_closes_it(registry):
+    with HintServer(registry, "127.0.0.1:0") as server:
+        with HintReader(server.endpoint) as reader:
+            assert "hints_batches" in reader.stats()
+    with pytest.raises(SagaUnavailable), HintReader(server.endpoint, timeout=1) as reader:
+        reader.stats()

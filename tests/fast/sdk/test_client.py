@@ -44,7 +44,7 @@ def test_events_arrive_in_order_per_session(hint_server, registry):
     snap = registry.session("b")
     assert (snap.steps, snap.tool_calls, snap.current_node, snap.tenant) == (3, 3, "n3", "t1")
     assert registry.session("a").state == "ended"
-    client.shutdown()
+    client.close()
 
 
 def test_events_are_batched(hint_server, registry):
@@ -56,7 +56,7 @@ def test_events_are_batched(hint_server, registry):
     assert stats.sent == 250
     assert 3 <= stats.batches <= 10  # 250 events in batches of at most 100, not one RPC each
     assert registry.session("s").steps == 250
-    client.shutdown()
+    client.close()
 
 
 def test_server_down_emit_never_raises_and_drops_are_counted():
@@ -72,7 +72,7 @@ def test_server_down_emit_never_raises_and_drops_are_counted():
     assert worst < 0.05  # no network wait on the caller's thread, even in the worst call
     assert client.flush(0.3) is False
     t0 = time.perf_counter()
-    client.shutdown(timeout=0.2)
+    client.close(timeout=0.2)
     assert time.perf_counter() - t0 < 1.0
 
 
@@ -83,7 +83,7 @@ def test_reconnects_after_the_server_restarts():
     client = HintClient(endpoint=f"127.0.0.1:{port}", rpc_timeout_s=0.3)
     client.session_start("s")
     assert client.flush(5)
-    server.stop(grace=None)
+    server.close(grace=None)
 
     client.llm_call_start("s", step=1, node="while-down")
     assert client.flush(0.5) is False  # nothing listening
@@ -95,8 +95,8 @@ def test_reconnects_after_the_server_restarts():
         assert [h.detail for h in snap.history if h.kind == "llm_call_start"] == ["while-down", "after-restart"]
         assert client.stats().reconnects >= 1
     finally:
-        client.shutdown()
-        server.stop(grace=None)
+        client.close()
+        server.close(grace=None)
 
 
 def test_a_resent_batch_is_applied_once(hint_server, registry):
@@ -124,7 +124,7 @@ def test_session_scope_ends_with_the_right_outcome(hint_server, registry):
     assert client.flush(5)
     assert registry.session("ok-run").history[-1].detail == "completed"
     assert registry.session("bad-run").history[-1].detail == "failed"
-    client.shutdown()
+    client.close()
 
 
 def test_sampling_keeps_or_drops_whole_sessions(hint_server, registry):
@@ -137,7 +137,7 @@ def test_sampling_keeps_or_drops_whole_sessions(hint_server, registry):
     kept = [sid for sid in sessions if registry.session(sid) is not None]
     assert 60 <= len(kept) <= 140
     assert all(registry.session(sid).steps == 1 for sid in kept)  # never half a session
-    client.shutdown()
+    client.close()
 
 
 def test_disabled_client_sends_nothing(hint_server, registry):
@@ -161,9 +161,9 @@ def test_api_key_is_required_when_configured(registry):
         assert registry.session("member") is not None
         assert wrong.stats().dropped_failed == 1
         assert server.service.counters["auth_failures"] >= 1
-        wrong.shutdown(); right.shutdown()
+        wrong.close(); right.close()
     finally:
-        server.stop(grace=None)
+        server.close(grace=None)
 
 
 def test_many_threads_emit_concurrently(hint_server, registry):
@@ -182,7 +182,7 @@ def test_many_threads_emit_concurrently(hint_server, registry):
         t.join()
     assert client.flush(10)
     assert [registry.session(f"t{n}").steps for n in range(8)] == [50] * 8
-    client.shutdown()
+    client.close()
 
 
 @pytest.fixture
@@ -216,4 +216,18 @@ def test_forked_child_gets_its_own_queue_and_thread(hint_service_process):
     with HintReader(hint_service_process) as reader:
         assert reader.session("child").state == "idle"
         assert reader.session("parent").steps == 1
-    client.shutdown()
+    client.close()
+
+
+def test_leaving_a_with_block_closes_the_client_and_shutdown_is_the_same(hint_server, registry):
+    with HintClient(endpoint=hint_server.endpoint) as client:
+        client.session_start("scoped")
+    assert registry.session("scoped") is not None  # flushed on the way out
+    assert not client._thread.is_alive()
+    legacy = HintClient(endpoint=hint_server.endpoint)
+    legacy.session_start("legacy")
+    legacy.shutdown()
+    assert registry.session("legacy") is not None and not legacy._thread.is_alive()
+    client.session_start("too-late")
+    legacy.session_start("after")
+    assert client.stats().queued == legacy.stats().queued == 0  # dropped: both are closed

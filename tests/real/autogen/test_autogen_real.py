@@ -26,7 +26,7 @@ def example():
 def hints(saga_server):
     client = HintClient(endpoint=saga_server.hint_addr)
     yield client
-    client.shutdown(timeout=2)
+    client.close(timeout=2)
     saga_autogen.uninstrument()
 
 

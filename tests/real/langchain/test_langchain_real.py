@@ -27,7 +27,7 @@ def example():
 def hints(saga_server):
     client = HintClient(endpoint=saga_server.hint_addr)
     yield client
-    client.shutdown(timeout=2)
+    client.close(timeout=2)
 
 
 def test_agent_run_is_a_server_session_with_steps_tools_and_cache_hits(example, saga_server, hints, tmp_path):

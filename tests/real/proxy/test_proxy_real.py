@@ -32,7 +32,7 @@ def proxy(saga_server):
     with BackgroundServer(app) as server:
         server.app = app
         yield server
-    app.hints.shutdown(1)
+    app.hints.close(1)
 
 
 def client_for(url: str) -> openai.OpenAI:

@@ -66,8 +66,7 @@ class RayCluster:
         for rid, addr in self.replica_hints().items():
             try:
                 with HintReader(addr, timeout=2) as r:
-                    out[rid] = {s.session_id for s in r.sessions(1000)
-                                if s.state != "ended" and s.metrics.get("kv_resident", 0) > 0}
+                    out[rid] = {s.session_id for s in r.resident(1000)}
             except Exception:
                 pass
         return out

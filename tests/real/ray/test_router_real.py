@@ -134,7 +134,7 @@ def test_sessions_stick_to_one_replica_and_follow_ups_hit_the_cache(ray_cluster)
         for sid in sids:
             hints.session_end(sid)
         hints.flush(5)
-        hints.shutdown()
+        hints.close()
 
 
 def test_overloaded_replica_sheds_a_session_in_a_tool_call_it_resumes_warm_and_a_restarted_router_keeps_it(
@@ -202,7 +202,7 @@ def test_overloaded_replica_sheds_a_session_in_a_tool_call_it_resumes_warm_and_a
         for s in [victim, *busy]:
             hints.session_end(s)
         hints.flush(5)
-        hints.shutdown()
+        hints.close()
 
 
 def test_killing_a_replica_loses_no_completed_work_and_agent_runs_finish(ray_cluster):
@@ -227,7 +227,7 @@ def test_killing_a_replica_loses_no_completed_work_and_agent_runs_finish(ray_clu
     ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)  # a crash: Serve replaces it
     for t in threads:
         t.join(600)
-    hints.shutdown()
+    hints.close()
     assert set(results) == set(sids), f"unfinished: {set(sids) - set(results)}; errors {errors}"
     assert all(len(rs) == 5 and all(r["choices"][0]["message"] is not None for r in rs) for rs in results.values())
     # requests in flight on the dead replica were retried by the ingress: no agent saw an error

@@ -61,7 +61,7 @@ def test_hints_reach_the_engine_and_reads_come_back(saga_server):
         assert stats["engine_kv_blocks"] > 0  # GetStats is answered from inside the engine
     finally:
         client.session_end(sid)
-        client.shutdown(5)
+        client.close(5)
 
 
 def test_garbage_and_floods_of_hints_do_not_disturb_serving(saga_server):
@@ -74,7 +74,7 @@ def test_garbage_and_floods_of_hints_do_not_disturb_serving(saga_server):
             client.tool_call_start(uid("flood"), "bash", call_id=str(i))  # sessions never started
         client.flush(20)
     finally:
-        client.shutdown(5)
+        client.close(5)
     out = saga_server.chat([{"role": "user", "content": "Count to three."}], max_tokens=8)
     assert out["choices"][0]["message"]["content"] is not None
     with HintReader(saga_server.hint_addr) as reader:
@@ -130,7 +130,7 @@ def test_a_session_paused_in_a_tool_keeps_its_history_cached_through_a_flood(sag
         assert cached >= (history // 32) * 32 - 32, (cached, history)
     finally:
         client.session_end(sid)
-        client.shutdown(5)
+        client.close(5)
     after = fetch_metrics(saga_server.base_url)
     delta = lambda k: after.get(k, 0.0) - before.get(k, 0.0)  # noqa: E731
     assert delta("saga_pins_total{event=created}") >= 1

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.real
 
 PROBE = """
 import google.protobuf, sys
-from saga_sdk._proto import hints_pb2 as pb, hints_pb2_grpc
+from saga_proto import hints_pb2 as pb, hints_pb2_grpc
 b = pb.HintBatch(client_id="c", sequence=1)
 b.events.add(session_id="s", tool_call_start=pb.ToolCallStart(tool="bash"))
 assert pb.HintBatch.FromString(b.SerializeToString()).events[0].tool_call_start.tool == "bash"
@@ -39,4 +39,4 @@ def test_generated_code_imports_under_protobuf_5_29():
     import google.protobuf
 
     assert google.protobuf.__version__.startswith("5.29."), "the venv should pin protobuf 5.29.x (autogen-core)"
-    from saga_sdk._proto import hints_pb2  # noqa: F401
+    from saga_proto import hints_pb2  # noqa: F401

@@ -13,8 +13,8 @@ process, which vLLM spawns): the plugin's `__init__` starts the gRPC
 
 A flood cannot grow memory: the queue drops its oldest entries beyond
 `max_queue` (counted in `saga_engine_hints_dropped`); the core bounds its own
-session table. Reads (GetSession/ListSessions/GetStats) are served by the core,
-with the engine's own figures (held blocks, pins...) merged into `stats()`.
+session table. Reads (GetSession/ListSessions/ListResident/GetStats) are served
+by the core, with the engine's own figures (held blocks, pins...) merged into `stats()`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from saga_server.core import HintEvent, SessionEnd, SessionSnapshot, ToolCallEnd, ToolCallStart
+from saga_server.core import HintEvent, ResidentSession, SessionEnd, SessionSnapshot, ToolCallEnd, ToolCallStart
 
 # Under "vllm." so vLLM's own log handler (and level) shows these lines.
 log = logging.getLogger("vllm.saga")
@@ -92,8 +92,16 @@ class EngineHintSink:
         self._enqueue(ReleaseKv(session_id))
         return True
 
+    def resident_sessions(self, limit: int) -> list[ResidentSession]:
+        # Residency is the core's `kv_resident` (served here, not moved away since).
+        return [ResidentSession(s.session_id, in_tool=s.state == "tool") for s in self.core.sessions(limit)
+                if s.state != "ended" and s.metrics.get("kv_resident", 0.0) > 0]
+
     def record_peer_service(self, tokens: Mapping[str, float]) -> int:
         return self.core.record_peer_service(tokens)  # AFS only: nothing for the engine loop
+
+    def served_by_tenant(self) -> Mapping[str, float]:
+        return self.core.served_by_tenant()
 
     def session(self, session_id: str) -> SessionSnapshot | None:
         return self.core.session(session_id)

@@ -71,6 +71,11 @@ class WorkflowHintsStub(object):
                 request_serializer=saga_dot_v1_dot_hints__pb2.ReleaseSessionRequest.SerializeToString,
                 response_deserializer=saga_dot_v1_dot_hints__pb2.ReleaseSessionAck.FromString,
                 _registered_method=True)
+        self.ListResident = channel.unary_unary(
+                '/saga.v1.WorkflowHints/ListResident',
+                request_serializer=saga_dot_v1_dot_hints__pb2.ListResidentRequest.SerializeToString,
+                response_deserializer=saga_dot_v1_dot_hints__pb2.ResidentSessions.FromString,
+                _registered_method=True)
 
 
 class WorkflowHintsServicer(object):
@@ -125,6 +130,16 @@ class WorkflowHintsServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListResident(self, request, context):
+        """The sessions whose KV this engine holds: it served a prompt for them, and
+        they have not ended nor been released (moved away) since. Hints reach every
+        engine of a cluster, so a session an engine merely heard of is not listed.
+        UNIMPLEMENTED where the service holds no KV (a registry, the cluster fan-out).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkflowHintsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -162,6 +177,11 @@ def add_WorkflowHintsServicer_to_server(servicer, server):
                     servicer.ReleaseSession,
                     request_deserializer=saga_dot_v1_dot_hints__pb2.ReleaseSessionRequest.FromString,
                     response_serializer=saga_dot_v1_dot_hints__pb2.ReleaseSessionAck.SerializeToString,
+            ),
+            'ListResident': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListResident,
+                    request_deserializer=saga_dot_v1_dot_hints__pb2.ListResidentRequest.FromString,
+                    response_serializer=saga_dot_v1_dot_hints__pb2.ResidentSessions.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -355,6 +375,33 @@ class WorkflowHints(object):
             '/saga.v1.WorkflowHints/ReleaseSession',
             saga_dot_v1_dot_hints__pb2.ReleaseSessionRequest.SerializeToString,
             saga_dot_v1_dot_hints__pb2.ReleaseSessionAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListResident(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/saga.v1.WorkflowHints/ListResident',
+            saga_dot_v1_dot_hints__pb2.ListResidentRequest.SerializeToString,
+            saga_dot_v1_dot_hints__pb2.ResidentSessions.FromString,
             options,
             channel_credentials,
             insecure,

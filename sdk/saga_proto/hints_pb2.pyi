@@ -248,7 +248,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerStats(_message.Message):
-    __slots__ = ("stats",)
+    __slots__ = ("stats", "served_tokens_by_tenant")
     class StatsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -256,9 +256,18 @@ class ServerStats(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class ServedTokensByTenantEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     STATS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_TOKENS_BY_TENANT_FIELD_NUMBER: _ClassVar[int]
     stats: _containers.ScalarMap[str, float]
-    def __init__(self, stats: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    served_tokens_by_tenant: _containers.ScalarMap[str, float]
+    def __init__(self, stats: _Optional[_Mapping[str, float]] = ..., served_tokens_by_tenant: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class PeerService(_message.Message):
     __slots__ = ("tenant_tokens", "source")
@@ -294,3 +303,23 @@ class ReleaseSessionAck(_message.Message):
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     queued: bool
     def __init__(self, queued: bool = ...) -> None: ...
+
+class ListResidentRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ResidentSession(_message.Message):
+    __slots__ = ("session_id", "in_tool")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    IN_TOOL_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    in_tool: bool
+    def __init__(self, session_id: _Optional[str] = ..., in_tool: bool = ...) -> None: ...
+
+class ResidentSessions(_message.Message):
+    __slots__ = ("sessions",)
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[ResidentSession]
+    def __init__(self, sessions: _Optional[_Iterable[_Union[ResidentSession, _Mapping]]] = ...) -> None: ...
