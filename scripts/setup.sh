@@ -90,12 +90,14 @@ else
 fi
 
 # The project itself, editable, with its extras. Skipped when the editable install
-# already points here and the extras' marker matches.
+# already points here and the marker matches: the extras and the top-level packages
+# (an editable install maps each package it found, so a new one needs a reinstall).
 MARK="$VENV/.saga-extras"
-if ! installed saga-agents || [ "$(cat "$MARK" 2>/dev/null)" != "$EXTRAS" ]; then
+WANT="$EXTRAS $(cd "$ROOT" && ls -d sdk/*/__init__.py server/*/__init__.py | sort | tr '\n' ' ')"
+if ! installed saga-agents || [ "$(cat "$MARK" 2>/dev/null)" != "$WANT" ]; then
     say "installing saga-agents[$EXTRAS] (editable)"
     "${PIP[@]}" install -e ".[$EXTRAS]"
-    echo "$EXTRAS" > "$MARK"
+    echo "$WANT" > "$MARK"
 fi
 
 # Keep the wire stack the project pins (vllm may pull a newer protobuf).
