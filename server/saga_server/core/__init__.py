@@ -1,11 +1,13 @@
 """SAGA's engine-agnostic workflow core (standard library only).
 
-`WorkflowCore` is the facade engines, the simulator and the hint service call;
-the policy modules behind it (`aeg`, `eviction`, `pinning`, `prefetch`,
-`fairshare`) each document their rule once and can be used on their own.
+`WorkflowCore` is the facade engines, the simulator and the hint service call.
+Behind it, `SessionTable` (`sessions`) is the one table of sessions (and, on its
+own, the plain hint sink); the AEG (`aeg`, learned graphs in `graph`) and the
+policy modules (`eviction`, `pinning`, `prefetch`, `fairshare`) each document
+their rule once and can be used on their own.
 """
 
-from .aeg import AEG, END, Prediction
+from .aeg import AEG
 from .categories import CATEGORIES, guess_category
 from .cluster_share import PeerServiceLedger
 from .clock import ManualClock
@@ -29,10 +31,11 @@ from .events import (
     WorkflowStructure,
 )
 from .fairshare import FairShare, FairShareConfig
+from .graph import END, Prediction
 from .pinning import PinBudget, PinConfig, PinDecision, decide_pin
 from .prefetch import PrefetchAction, PrefetchCandidate, PrefetchConfig, plan_prefetch
 from .quantiles import LogHistogram
-from .registry import SessionRegistry
+from .sessions import SessionTable
 from .workflow import CoreConfig, WorkflowCore
 
 __all__ = [
@@ -41,7 +44,7 @@ __all__ = [
     # hint contract
     "HintEvent", "HintRejected", "HintSink", "PeerServiceSink", "KvReleaseSink", "SessionSnapshot", "SessionStart", "SessionEnd",
     "LlmCallStart", "LlmCallEnd", "ToolCallStart", "ToolCallEnd", "ToolOutcome", "SessionOutcome",
-    "WorkflowNode", "WorkflowStructure", "SessionRegistry",
+    "WorkflowNode", "WorkflowStructure", "SessionTable",
     # building blocks
     "AEG", "END", "LogHistogram", "CATEGORIES", "guess_category",
     "EvictionConfig", "wa_lru_key", "block_key", "PriorityIndex",

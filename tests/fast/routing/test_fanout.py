@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from saga_sdk import HintClient, HintReader, UnknownSession
-from saga_server.core.registry import SessionRegistry
+from saga_server.core import SessionTable
 from saga_server.router.hints import start_fanout
 from saga_server.rpc import HintServer
 
 
 @pytest.fixture
 def engines():
-    regs = [SessionRegistry(max_sessions=100), SessionRegistry(max_sessions=100)]
+    regs = [SessionTable(max_sessions=100), SessionTable(max_sessions=100)]
     servers = [HintServer(r, "127.0.0.1:0").start() for r in regs]
     yield regs, servers
     for s in servers:
