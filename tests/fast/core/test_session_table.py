@@ -74,3 +74,13 @@ def test_deadline_is_absolute_on_the_server_clock():
     reg = SessionTable(clock=ManualClock())
     reg.accept(SessionStart("s", 100.0, deadline_s=30.0))
     assert reg.session("s").deadline_at == 130.0
+
+
+def test_ended_sessions_leave_after_their_ttl_even_behind_live_ones():
+    reg = SessionTable(idle_ttl_s=100, ended_ttl_s=10, clock=ManualClock())
+    reg.accept(SessionStart("live", 0.0))
+    reg.accept(SessionStart("done", 1.0))
+    reg.accept(SessionEnd("done", 1.0))
+    reg.accept(LlmCallStart("other", 20.0))  # expiry runs with each hint
+    assert reg.session("done") is None and reg.session("live") is not None
+    assert reg.stats()["sessions_expired"] == 1
