@@ -29,7 +29,7 @@ from autogen_core.tools import FunctionTool
 from saga_sdk import HintClient
 from saga_sdk.integrations import autogen as saga_autogen
 from saga_sdk.integrations.autogen import SagaChatCompletionClient
-from saga_server.core.registry import SessionRegistry
+from saga_server.core import SessionTable
 from saga_server.rpc import HintServer
 
 MESSAGES = [UserMessage(content="hello", source="user")]
@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
 
-    registry = SessionRegistry(max_sessions=10)
+    registry = SessionTable(max_sessions=10)
     server = HintServer(registry, "127.0.0.1:0").start()
     up = HintClient(endpoint=server.endpoint, queue_size=1_000_000)
     down = HintClient(endpoint=f"127.0.0.1:{free_port()}", rpc_timeout_s=0.2)

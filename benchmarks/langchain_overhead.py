@@ -191,10 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     stop_hints = lambda: None  # noqa: E731
     endpoint = args.hints
     if endpoint is None:
-        from saga_server.core.registry import SessionRegistry
+        from saga_server.core import SessionTable
         from saga_server.rpc import HintServer
 
-        hint_server = HintServer(SessionRegistry(max_sessions=100_000), "127.0.0.1:0").start()
+        hint_server = HintServer(SessionTable(max_sessions=100_000), "127.0.0.1:0").start()
         endpoint, stop_hints = hint_server.endpoint, lambda: hint_server.close(grace=None)
     client = HintClient(endpoint=endpoint)
 

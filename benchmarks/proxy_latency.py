@@ -46,7 +46,7 @@ def serve_upstream() -> int:
     """Child mode: the scripted upstream and a hint service; prints their addresses."""
     import importlib.util
 
-    from saga_server.core.registry import SessionRegistry
+    from saga_server.core import SessionTable
     from saga_server.proxy.server import BackgroundServer
     from saga_server.rpc import HintServer
 
@@ -54,7 +54,7 @@ def serve_upstream() -> int:
         "scripted_upstream", ROOT / "tests" / "fast" / "proxy" / "scripted_upstream.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    hints = HintServer(SessionRegistry(max_sessions=100_000), "127.0.0.1:0").start()
+    hints = HintServer(SessionTable(max_sessions=100_000), "127.0.0.1:0").start()
     server = BackgroundServer(module.build_app(record=False)).start()
     print(f"READY {server.port} {hints.endpoint}", flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})

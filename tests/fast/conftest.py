@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from saga_server.core.registry import SessionRegistry
+from saga_server.core import SessionTable
 from saga_server.rpc import HintServer
 
 
 @pytest.fixture
-def registry() -> SessionRegistry:
-    return SessionRegistry(max_sessions=1000)
+def registry() -> SessionTable:
+    return SessionTable(max_sessions=1000)
 
 
 @pytest.fixture

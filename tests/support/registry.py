@@ -1,14 +1,14 @@
-"""`RecordingRegistry`: the real `SessionRegistry`, also keeping every accepted event."""
+"""`RecordingRegistry`: the real `SessionTable`, also keeping every accepted event."""
 
 from __future__ import annotations
 
-from saga_server.core.registry import SessionRegistry
+from saga_server.core import SessionTable
 
 __all__ = ["RecordingRegistry"]
 
 
-class RecordingRegistry(SessionRegistry):
-    """The real registry; also keeps every accepted event, in arrival order (its
+class RecordingRegistry(SessionTable):
+    """The real table; also keeps every accepted event, in arrival order (its
     history leaves out fields tests check: call ids, durations, structure, tokens,
     tool outcomes)."""
 

@@ -1,12 +1,14 @@
 """SAGA's engine-agnostic workflow core (standard library only).
 
-`WorkflowCore` is the facade engines, the simulator and the hint service call;
-the policy modules behind it (`aeg`, `eviction`, `pinning`, `prefetch`,
-`fairshare`) each document their rule once and can be used on their own, and
-`holds.HoldLedger` is the one implementation of which KV an engine keeps.
+`WorkflowCore` is the facade engines, the simulator and the hint service call.
+Behind it, `SessionTable` (`sessions`) is the one table of sessions (and, on its
+own, the plain hint sink); the AEG (`aeg`, learned graphs in `graph`) and the
+policy modules (`eviction`, `pinning`, `prefetch`, `fairshare`) each document
+their rule once and can be used on their own, and `holds.HoldLedger` is the one
+implementation of which KV an engine keeps.
 """
 
-from .aeg import AEG, END, Prediction
+from .aeg import AEG
 from .categories import CATEGORIES, guess_category
 from .cluster_share import PeerServiceLedger
 from .clock import ManualClock
@@ -32,11 +34,12 @@ from .events import (
     WorkflowStructure,
 )
 from .fairshare import FairShare, FairShareConfig
+from .graph import END, Prediction
 from .holds import PINNED, PROTECTED, SOFT, BlockPool, Hold, HoldLedger, Release
 from .pinning import PinConfig, PinDecision, decide_pin
 from .prefetch import PrefetchAction, PrefetchCandidate, PrefetchConfig, plan_prefetch
 from .quantiles import LogHistogram
-from .registry import SessionRegistry
+from .sessions import SessionTable
 from .workflow import CoreConfig, WorkflowCore
 
 __all__ = [
@@ -46,7 +49,7 @@ __all__ = [
     "HintEvent", "HintRejected", "HintSink", "PeerServiceSink", "KvReleaseSink", "KvResidencySink",
     "ResidentSession", "SessionSnapshot", "SessionStart", "SessionEnd",
     "LlmCallStart", "LlmCallEnd", "ToolCallStart", "ToolCallEnd", "ToolOutcome", "SessionOutcome",
-    "WorkflowNode", "WorkflowStructure", "SessionRegistry",
+    "WorkflowNode", "WorkflowStructure", "SessionTable",
     # building blocks
     "AEG", "END", "LogHistogram", "CATEGORIES", "guess_category",
     "EvictionConfig", "wa_lru_key",

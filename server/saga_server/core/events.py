@@ -140,7 +140,7 @@ class SessionSnapshot:
 
 
 class HintSink(Protocol):
-    """Where validated hints go. Implemented by the in-memory `SessionRegistry` and
+    """Where validated hints go. Implemented by the in-memory `SessionTable` and
     by the workflow core; called by the hint service (any thread, serialised by the
     caller is *not* assumed: implementations lock what they share).
 

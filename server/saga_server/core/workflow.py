@@ -1,15 +1,15 @@
 """`WorkflowCore`: the one object engines, the simulator and the hint service call.
 
-It is a `HintSink` (hints are validated and recorded by a composed
-`SessionRegistry`, then fed to the AEG) and it answers the policy questions:
-eviction keys (`eviction`), pin decisions (`pinning`), prefetch plans
+It is a `HintSink` over one `SessionTable` (the table validates and records
+hints; the AEG, its tracker, learns from them) and it answers the policy
+questions: eviction keys (`eviction`), pin decisions (`pinning`), prefetch plans
 (`prefetch`) and request priorities (`fairshare`), each defined once in its
 module. Works without hints: `on_request_arrival`/`on_request_finished` alone
 build an inferred AEG from request shapes and gaps.
 
 All times come from the injected `clock` (hint events carry their own receive
-time, taken from the same clock). Every public method takes one lock, so any
-thread may call; per call cost is a few dict lookups (see
+time, taken from the same clock). Every public method takes the table's lock
+once, so any thread may call; per call cost is a few dict lookups (see
 `benchmarks/core_bench.py`). The core draws no random numbers today: `seed` is
 kept so any future sampling is reproducible, and equal inputs give equal outputs.
 """
@@ -17,27 +17,18 @@ kept so any future sampling is reproducible, and equal inputs give equal outputs
 from __future__ import annotations
 
 import math
-import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from .aeg import AEG, Prediction, SessionTrack
+from .aeg import AEG
 from .eviction import EvictionConfig, wa_lru_key
-from .events import (
-    HintEvent,
-    LlmCallEnd,
-    LlmCallStart,
-    SessionEnd,
-    SessionSnapshot,
-    SessionStart,
-    ToolCallEnd,
-    ToolCallStart,
-)
+from .events import HintEvent, SessionSnapshot, SessionStart
 from .fairshare import FairShare, FairShareConfig, seniority, urgency
+from .graph import Prediction
 from .pinning import PinConfig, PinDecision, decide_pin
 from .prefetch import PrefetchAction, PrefetchCandidate, PrefetchConfig, plan_prefetch
-from .registry import SessionRegistry
+from .sessions import Session, SessionTable
 
 __all__ = ["CoreConfig", "WorkflowCore"]
 
@@ -72,60 +63,47 @@ class WorkflowCore:
     """SAGA's policy brain (facade). LOWER keys/priorities mean evict/serve first."""
 
     def __init__(self, config: CoreConfig | None = None, clock: Callable[[], float] = time.monotonic,
-                 seed: int = 0, registry: SessionRegistry | None = None) -> None:
+                 seed: int = 0) -> None:
         self.config = cfg = config or CoreConfig()
         self.seed = seed
         self._clock = clock
-        self._lock = threading.RLock()
-        self.registry = registry or SessionRegistry(
-            max_sessions=cfg.max_sessions, idle_ttl_s=cfg.session_idle_s,
-            ended_ttl_s=cfg.ended_ttl_s, history_limit=cfg.history_limit, clock=clock)
-        self.aeg = AEG(max_workflows=cfg.max_workflows, max_nodes=cfg.max_nodes, max_tools=cfg.max_tools,
-                       max_sessions=cfg.max_sessions, session_idle_s=cfg.session_idle_s,
-                       min_samples=cfg.min_samples, prior_p_continue=cfg.prior_p_continue,
-                       prior_cycle_s=cfg.prior_cycle_s)
+        self.table = SessionTable(max_sessions=cfg.max_sessions, idle_ttl_s=cfg.session_idle_s,
+                                  ended_ttl_s=cfg.ended_ttl_s, history_limit=cfg.history_limit, clock=clock)
+        self._lock = self.table.lock
+        self._sessions = self.table.by_id
+        self.aeg = AEG(self.table, max_workflows=cfg.max_workflows, max_nodes=cfg.max_nodes,
+                       max_tools=cfg.max_tools, min_samples=cfg.min_samples,
+                       prior_p_continue=cfg.prior_p_continue, prior_cycle_s=cfg.prior_cycle_s)
         self.fair = FairShare(cfg.fairshare)
         self._counters = {"requests_arrived": 0, "requests_finished": 0, "pins_granted": 0,
                           "pins_refused": 0, "prefetch_planned": 0}
         self._peer_tokens = 0.0
-        self._moved_away: dict[str, None] = {}  # insertion-ordered set, bounded by max_sessions
 
     # -- HintSink -----------------------------------------------------------------
 
     def accept(self, event: HintEvent) -> None:
         with self._lock:
-            self.registry.accept(event)  # validates; HintRejected leaves everything unchanged
-            self._apply(event)
+            self.table.accept(event)  # validates (HintRejected changes nothing), records, and the AEG learns
+            if isinstance(event, SessionStart) and event.tenant:
+                self.fair.touch(event.tenant, event.time)
 
     def session(self, session_id: str) -> SessionSnapshot | None:
-        """Hinted sessions come from the registry; sessions only the engine has seen
-        are shown from the AEG's view (no history). Both carry predictions in `metrics`."""
+        """Hinted sessions and sessions only the engine has seen (no history), with
+        predictions in `metrics`."""
         with self._lock:
-            with self.registry.lock:
-                record = self.registry.record(session_id)
-                if record is not None:
-                    return record.snapshot(self._metrics(session_id))
-            tr = self.aeg.track(session_id)
-            return None if tr is None else self._engine_snapshot(tr)
+            s = self._sessions.get(session_id)
+            return None if s is None else s.snapshot(self._metrics(s))
 
     def sessions(self, limit: int = 100) -> Sequence[SessionSnapshot]:
         with self._lock:
-            snaps = [_with_metrics(s, self._metrics(s.session_id)) if self.aeg.track(s.session_id) else s
-                     for s in self.registry.sessions(limit)]
-            known = {s.session_id for s in snaps}
-            for tr in reversed(self.aeg.tracks()):  # most recently active first
-                if len(snaps) >= 2 * max(limit, 0):
-                    break
-                if not tr.hinted and tr.session_id not in known:
-                    snaps.append(self._engine_snapshot(tr))
-            snaps.sort(key=lambda s: s.last_event_at, reverse=True)
-            return snaps[:max(0, limit)]
+            return [s.snapshot(self._metrics(s)) for s in self.table.recent(limit)]
 
     def stats(self) -> Mapping[str, float]:
         with self._lock:
-            out = dict(self.registry.stats())
+            out = dict(self.table.stats())
             out.update(self._counters)
             out.update({f"aeg_{k}": float(v) for k, v in self.aeg.counters.items()})
+            out["aeg_sessions_expired"] = float(out["sessions_expired"])  # one table: the same count
             out["aeg_sessions"] = float(len(self.aeg))
             out["aeg_workflows"] = float(len(self.aeg.workflows()))
             out["afs_tenants_active"] = float(len(self.fair.active(self._clock())))
@@ -147,26 +125,26 @@ class WorkflowCore:
         with self._lock:
             now = self._clock()
             self._counters["requests_arrived"] += 1
-            tr = self.aeg.track(session_id)
-            if tr is None or tr.ended or not tr.hinted:
-                tr = self.aeg.llm_start(session_id, now, tenant=tenant, hinted=False)
-            if tenant and not tr.tenant:
-                tr.tenant = tenant
+            s = self._sessions.get(session_id)
+            if s is None or s.ended or not s.hinted:
+                s = self.aeg.llm_start(session_id, now, tenant=tenant, hinted=False)
+            if tenant and not s.tenant:
+                s.tenant = tenant
             if prompt_tokens:
-                self.aeg.observe_prompt(tr, prompt_tokens)
-            if tr.tenant:
-                self.fair.touch(tr.tenant, now)
-            self._moved_away.pop(session_id, None)
+                self.aeg.observe_prompt(s, prompt_tokens)
+            if s.tenant:
+                self.fair.touch(s.tenant, now)
+            s.kv_moved = False
             self.aeg.expire(now)
 
     def on_session_moved(self, session_id: str) -> None:
         """The session's KV left this engine (a cluster router moved it): the engine
         no longer holds its context (`kv_resident` = 0 until its next request here).
-        Its workflow state stays: it may come back."""
+        Its workflow state stays: it may come back. An unknown session holds nothing."""
         with self._lock:
-            self._moved_away[session_id] = None
-            while len(self._moved_away) > self.config.max_sessions:
-                self._moved_away.pop(next(iter(self._moved_away)))
+            s = self._sessions.get(session_id)
+            if s is not None:
+                s.kv_moved = True
 
     def on_request_finished(self, session_id: str, prompt_tokens: int, output_tokens: int) -> None:
         """The engine finished a request. Without hints the session is now in a gap
@@ -174,9 +152,9 @@ class WorkflowCore:
         _check_tokens(prompt_tokens=prompt_tokens, output_tokens=output_tokens)
         with self._lock:
             self._counters["requests_finished"] += 1
-            tr = self.aeg.track(session_id)
+            s = self._sessions.get(session_id)
             self.aeg.llm_end(session_id, self._clock(), prompt_tokens=prompt_tokens,
-                             output_tokens=output_tokens, hinted=tr is not None and tr.hinted)
+                             output_tokens=output_tokens, hinted=s is not None and s.hinted)
 
     # -- predictions and policies ------------------------------------------------------
 
@@ -190,8 +168,10 @@ class WorkflowCore:
         evict first. `session_id=None` (or an unknown session) gives plain LRU.
         Refresh a session's key when it changes state; the caller owns the heap."""
         with self._lock:
-            reuse = None if session_id is None else self.aeg.reuse(session_id, self._clock())
-            return wa_lru_key(self._clock(), last_access, kv_tokens, reuse, self.config.eviction)
+            now = self._clock()
+            s = None if session_id is None else self._sessions.get(session_id)
+            reuse = None if s is None else self.aeg.reuse_of(s, now)
+            return wa_lru_key(now, last_access, kv_tokens, reuse, self.config.eviction)
 
     def pin_decision(self, session_id: str, kv_tokens: int, memory_pressure: float) -> PinDecision:
         """Whether to pin the session's KV now and for how long (rule: `pinning`).
@@ -202,13 +182,13 @@ class WorkflowCore:
         _check_tokens(kv_tokens=kv_tokens)
         with self._lock:
             now = self._clock()
-            tr = self.aeg.track(session_id)
-            if tr is None:
+            s = self._sessions.get(session_id)
+            if s is None:
                 decision = PinDecision(False, 0.0, "unknown_session")
-            elif tr.ended:
+            elif s.ended:
                 decision = decide_pin(0.0, _never, kv_tokens, memory_pressure, self.config.pin)
             else:
-                decision = decide_pin(self.aeg.p_continue(tr), self._remaining_q(tr, now), kv_tokens,
+                decision = decide_pin(self.aeg.p_continue(s), self._remaining_q(s, now), kv_tokens,
                                       memory_pressure, self.config.pin)
             self._counters["pins_granted" if decision.pin else "pins_refused"] += 1
             return decision
@@ -219,10 +199,10 @@ class WorkflowCore:
             now = self._clock()
 
             def estimate(sid: str, q: float) -> tuple[float, float]:
-                tr = self.aeg.track(sid)
-                if tr is None or tr.ended:
+                s = self._sessions.get(sid)
+                if s is None or s.ended:
                     return 0.0, math.inf
-                return self.aeg.p_continue(tr), self._remaining_q(tr, now)(q)
+                return self.aeg.p_continue(s), self._remaining_q(s, now)(q)
 
             plan = plan_prefetch(candidates, free_tokens, now, estimate, self.config.prefetch)
             self._counters["prefetch_planned"] += len(plan)
@@ -233,7 +213,7 @@ class WorkflowCore:
         bound: `fairshare`); LOWER = schedule sooner, ties stay FCFS. Asking marks
         the tenant active (backlogged) for the virtual queues."""
         with self._lock:
-            return self._priority(self.aeg.track(session_id), tenant)
+            return self._priority(self._sessions.get(session_id), tenant)
 
     def request_rank(self, session_id: str, tenant: str, arrived_at: float) -> tuple[float, float]:
         """Order key of a waiting request that arrived at `arrived_at` (core clock):
@@ -241,9 +221,9 @@ class WorkflowCore:
         Seniority orders a tenant's tasks by when they started (rule and bound:
         `fairshare`); an unknown session counts as a task started on arrival."""
         with self._lock:
-            tr = self.aeg.track(session_id)
-            started = tr.started_at if tr is not None and not tr.ended else None
-            return (self._priority(tr, tenant),
+            s = self._sessions.get(session_id)
+            started = s.started_at if s is not None and not s.ended else None
+            return (self._priority(s, tenant),
                     seniority(started, arrived_at, self.config.fairshare.seniority_window_s))
 
     def record_service(self, tenant: str, tokens: int, session_id: str = "") -> None:
@@ -251,8 +231,8 @@ class WorkflowCore:
         _check_tokens(tokens=tokens)
         with self._lock:
             if not tenant and session_id:
-                tr = self.aeg.track(session_id)
-                tenant = tr.tenant if tr is not None else ""
+                s = self._sessions.get(session_id)
+                tenant = s.tenant if s is not None else ""
             self.fair.record_service(tenant, tokens, self._clock())
 
     def record_peer_service(self, tokens: Mapping[str, float]) -> int:
@@ -273,70 +253,34 @@ class WorkflowCore:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _priority(self, tr: SessionTrack | None, tenant: str) -> float:
-        """`request_priority` of a session's track (None: unknown); lock held."""
+    def _priority(self, s: Session | None, tenant: str) -> float:
+        """`request_priority` of a session's record (None: unknown); lock held."""
         now = self._clock()
         u = 0.0
-        if tr is not None:
-            tenant = tenant or tr.tenant
-            if tr.deadline_at is not None:
-                _, rem_s = self.aeg.remaining(tr)
-                u = urgency(rem_s, tr.deadline_at, now, self.config.fairshare.urgency_cap)
+        if s is not None:
+            tenant = tenant or s.tenant
+            if s.deadline_at is not None:
+                _, rem_s = self.aeg.remaining(s)
+                u = urgency(rem_s, s.deadline_at, now, self.config.fairshare.urgency_cap)
         return self.fair.priority(tenant, u, now)
 
-    def _apply(self, ev: HintEvent) -> None:
+    def _remaining_q(self, s: Session, now: float) -> Callable[[float], float]:
         aeg = self.aeg
-        if isinstance(ev, LlmCallStart):
-            aeg.llm_start(ev.session_id, ev.time, node=ev.node)
-        elif isinstance(ev, ToolCallStart):
-            aeg.tool_start(ev.session_id, ev.time, ev.tool, call_id=ev.call_id, category=ev.category,
-                           expected_s=ev.expected_duration_s)
-        elif isinstance(ev, ToolCallEnd):
-            aeg.tool_end(ev.session_id, ev.time, ev.tool, call_id=ev.call_id)
-        elif isinstance(ev, LlmCallEnd):
-            aeg.llm_end(ev.session_id, ev.time, prompt_tokens=ev.prompt_tokens, output_tokens=ev.output_tokens)
-        elif isinstance(ev, SessionStart):
-            deadline = None if ev.deadline_s is None else ev.time + ev.deadline_s
-            aeg.session_start(ev.session_id, ev.time, tenant=ev.tenant, workflow=ev.workflow,
-                              deadline_at=deadline, structure=ev.structure)
-            if ev.tenant:
-                self.fair.touch(ev.tenant, ev.time)
-        elif isinstance(ev, SessionEnd):
-            aeg.session_end(ev.session_id, ev.time)
-        # Any other event type the registry accepts carries nothing the AEG models.
-        aeg.expire(ev.time)
-
-    def _remaining_q(self, tr, now: float) -> Callable[[float], float]:
-        aeg = self.aeg
-        if tr.in_llm and not tr.open_tools:
+        if s.in_llm and not s.running_tools:
             return _zero
-        d, t0 = aeg.resume_dist(tr)
+        d, t0 = aeg.resume_dist(s)
         if d is None:
-            d, t0 = aeg.idle_dist(tr), tr.last_event
+            d, t0 = aeg.idle_dist(s), s.last_event_at
         el = now - t0 if now > t0 else 0.0
         return lambda q: d.quantile_above(q, el) - el
 
-    def _engine_snapshot(self, tr) -> SessionSnapshot:
-        state = "ended" if tr.ended else "llm" if tr.in_llm else "tool" if tr.open_tools else "idle"
-        return SessionSnapshot(session_id=tr.session_id, tenant=tr.tenant, workflow=tr.workflow, state=state,
-                               started_at=tr.started_at, last_event_at=tr.last_event, steps=tr.steps,
-                               tool_calls=0, current_node=tr.node, deadline_at=tr.deadline_at,
-                               metrics=self._metrics(tr.session_id))
-
-    def _metrics(self, session_id: str) -> dict[str, float]:
-        tr = self.aeg.track(session_id)
-        if tr is None:
-            return {}
-        p = self.aeg.predict(session_id, self._clock())
+    def _metrics(self, s: Session) -> dict[str, float]:
+        p = self.aeg.prediction(s, self._clock())
         return {"p_continue": p.p_continue, "resume_mean_s": p.resume_mean_s, "resume_p50_s": p.resume_p50_s,
                 "resume_p90_s": p.resume_p90_s, "prompt_growth_tokens": p.prompt_growth_tokens,
                 "remaining_steps": p.remaining_steps, "remaining_time_s": p.remaining_time_s,
-                "context_tokens": float(tr.context_tokens), "owed_service_tokens": self.fair.owed(tr.tenant),
-                "kv_resident": 0.0 if session_id in self._moved_away or not tr.context_tokens else 1.0}
-
-
-def _with_metrics(snap: SessionSnapshot, metrics: dict[str, float]) -> SessionSnapshot:
-    return replace(snap, metrics={**snap.metrics, **metrics})
+                "context_tokens": float(s.context_tokens), "owed_service_tokens": self.fair.owed(s.tenant),
+                "kv_resident": 0.0 if s.kv_moved or not s.context_tokens else 1.0}
 
 
 def _zero(q: float) -> float:

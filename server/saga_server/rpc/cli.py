@@ -12,20 +12,10 @@ import os
 import signal
 import threading
 
+from ..core import WorkflowCore
 from .service import HintServer
 
-__all__ = ["main", "default_sink"]
-
-
-def default_sink():
-    """The workflow core when it is available, the plain registry otherwise."""
-    try:
-        from ..core import WorkflowCore
-    except ImportError:
-        from ..core.registry import SessionRegistry
-
-        return SessionRegistry()
-    return WorkflowCore()
+__all__ = ["main"]
 
 
 def main(argv: list[str]) -> int:
@@ -35,7 +25,7 @@ def main(argv: list[str]) -> int:
                         help="shared token clients must send (default: $SAGA_API_KEY; none: no auth)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    sink = default_sink()
+    sink = WorkflowCore()
     server = HintServer(sink, args.listen, api_key=args.api_key).start()
     print(f"SAGA hint service ({type(sink).__name__}) listening on {server.endpoint}"
           f"{' (API key required)' if args.api_key else ''}", flush=True)

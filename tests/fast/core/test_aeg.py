@@ -202,7 +202,7 @@ def test_memory_is_bounded_and_idle_sessions_expire() -> None:
     assert all(len(g.nodes) <= 4 for g in aeg._graphs.values())
     gone = aeg.expire(100.0, budget=100)
     assert len(gone) == 5 and len(aeg) == 0
-    assert aeg.counters["sessions_expired"] >= 5
+    assert aeg.sessions.counters["sessions_expired"] >= 5
 
 
 def test_ended_and_unknown_sessions() -> None:
@@ -245,7 +245,7 @@ def test_unbounded_tool_names_share_an_overflow_key() -> None:
         aeg.tool_start("s", 100.0, "bash", call_id=f"open{i}", category="run")
     g = aeg._graphs["w"]
     assert len(g.tools) <= 4 + 2 and len(g.durations) <= 8 and len(g.nodes) <= 6  # + one per category
-    assert len(aeg.track("s").open_tools) <= 64
+    assert len(aeg.track("s").running_tools) <= 64
 
 
 def test_after_the_tools_end_the_next_call_is_imminent() -> None:

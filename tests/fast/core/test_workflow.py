@@ -207,3 +207,58 @@ def test_prompt_growth_is_learned_whichever_of_request_and_hint_comes_first() ->
     core.accept(ToolCallStart("p", clock.t, "cat", call_id="x", category="read"))
     assert core.predict("p").prompt_growth_tokens == pytest.approx(300.0)
     assert core.session("p").metrics["context_tokens"] == 940.0
+
+
+def test_one_table_bounds_hinted_and_engine_only_sessions_together() -> None:
+    clock = ManualClock()
+    n = 4
+    core = WorkflowCore(CoreConfig(max_sessions=n), clock=clock)
+    refused = []
+    for i in range(3 * n):
+        clock.t += 1.0
+        sid = f"s{i}"
+        if i % 3 == 2:  # only the engine sees it: it must be served, so it always gets a place
+            core.on_request_arrival(sid, 500, tenant="acme")
+        else:
+            try:
+                core.accept(SessionStart(sid, clock.t, tenant="acme"))
+                core.accept(LlmCallStart(sid, clock.t, node="plan"))
+            except HintRejected:
+                refused.append(sid)
+            if i % 3 == 1 and sid not in refused:
+                core.accept(SessionEnd(sid, clock.t))  # ended sessions give up their place first
+        listed = core.sessions(100)
+        assert len(core.table) <= n and len(listed) <= n and core.stats()["aeg_sessions"] <= n
+        assert len({s.session_id for s in listed}) == len(listed)
+    assert core.session(f"s{3 * n - 1}").state == "llm"  # the newest engine-only session is in
+    assert refused  # a full table of live sessions refuses new hinted ones
+    assert core.stats()["sessions_expired"] >= 3 * n - n - len(refused)
+
+
+def test_a_hinted_session_shows_history_and_predictions_from_one_record() -> None:
+    clock = ManualClock()
+    core = WorkflowCore(clock=clock)
+    core.accept(SessionStart("s", 0.0, tenant="a", workflow="w"))
+    core.on_request_arrival("s", 800)
+    core.accept(LlmCallStart("s", 0.0, node="plan"))
+    clock.t = 1.0
+    core.accept(LlmCallEnd("s", 1.0, prompt_tokens=800, output_tokens=40))
+    core.accept(ToolCallStart("s", 1.0, "pytest", call_id="1", category="test"))
+    snap = core.session("s")
+    assert [h.kind for h in snap.history] == ["session_start", "llm_call_start", "llm_call_end", "tool_call_start"]
+    assert (snap.state, snap.workflow, snap.current_node, snap.steps) == ("tool", "w", "plan", 1)
+    assert snap.metrics["context_tokens"] == 840.0 and snap.metrics["p_continue"] == core.predict("s").p_continue
+    assert core.aeg.track("s") is core.table.by_id["s"]  # what the AEG tracks is the listed record
+    assert core.stats()["sessions_live"] == core.stats()["aeg_sessions"] == 1
+
+
+def test_a_start_hint_after_the_engine_saw_the_session_begins_its_hints() -> None:
+    clock = ManualClock()
+    core = WorkflowCore(clock=clock)
+    core.on_request_arrival("s", 700, tenant="acme")
+    core.on_request_finished("s", 700, 20)
+    core.accept(SessionStart("s", 0.0, tenant="acme", workflow="w", deadline_s=60.0))
+    snap = core.session("s")
+    assert (snap.workflow, snap.deadline_at, [h.kind for h in snap.history]) == ("w", 60.0, ["session_start"])
+    with pytest.raises(HintRejected, match="already started"):
+        core.accept(SessionStart("s", 0.0, workflow="w"))

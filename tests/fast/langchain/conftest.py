@@ -1,5 +1,5 @@
 """Fixtures for the LangChain handler: a real hint service on loopback whose sink is
-the real `SessionRegistry` plus a log of every accepted event (so tests can read the
+the real `SessionTable` plus a log of every accepted event (so tests can read the
 fields history does not show: call ids, durations, structure, tokens), and the
 scripted chat server (tests/support/chat_server.py, see its docstring)."""
 

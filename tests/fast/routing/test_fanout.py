@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from saga_sdk import HintClient, HintReader, SagaUnavailable, UnknownSession
-from saga_server.core.registry import SessionRegistry
+from saga_server.core import SessionTable
 from saga_server.router.hints import start_fanout
 from saga_server.rpc import HintServer
 
 
 @pytest.fixture
 def engines():
-    regs = [SessionRegistry(max_sessions=100), SessionRegistry(max_sessions=100)]
+    regs = [SessionTable(max_sessions=100), SessionTable(max_sessions=100)]
     servers = [HintServer(r, "127.0.0.1:0").start() for r in regs]
     yield regs, servers
     for s in servers:
@@ -88,7 +88,7 @@ def test_with_an_api_key_the_fanout_checks_it_and_forwards_it():
     """Engines that require the key accept what the fan-out forwards; a caller with
     a wrong key is refused at the fan-out and reaches no engine."""
     key = "cluster-key"
-    regs = [SessionRegistry(max_sessions=100), SessionRegistry(max_sessions=100)]
+    regs = [SessionTable(max_sessions=100), SessionTable(max_sessions=100)]
     servers = [HintServer(r, "127.0.0.1:0", api_key=key).start() for r in regs]
     server, servicer, port = start_fanout(lambda: [s.endpoint for s in servers], "127.0.0.1:0", api_key=key)
     try:

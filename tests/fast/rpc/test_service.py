@@ -11,7 +11,7 @@ from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
 from saga_sdk import HintReader, SagaUnavailable, UnknownSession
 from saga_sdk.channel import hint_channel
-from saga_server.core.registry import SessionRegistry
+from saga_server.core import SessionTable
 from saga_server.rpc import HintServer, Limits
 
 
@@ -88,7 +88,7 @@ def test_a_message_over_the_size_limit_gets_a_status_not_a_crash(stub):
 
 def test_too_many_sessions_are_refused_and_idle_ones_expire():
     now = [0.0]
-    registry = SessionRegistry(max_sessions=3, idle_ttl_s=60, clock=lambda: now[0])
+    registry = SessionTable(max_sessions=3, idle_ttl_s=60, clock=lambda: now[0])
     server = HintServer(registry, "127.0.0.1:0", clock=lambda: now[0]).start()
     channel = _channel(server.endpoint)
     stub = hints_pb2_grpc.WorkflowHintsStub(channel)
@@ -123,7 +123,7 @@ def test_reads_report_sessions_and_stats(hint_server, stub):
         assert stats["open_tool_calls"] == 1 and stats["hints_events_accepted"] == 2
 
 
-class ExplodingSink(SessionRegistry):
+class ExplodingSink(SessionTable):
     def accept(self, event):
         if event.session_id == "boom":
             raise ZeroDivisionError("sink bug")
@@ -168,7 +168,7 @@ wire_events = st.builds(
 
 @pytest.fixture(scope="module")
 def fuzz_target():
-    registry = SessionRegistry(max_sessions=100_000)
+    registry = SessionTable(max_sessions=100_000)
     server = HintServer(registry, "127.0.0.1:0").start()
     channel = _channel(server.endpoint)
     raw_send = channel.unary_unary("/saga.v1.WorkflowHints/SendHints")  # bytes in, bytes out
@@ -265,7 +265,7 @@ def test_a_reader_reaches_a_service_restarted_on_the_same_port():
     """gRPC shares connections per address across channels: without its own pool a
     new reader would inherit the failed connection to the stopped service and
     report a live one unavailable."""
-    first = HintServer(SessionRegistry(), "127.0.0.1:0").start()
+    first = HintServer(SessionTable(), "127.0.0.1:0").start()
     port = first.port
     stale = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = hints_pb2_grpc.WorkflowHintsStub(stale)
@@ -273,7 +273,7 @@ def test_a_reader_reaches_a_service_restarted_on_the_same_port():
     first.close(grace=None)
     with pytest.raises(grpc.RpcError):
         stub.GetStats(pb.GetStatsRequest(), timeout=1)
-    second = HintServer(SessionRegistry(), f"127.0.0.1:{port}").start()
+    second = HintServer(SessionTable(), f"127.0.0.1:{port}").start()
     try:
         with HintReader(f"127.0.0.1:{port}") as reader:
             assert "hints_batches" in reader.stats()

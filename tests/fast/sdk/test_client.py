@@ -12,7 +12,7 @@ import time
 import pytest
 
 from saga_sdk import HintClient, HintReader, SagaConfig
-from saga_server.core.registry import SessionRegistry
+from saga_server.core import SessionTable
 from saga_server.rpc import HintServer
 
 
@@ -22,7 +22,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def kinds(registry: SessionRegistry, session_id: str) -> list[str]:
+def kinds(registry: SessionTable, session_id: str) -> list[str]:
     return [h.kind for h in registry.session(session_id).history]
 
 
@@ -78,7 +78,7 @@ def test_server_down_emit_never_raises_and_drops_are_counted():
 
 def test_reconnects_after_the_server_restarts():
     port = free_port()
-    registry = SessionRegistry()
+    registry = SessionTable()
     server = HintServer(registry, f"127.0.0.1:{port}").start()
     client = HintClient(endpoint=f"127.0.0.1:{port}", rpc_timeout_s=0.3)
     client.session_start("s")

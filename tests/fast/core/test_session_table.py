@@ -1,4 +1,4 @@
-"""SessionRegistry: bounded bookkeeping of what agents said they are doing."""
+"""SessionTable: bounded bookkeeping of what agents said they are doing."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import pytest
 from saga_server.core.events import (HintRejected, LlmCallEnd, LlmCallStart, SessionEnd, SessionStart,
                                      ToolCallEnd, ToolCallStart)
 from saga_server.core import ManualClock
-from saga_server.core.registry import SessionRegistry
+from saga_server.core import SessionTable
 
 
 def test_parallel_tool_calls_are_tracked_by_call_id():
-    reg = SessionRegistry(clock=ManualClock())
+    reg = SessionTable(clock=ManualClock())
     reg.accept(SessionStart("s", 0.0, tenant="t"))
     reg.accept(LlmCallStart("s", 1.0, step=1, node="agent"))
     reg.accept(LlmCallEnd("s", 2.0, step=1))
@@ -28,7 +28,7 @@ def test_parallel_tool_calls_are_tracked_by_call_id():
 
 
 def test_events_without_a_start_create_the_session_but_ends_do_not():
-    reg = SessionRegistry(clock=ManualClock())
+    reg = SessionTable(clock=ManualClock())
     reg.accept(LlmCallStart("late", 1.0, step=3))
     assert reg.session("late").steps == 1
     with pytest.raises(HintRejected):
@@ -37,7 +37,7 @@ def test_events_without_a_start_create_the_session_but_ends_do_not():
 
 
 def test_history_is_bounded_and_keeps_the_newest():
-    reg = SessionRegistry(history_limit=4, clock=ManualClock())
+    reg = SessionTable(history_limit=4, clock=ManualClock())
     for step in range(10):
         reg.accept(LlmCallStart("s", float(step), step=step, node=f"n{step}"))
     assert [h.detail for h in reg.session("s").history] == ["n6", "n7", "n8", "n9"]
@@ -45,7 +45,7 @@ def test_history_is_bounded_and_keeps_the_newest():
 
 def test_ended_sessions_can_restart_and_expire_sooner():
     clock = ManualClock()
-    reg = SessionRegistry(idle_ttl_s=100, ended_ttl_s=10, clock=clock)
+    reg = SessionTable(idle_ttl_s=100, ended_ttl_s=10, clock=clock)
     reg.accept(SessionStart("done", 0.0))
     reg.accept(SessionEnd("done", 0.0))
     reg.accept(SessionStart("idle", 0.0))
@@ -59,7 +59,7 @@ def test_ended_sessions_can_restart_and_expire_sooner():
 
 
 def test_full_registry_makes_room_from_ended_sessions_first():
-    reg = SessionRegistry(max_sessions=2, clock=ManualClock(0.0))  # event times are on this clock
+    reg = SessionTable(max_sessions=2, clock=ManualClock(0.0))  # event times are on this clock
     reg.accept(SessionStart("a", 0.0))
     reg.accept(SessionEnd("a", 0.0))
     reg.accept(SessionStart("b", 0.0))
@@ -71,6 +71,16 @@ def test_full_registry_makes_room_from_ended_sessions_first():
 
 
 def test_deadline_is_absolute_on_the_server_clock():
-    reg = SessionRegistry(clock=ManualClock())
+    reg = SessionTable(clock=ManualClock())
     reg.accept(SessionStart("s", 100.0, deadline_s=30.0))
     assert reg.session("s").deadline_at == 130.0
+
+
+def test_ended_sessions_leave_after_their_ttl_even_behind_live_ones():
+    reg = SessionTable(idle_ttl_s=100, ended_ttl_s=10, clock=ManualClock())
+    reg.accept(SessionStart("live", 0.0))
+    reg.accept(SessionStart("done", 1.0))
+    reg.accept(SessionEnd("done", 1.0))
+    reg.accept(LlmCallStart("other", 20.0))  # expiry runs with each hint
+    assert reg.session("done") is None and reg.session("live") is not None
+    assert reg.stats()["sessions_expired"] == 1

@@ -1,0 +1,458 @@
+"""The learned half of the Agent Execution Graph: per-workflow graphs and what they predict.
+
+`WorkflowGraphs` keeps, per workflow, the step graph (nodes, and per edge its
+outcome counts, successors and prompt growth), the cycle time and steps per
+session, and tool durations as `LogHistogram`s (per workflow, per category, and
+globally over a weak prior). It learns from what the live tracking (`aeg.AEG`)
+reports as sessions move, and answers a `Prediction` for one session's record.
+It never changes a record. The model (node names, what each prediction means,
+the bounds) is documented once, in `aeg`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from .categories import guess_category
+from .quantiles import LogHistogram
+from .sessions import Session
+
+__all__ = ["WorkflowGraphs", "Prediction", "END", "tool_key"]
+
+END = "$end"
+_NO_TOOL = ""
+_OVERFLOW = "~overflow"
+_EWMA = 0.2
+
+
+def tool_key(tool: str, category: str) -> str:
+    return f"{tool}|{category}" if category else tool
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What the AEG expects a session to do next (definitions: `aeg`)."""
+
+    p_continue: float
+    resume_mean_s: float
+    resume_p50_s: float
+    resume_p90_s: float
+    next_node: str
+    prompt_growth_tokens: float
+    next_tool_category: str = ""
+    remaining_steps: float = 0.0
+    remaining_time_s: float = 0.0
+
+
+class _ExpDist:
+    """A client's expected duration, read as the mean of a memoryless tool."""
+
+    __slots__ = ("m",)
+
+    def __init__(self, mean: float) -> None:
+        self.m = max(mean, 1e-3)
+
+    def mean_above(self, elapsed: float) -> float:
+        return max(elapsed, 0.0) + self.m
+
+    def quantile_above(self, q: float, elapsed: float) -> float:
+        return max(elapsed, 0.0) - math.log(max(1.0 - q, 1e-9)) * self.m
+
+
+class _Imminent:
+    """Nothing left to wait for."""
+
+    __slots__ = ()
+
+    def mean_above(self, elapsed: float) -> float:
+        return max(elapsed, 0.0)
+
+    def quantile_above(self, q: float, elapsed: float) -> float:
+        return max(elapsed, 0.0)
+
+
+_NOW = _Imminent()
+
+
+@dataclass(slots=True)
+class _Edge:
+    resumed: float = 0.0
+    ended: float = 0.0
+    succ: dict[str, float] = field(default_factory=dict)
+    growth_n: float = 0.0
+    growth_mean: float = 0.0
+
+
+@dataclass(slots=True)
+class _Node:
+    name: str
+    visits: float = 0.0
+    tools: dict[str, float] = field(default_factory=dict)  # tool key -> times it followed
+    edges: dict[str, _Edge] = field(default_factory=dict)  # tool key -> outcome counts
+    resumed: float = 0.0
+    ended: float = 0.0
+    growth_n: float = 0.0
+    growth_mean: float = 0.0
+
+
+@dataclass(slots=True)
+class _Graph:
+    name: str
+    nodes: dict[str, _Node] = field(default_factory=dict)
+    durations: dict[str, LogHistogram] = field(default_factory=dict)
+    categories: dict[str, str] = field(default_factory=dict)  # tool key -> category
+    tools: dict[str, float] = field(default_factory=dict)  # tool key -> count (fallback)
+    sessions_done: int = 0
+    steps_mean: float = 0.0
+    cycle_n: int = 0
+    cycle_mean: float = 0.0
+    growth_n: float = 0.0
+    growth_mean: float = 0.0
+
+
+class WorkflowGraphs:
+    """The graphs of all workflows (not thread-safe: callers serialise access)."""
+
+    def __init__(
+        self,
+        *,
+        max_workflows: int = 256,
+        max_nodes: int = 512,
+        max_tools: int = 128,
+        min_samples: int = 8,
+        prior_p_continue: float = 0.9,
+        prior_cycle_s: float = 5.0,
+        smoothing: float = 2.0,
+    ) -> None:
+        if min(max_workflows, max_nodes, max_tools) < 1:
+            raise ValueError("graph limits must be >= 1")
+        if not 0.0 <= prior_p_continue <= 1.0:
+            raise ValueError("prior_p_continue must be in [0, 1]")
+        self.max_workflows = max_workflows
+        self.max_nodes = max_nodes
+        self.max_tools = max_tools
+        self.min_samples = min_samples
+        self.prior_p_continue = prior_p_continue
+        self.prior_cycle_s = prior_cycle_s
+        self.smoothing = smoothing
+        self._graphs: OrderedDict[str, _Graph] = OrderedDict()
+        self._by_category: dict[str, LogHistogram] = {}
+        self._global = LogHistogram()
+        # A weak prior (log-normal, median 0.5 s, sigma 1.2) so that a cold core
+        # still answers with sensible tool durations; real samples outweigh it fast.
+        for z in (-1.6, -1.0, -0.5, 0.0, 0.5, 1.0, 1.6):
+            self._global.add(0.5 * math.exp(1.2 * z))
+        self.counters = {"workflows_evicted": 0, "tool_samples": 0}
+
+    def workflows(self) -> list[str]:
+        return list(self._graphs)
+
+    # -- learning: what the live tracking reports, before it moves the record --------
+
+    def learn_step(self, s: Session, t: float, name: str) -> str:
+        """`s` starts an LLM call at node `name`: learns the gap it waited (no
+        hints), the edge it took and its cycle time. Returns the node's name in
+        the graph (the overflow node past `max_nodes`)."""
+        g = self._graph(s.graph)
+        if s.gap_started is not None and s.steps > 0 and not s.running_tools:
+            self._add_duration(g, s.via, s.via_category, t - s.gap_started)
+        node = self._node(g, name)
+        if s.steps > 0 and s.node:
+            self._resolve(g, s.node, s.via, node.name)
+        if s.last_llm_start is not None:
+            g.cycle_n += 1
+            g.cycle_mean += (t - s.last_llm_start - g.cycle_mean) * (1.0 / g.cycle_n if g.cycle_n < 5 else _EWMA)
+        node.visits += 1
+        return node.name
+
+    def rename_node(self, s: Session, name: str) -> str:
+        """The graph's name for node `name` of `s`'s workflow (created if new)."""
+        return self._node(self._graph(s.graph), name).name
+
+    def learn_gap(self, s: Session) -> None:
+        """Without hints, `s`'s response ended: its gap `s.via` follows its node."""
+        node = self._graph(s.graph).nodes.get(s.node)
+        if node is not None:
+            node.tools[s.via] = node.tools.get(s.via, 0.0) + 1
+
+    def learn_tool(self, s: Session, tool: str, category: str) -> tuple[str, str]:
+        """`s` starts a tool call: returns its (tool key, category), past
+        `max_tools` names an overflow key per category. The first tool of a batch
+        (none running yet) counts as what followed the node."""
+        cat = category or guess_category(tool)
+        key = tool_key(tool, cat)
+        g = self._graph(s.graph)
+        if key not in g.tools and len(g.tools) >= self.max_tools:
+            key = tool_key(_OVERFLOW, cat)
+        if not s.running_tools:
+            node = g.nodes.get(s.node) if s.node else None
+            if node is not None:
+                node.tools[key] = node.tools.get(key, 0.0) + 1
+            g.tools[key] = g.tools.get(key, 0.0) + 1
+        return key, cat
+
+    def learn_duration(self, s: Session, key: str, category: str, duration: float) -> None:
+        """A tool call (or gap) of `s` lasted `duration` seconds."""
+        self._add_duration(self._graph(s.graph), key, category, duration)
+
+    def learn_growth(self, s: Session, prompt_tokens: int) -> None:
+        """`s`'s prompt became known: the growth of the edge it came by (`entered_from`)."""
+        growth = prompt_tokens - s.base_tokens
+        g = self._graph(s.graph)
+        n_from, via = s.entered_from
+        node = g.nodes.get(n_from)
+        if node is not None:
+            e = node.edges.get(via)
+            if e is not None:
+                e.growth_n += 1
+                e.growth_mean += (growth - e.growth_mean) / min(e.growth_n, 1 / _EWMA)
+            node.growth_n += 1
+            node.growth_mean += (growth - node.growth_mean) / min(node.growth_n, 1 / _EWMA)
+        g.growth_n += 1
+        g.growth_mean += (growth - g.growth_mean) / min(g.growth_n, 1 / _EWMA)
+
+    def learn_end(self, s: Session) -> None:
+        """`s` ended (or went silent): its edge led to END after `s.steps` steps."""
+        g = self._graph(s.graph)
+        if s.node:
+            self._resolve(g, s.node, s.via, END)
+        g.sessions_done += 1
+        g.steps_mean += (s.steps - g.steps_mean) * (1.0 / g.sessions_done if g.sessions_done < 5 else _EWMA)
+
+    def declare(self, workflow: str, structure) -> None:
+        """Seed counts (weight 0.5 each) from a declared structure, so predictions
+        follow it before there is data; observed counts outweigh it quickly."""
+        g = self._graph(workflow)
+        kinds = {n.name: n.kind for n in structure.nodes}
+        w = 0.5
+        tool_preds: dict[str, list[str]] = {}
+        for a, b in structure.edges:
+            if kinds.get(a, "llm") == "llm" and kinds.get(b, "llm") == "tool":
+                tool_preds.setdefault(b, []).append(a)
+        for a, b in structure.edges:
+            ka, kb = kinds.get(a, "llm"), kinds.get(b, "llm")
+            nxt = END if kb == "end" else b
+            if ka == "llm" and kb == "tool":
+                node = self._node(g, a)
+                node.tools[b] = node.tools.get(b, 0.0) + w
+            elif ka == "llm":
+                e = self._node(g, a).edges.setdefault(_NO_TOOL, _Edge())
+                e.succ[nxt] = e.succ.get(nxt, 0.0) + w
+            elif ka == "tool":
+                for src in tool_preds.get(a, ()):
+                    e = self._node(g, src).edges.setdefault(a, _Edge())
+                    e.succ[nxt] = e.succ.get(nxt, 0.0) + w
+
+    # -- predictions --------------------------------------------------------------
+
+    def prediction(self, s: Session, now: float) -> Prediction:
+        if s.ended:
+            return Prediction(0.0, math.inf, math.inf, math.inf, "", 0.0, "", 0.0, 0.0)
+        g = self._graphs.get(s.graph)
+        node = g.nodes.get(s.node) if g is not None else None
+        p = self.p_continue(s, g, node)
+        mean, p50, p90 = self._resume(s, now)
+        next_node, growth = "", 0.0
+        if node is not None:
+            e = node.edges.get(s.via) if s.via else None
+            succ = e.succ if e is not None and e.succ else _merged_succ(node)
+            next_node = _argmax(succ, skip=END)
+            if e is not None and e.growth_n:
+                growth = e.growth_mean
+            elif node.growth_n:
+                growth = node.growth_mean
+            elif g.growth_n:
+                growth = g.growth_mean
+        cat = self.next_tool_category(s)
+        steps, rem_t = self._remaining(s, g, p)
+        return Prediction(p, mean, p50, p90, next_node, growth, cat, steps, rem_t)
+
+    def prior(self) -> Prediction:
+        """The prediction for a session nobody knows."""
+        d, p = self._global, self.prior_p_continue
+        return Prediction(p, d.mean(), d.quantile(0.5), d.quantile(0.9), "", 0.0, "",
+                          p / (1 - min(p, 0.99)), self.prior_cycle_s * p / (1 - min(p, 0.99)))
+
+    def reuse_of(self, s: Session, now: float) -> tuple[float, float]:
+        """(p_continue, expected time to the next call) without the rest of a
+        prediction: the hot path of eviction scoring."""
+        if s.ended:
+            return 0.0, math.inf
+        p = self.p_continue(s)
+        if s.in_llm and not s.running_tools:
+            return p, 0.0
+        d, t0 = self.resume_dist(s)
+        if d is None:
+            d, t0 = self.idle_dist(s), s.last_event_at
+        el = now - t0 if now > t0 else 0.0
+        return p, d.mean_above(el) - el
+
+    def p_continue(self, s: Session, g: _Graph | None = None, node: _Node | None = None) -> float:
+        if s.ended:
+            return 0.0
+        if g is None:
+            g = self._graphs.get(s.graph)
+            node = g.nodes.get(s.node) if g is not None else None
+        a = self.smoothing
+        p_node = self.prior_p_continue
+        if node is not None:
+            p_node = (node.resumed + a * self.prior_p_continue) / (node.resumed + node.ended + a)
+            if s.via:
+                e = node.edges.get(s.via)
+                if e is not None:
+                    return (e.resumed + a * p_node) / (e.resumed + e.ended + a)
+        return p_node
+
+    def resume_dist(self, s: Session):
+        """The duration distribution of what the session is waiting on, and its start."""
+        g = self._graphs.get(s.graph)
+        if s.running_tools:
+            best, best_t0, best_m = None, 0.0, -1.0
+            for key, cat, t0, expected in s.running_tools.values():
+                d = self._dist(g, key, cat, expected)
+                m = d.mean_above(0.0) + t0
+                if m > best_m:
+                    best, best_t0, best_m = d, t0, m
+            return best, best_t0
+        if s.gap_started is not None:
+            return self._dist(g, s.via, s.via_category, None), s.gap_started
+        if s.via and not s.in_llm:
+            return _NOW, s.last_event_at  # its tools are done: the next call is imminent
+        return None, 0.0
+
+    def idle_dist(self, s: Session):
+        # Hinted, between a response and its tool call: the tool that usually
+        # follows this node is the best guess, then the workflow's usual tool.
+        g = self._graphs.get(s.graph)
+        if g is None:
+            return self._global
+        node = g.nodes.get(s.node)
+        counts = node.tools if node is not None and node.tools else g.tools
+        key = _argmax(counts, skip="")
+        return self._dist(g, key, g.categories.get(key, ""), None)
+
+    def next_tool_category(self, s: Session) -> str:
+        g = self._graphs.get(s.graph)
+        if g is None:
+            return ""
+        node = g.nodes.get(s.node)
+        counts = node.tools if node is not None and node.tools else g.tools
+        best = _argmax(counts, skip="")
+        return g.categories.get(best, best.partition("|")[2] if "|" in best else "")
+
+    def remaining(self, s: Session) -> tuple[float, float]:
+        """(expected further LLM steps, expected seconds until the session ends)."""
+        return self._remaining(s, self._graphs.get(s.graph), self.p_continue(s))
+
+    def tool_distribution(self, workflow: str, tool: str, category: str = "",
+                          expected_s: float | None = None):
+        cat = category or guess_category(tool)
+        return self._dist(self._graphs.get(workflow), tool_key(tool, cat), cat, expected_s)
+
+    # -- internals --------------------------------------------------------------
+
+    def _resume(self, s: Session, now: float) -> tuple[float, float, float]:
+        if s.in_llm and not s.running_tools:
+            return 0.0, 0.0, 0.0
+        d, t0 = self.resume_dist(s)
+        if d is None:
+            d, t0 = self.idle_dist(s), s.last_event_at
+        el = max(now - t0, 0.0)
+        return (d.mean_above(el) - el, d.quantile_above(0.5, el) - el, d.quantile_above(0.9, el) - el)
+
+    def _remaining(self, s: Session, g: _Graph | None, p: float) -> tuple[float, float]:
+        if p <= 0.0:
+            return 0.0, 0.0
+        # Without finished sessions to learn from, a geometric number of steps.
+        steps = p / (1.0 - min(p, 0.99))
+        if g is not None and g.sessions_done:
+            steps = max(g.steps_mean - s.steps, p)
+        cycle = g.cycle_mean if g is not None and g.cycle_n else self.prior_cycle_s
+        return steps, steps * cycle
+
+    def _dist(self, g: _Graph | None, key: str, cat: str, expected: float | None):
+        ms = self.min_samples
+        if g is not None:
+            h = g.durations.get(key)
+            if h is not None and h.samples >= ms:
+                return h
+        if expected is not None and expected > 0:
+            return _ExpDist(expected)
+        h = self._by_category.get(cat)
+        if h is not None and h.samples >= ms:
+            return h
+        return self._global
+
+    def _add_duration(self, g: _Graph, key: str, cat: str, d: float) -> None:
+        if not d >= 0.0 or d == math.inf:
+            return
+        self.counters["tool_samples"] += 1
+        h = g.durations.get(key)
+        if h is None and len(g.durations) < 2 * self.max_tools:
+            h = g.durations[key] = LogHistogram()
+            g.categories[key] = cat
+        if h is not None:
+            h.add(d)
+        if cat:
+            hc = self._by_category.get(cat)
+            if hc is None and len(self._by_category) < 4 * self.max_tools:
+                hc = self._by_category[cat] = LogHistogram()
+            if hc is not None:
+                hc.add(d)
+        if not cat.startswith("~"):  # gaps are not tools: keep the global prior about tools
+            self._global.add(d)
+
+    def _resolve(self, g: _Graph, node_name: str, via: str, nxt: str) -> None:
+        node = g.nodes.get(node_name)
+        if node is None:
+            return
+        e = node.edges.get(via)
+        if e is None:
+            e = node.edges[via] = _Edge()
+        if nxt == END:
+            e.ended += 1
+            node.ended += 1
+        else:
+            e.resumed += 1
+            node.resumed += 1
+        e.succ[nxt] = e.succ.get(nxt, 0.0) + 1
+
+    def _graph(self, name: str) -> _Graph:
+        g = self._graphs.get(name)
+        if g is None:
+            if len(self._graphs) >= self.max_workflows:
+                self._graphs.popitem(last=False)
+                self.counters["workflows_evicted"] += 1
+            g = self._graphs[name] = _Graph(name)
+        else:
+            self._graphs.move_to_end(name)
+        return g
+
+    def _node(self, g: _Graph, name: str) -> _Node:
+        node = g.nodes.get(name)
+        if node is None:
+            if len(g.nodes) >= self.max_nodes - 1:  # the last slot is the shared overflow node
+                name = _OVERFLOW
+                node = g.nodes.get(name)
+            if node is None:
+                node = g.nodes[name] = _Node(name)
+        return node
+
+
+def _merged_succ(node: _Node) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for e in node.edges.values():
+        for k, v in e.succ.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def _argmax(counts: dict[str, float], skip: str = "") -> str:
+    best, best_v = "", -1.0
+    for k, v in counts.items():
+        # Ties go to the lexicographically smaller name: deterministic across runs.
+        if k != skip and (v > best_v or (v == best_v and k < best)):
+            best, best_v = k, v
+    return best
