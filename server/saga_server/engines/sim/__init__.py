@@ -5,8 +5,10 @@ baselines and an offline optimum, on replayed agent traces. It imports no vLLM,
 torch or gRPC.
 """
 
-from .cache import Eviction, HostTier, PrefixCache
-from .cluster import SimConfig, SimResult, Simulator, TaskRecord, unloaded_time_s
+from .cache import Eviction, PrefixCache
+from .host import HostTier
+from .cluster import Simulator
+from .results import SimConfig, SimResult, TaskRecord, unloaded_time_s
 from .hardware import GPUS, MODELS, CostModel, GpuSpec, ModelSpec, make_cost_model
 from .offline import replay_accesses
 from .policy import ApcLru, ApcLruOffload, Belady, ContinuumTtl, Infinite, KvFlow, SimPolicy, Vanilla

@@ -17,20 +17,17 @@ therefore "the first n blocks of its history", and a pool only needs counts.
 Keys are set by the caller whenever a session's state changes (request finished, tool
 started/ended, session ended, pin expired), as the plugin re-scores a session's hold
 on hints.
-
-`HostTier` is the CPU copy of evicted tails, for policies that offload and prefetch.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
 from saga_server.core.holds import PINNED, PROTECTED, SOFT, HoldLedger, Release
 
-__all__ = ["PrefixCache", "HostTier", "Eviction", "CountingPool", "SOFT", "PINNED", "PROTECTED"]
+__all__ = ["PrefixCache", "Eviction", "CountingPool", "SOFT", "PINNED", "PROTECTED"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,30 +237,3 @@ class PrefixCache:
         if now > self._t:
             self.useful_block_seconds += self.useful_blocks * (now - self._t)
             self._t = now
-
-
-class HostTier:
-    """CPU copies of evicted KV, per session as the end (in blocks) of the offloaded
-    range; the range starts where the GPU entry ends, since eviction is tail-first.
-    Bounded by `capacity_blocks` (counting each copy from block 0, conservatively),
-    whole sessions dropped least-recently-offloaded first."""
-
-    def __init__(self, capacity_blocks: int) -> None:
-        self.capacity_blocks = capacity_blocks
-        self._ends: OrderedDict[str, int] = OrderedDict()
-        self._total = 0
-
-    def offload(self, session_id: str, end_blocks: int) -> None:
-        old = self._ends.pop(session_id, 0)
-        new = max(old, end_blocks)
-        self._ends[session_id] = new
-        self._total += new - old
-        while self._total > self.capacity_blocks and self._ends:
-            _, dropped = self._ends.popitem(last=False)
-            self._total -= dropped
-
-    def end(self, session_id: str) -> int:
-        return self._ends.get(session_id, 0)
-
-    def drop(self, session_id: str) -> None:
-        self._total -= self._ends.pop(session_id, 0)

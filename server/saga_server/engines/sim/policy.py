@@ -27,7 +27,7 @@ and pinned prefix is gone; among them `key` orders, as the SAGA vLLM plugin does
 `HoldLedger`, see `cache`).
 Hint hooks (`on_*`) see what an SDK would send; baselines ignore most of them.
 
-Sessions are `saga_server.engines.sim.cluster.Session` objects; policies read
+Sessions are `saga_server.engines.sim.session.Session` objects; policies read
 `session_id`, `tenant`, `started_at`, `last_access`, `state`, `next_use`,
 `tool_names`, `kv_tokens` and nothing else. Only `Belady` reads `next_use` (the
 future, known offline).
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     from saga_server.core.routing import ReplicaView, Steal
 
-    from .cluster import Request, Session
+    from .session import Request, Session
 
 __all__ = [
     "PrefetchRequest",

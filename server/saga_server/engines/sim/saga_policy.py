@@ -52,7 +52,7 @@ from saga_server.core.routing import ReplicaView, RoutingConfig, SessionRouter, 
 from .policy import PrefetchRequest, SimPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .cluster import Request, Session
+    from .session import Request, Session
 
 __all__ = ["SagaPolicy", "MECHANISMS", "SIM_ROUTING"]
 

@@ -1,0 +1,99 @@
+"""The host (CPU) tier: copies of KV evicted from a worker's pool, and bringing them back.
+
+With a host tier (policies with `host_tier`), every tail evicted from a live session's
+GPU prefix is copied to host memory; the next admission of that session loads the
+contiguous copy over the host link before its prefill, and a policy's `plan_prefetch`
+may load it earlier, during the session's tool call, into free GPU blocks.
+
+`HostOffload` is mixed into `Simulator`: it uses the simulator's workers, sessions,
+clock, result and event queue.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from .cache import Eviction
+from .events import PREFETCH
+from .session import Session
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .worker import Worker
+
+__all__ = ["HostTier", "HostOffload"]
+
+
+class HostTier:
+    """CPU copies of evicted KV, per session as the end (in blocks) of the offloaded
+    range; the range starts where the GPU entry ends, since eviction is tail-first.
+    Bounded by `capacity_blocks` (counting each copy from block 0, conservatively),
+    whole sessions dropped least-recently-offloaded first."""
+
+    def __init__(self, capacity_blocks: int) -> None:
+        self.capacity_blocks = capacity_blocks
+        self._ends: OrderedDict[str, int] = OrderedDict()
+        self._total = 0
+
+    def offload(self, session_id: str, end_blocks: int) -> None:
+        old = self._ends.pop(session_id, 0)
+        new = max(old, end_blocks)
+        self._ends[session_id] = new
+        self._total += new - old
+        while self._total > self.capacity_blocks and self._ends:
+            _, dropped = self._ends.popitem(last=False)
+            self._total -= dropped
+
+    def end(self, session_id: str) -> int:
+        return self._ends.get(session_id, 0)
+
+    def drop(self, session_id: str) -> None:
+        self._total -= self._ends.pop(session_id, 0)
+
+
+class HostOffload:
+    def _evicted(self, w: Worker, evs: list[Eviction]) -> None:
+        host = w.host
+        self.result.evicted_blocks += sum(e.from_blocks - e.to_blocks for e in evs)
+        if host is None:
+            return
+        sessions = self.sessions
+        for e in evs:
+            s = sessions[e.session_id]
+            if s.state == "ended" or s.worker != w.wid:
+                continue
+            host.offload(e.session_id, e.from_blocks)
+            w.offloaded.add(e.session_id)
+
+    def _plan_prefetch(self, w: Worker) -> None:
+        cache, host, cost = w.cache, w.host, self.cost
+        bt = cost.block_tokens
+        cands = []
+        for sid in sorted(w.offloaded):
+            s = self.sessions[sid]
+            if s.state != "tool":
+                continue
+            missing = host.end(sid) - cache.cached(sid)
+            if missing > 0:
+                cands.append((sid, missing * bt, cost.transfer_s(missing * bt)))
+        if not cands:
+            return
+        for sid, start_at in self.policy.plan_prefetch(w.wid, cands, cache.free_blocks * bt, self.now):
+            self._push(max(start_at, self.now), PREFETCH, self.sessions[sid], None)
+
+    def _prefetch(self, s: Session, _unused) -> None:
+        w = self.workers[s.worker]
+        if s.state != "tool" or w.host is None:
+            return
+        cache = w.cache
+        missing = w.host.end(s.session_id) - cache.cached(s.session_id)
+        blocks = min(missing, cache.free_blocks)
+        if blocks <= 0:
+            return
+        cache.grow(s.session_id, blocks, self.policy.key(s, self.now))
+        if blocks == missing:
+            w.offloaded.discard(s.session_id)
+        tokens = blocks * self.cost.block_tokens
+        w.link_free = max(self.now, w.link_free) + self.cost.transfer_s(tokens)
+        s.prefetch_ready_at = w.link_free
+        self.result.prefetched_tokens += tokens

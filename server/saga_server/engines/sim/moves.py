@@ -1,0 +1,148 @@
+"""KV moves between workers: what each worker reports to the router, and what a steal does.
+
+- **Views**: what each worker would report to the Ray router now: queue = waiting +
+  running requests, KV usage = blocks held for live sessions / pool, the sessions whose
+  KV is resident (GPU or host tier) and which of them are in a tool.
+- **A steal moves the KV**: the session's resident prefix (GPU hold, and the host
+  tier's copy beyond it) is sent to the target over the inter-node link
+  (`CostModel.net_transfer_s`, one transfer at a time per worker NIC) and freed on the
+  source at once; when it lands it is inserted into the target's pool, evicting idle
+  unpinned prefixes there if needed (what still does not fit is recomputed later), and
+  a pin keeps the rest of its TTL. A session in a tool moves at once, so a transfer
+  shorter than the tool is hidden and the next request is a full hit; a queued request
+  leaves the source queue and joins the target's when its KV lands (keeping its place
+  in the order); a running request finishes where it is and the session moves as its
+  tool starts. A request arriving while its KV is in flight waits for it.
+
+`KvMoves` is mixed into `Simulator`: it uses the simulator's workers, sessions, clock,
+result and event queue.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from saga_server.core.routing import ReplicaView, Steal
+
+from .cache import PINNED, PROTECTED, SOFT
+from .events import MOVED, STEAL
+from .session import ARRIVE, Session
+
+__all__ = ["KvMoves"]
+
+
+class KvMoves:
+    def views(self) -> list[ReplicaView]:
+        """What each worker would report to the router now (see the module doc)."""
+        names, workers = self._names, self.workers
+        held: list[list[str]] = [[] for _ in workers]
+        in_tool: list[list[str]] = [[] for _ in workers]
+        for sid, s in self._live_sessions.items():
+            if s.in_transit:
+                continue
+            w = workers[s.worker]
+            if w.cache.holds(sid) or (w.host is not None and w.host.end(sid) > 0):
+                held[w.wid].append(sid)
+                if s.state == "tool":
+                    in_tool[w.wid].append(sid)
+        cap = self.capacity_blocks
+        return [ReplicaView(names[w.wid], queue_len=len(w.queue) + w.running,
+                            kv_usage=min(w.cache.useful_blocks / cap, 1.0),
+                            sessions=frozenset(held[w.wid]), in_tool=frozenset(in_tool[w.wid]))
+                for w in workers]
+
+    def _steal_tick(self) -> None:
+        if self._done >= len(self.instances):
+            return
+        steal = self.policy.plan_steal(self.views(), self.now)
+        if steal is not None:
+            self._apply_steal(steal)
+        self._push(self.now + self.cfg.steal_period_s, STEAL)
+
+    def _apply_steal(self, steal: Steal) -> None:
+        s = self._live_sessions.get(steal.session_id)
+        dst = self._wid.get(steal.target)
+        if s is None or dst is None:
+            return
+        if dst == s.worker:
+            s.move_to = -1
+            return
+        s.move_to = dst
+        s.move_in_tool = steal.in_tool
+        if not s.in_transit and s.state in ("tool", "queued"):
+            self._start_move(s)
+        # running: moves when its request finishes; in transit: when the KV lands
+
+    def _start_move(self, s: Session) -> None:
+        """Send the session's resident KV to `s.move_to` and free it here."""
+        src, dst = self.workers[s.worker], self.workers[s.move_to]
+        s.move_to = -1
+        sid = s.session_id
+        queued = None
+        if s.state == "queued":  # its request leaves this queue and waits for the KV there
+            q = src.queue
+            i = next(i for i, item in enumerate(q) if item[2].sess is s)
+            queued = q[i]
+            q[i] = q[-1]
+            q.pop()
+            heapq.heapify(q)
+        blocks = 0
+        if self.policy.caches:
+            blocks = max(src.cache.cached(sid), src.host.end(sid) if src.host is not None else 0)
+        tier, pin_until = src.cache.tier(sid), src.cache.pin_expires_at(sid)
+        src.cache.drop(sid)
+        if src.host is not None:
+            src.host.drop(sid)
+        src.offloaded.discard(sid)
+        src.live -= 1
+        dst.live += 1
+        s.worker = dst.wid
+        tokens = blocks * self.cost.block_tokens
+        dur = self.cost.net_transfer_s(tokens)
+        start = max(self.now, src.net_free, dst.net_free, s.prefetch_ready_at)
+        end = start + dur
+        if tokens:
+            src.net_free = dst.net_free = end
+        s.prefetch_ready_at = 0.0
+        s.in_transit = True
+        s.held = queued
+        res = self.result
+        res.steals += 1
+        res.steals_in_tool += s.move_in_tool
+        res.move_s += dur
+        res.steal_log.append((self.now, sid, src.wid, dst.wid, s.move_in_tool, tokens))
+        self._push(end, MOVED, s, (blocks, tier, pin_until))
+        if queued is not None:
+            self._touch(src)  # the queue head may have changed
+
+    def _moved(self, s: Session, what: tuple[int, int | None]) -> None:
+        """The KV of a moved session lands on its new worker."""
+        blocks, tier, pin_until = what
+        w = self.workers[s.worker]
+        cache, pol, bt = w.cache, self.policy, self.cost.block_tokens
+        s.in_transit = False
+        sid = s.session_id
+        if blocks > 0:
+            have = cache.cached(sid)
+            need = blocks - have
+            if need > 0 and cache.free_blocks < need:
+                evs = cache.make_room(need, SOFT)  # idle unpinned prefixes only
+                if evs:
+                    self._evicted(w, evs)
+            put = max(min(need, cache.free_blocks), 0)
+            if put:
+                cache.grow(sid, put, pol.key(s, self.now))
+            self.result.moved_tokens += put * bt
+            self.result.move_dropped_tokens += (blocks - have - put) * bt
+            if s.state == "queued":
+                cache.set_key(sid, pol.key(s, self.now), PROTECTED if pol.protect_queued else SOFT)
+            elif tier == PINNED and s.state == "tool" and pin_until > self.now:
+                self._pin(w, s, pin_until - self.now)  # the rest of its TTL
+        held, s.held = s.held, None
+        if held is ARRIVE:
+            self._enqueue(s)
+        elif held is not None:
+            heapq.heappush(w.queue, held)
+            self._touch(w)
+        if s.move_to >= 0 and s.state in ("tool", "queued"):
+            self._start_move(s)

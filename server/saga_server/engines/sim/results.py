@@ -1,0 +1,88 @@
+"""What a simulation run is configured with and what it returns (raw counters;
+`saga_server.bench.metrics` turns them into the reported metrics)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .hardware import CostModel
+
+__all__ = ["SimConfig", "SimResult", "TaskRecord", "unloaded_time_s"]
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    workers: int = 4
+    concurrency: int | None = None  # closed-loop task limit; None: use arrival times
+    host_tier_factor: float = 4.0  # host KV capacity as a multiple of the GPU pool
+    steal_period_s: float = 1.0  # policies with `steals`: plan_steal every this many seconds
+    sample_every_s: float = 5.0  # memory utilisation time series
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    session_id: str
+    tenant: str
+    task_id: str
+    started_at: float
+    finished_at: float
+    unloaded_s: float
+    deadline_s: float | None
+
+    @property
+    def tct_s(self) -> float:
+        return self.finished_at - self.started_at
+
+    @property
+    def met_deadline(self) -> bool:
+        return self.deadline_s is None or self.tct_s <= self.deadline_s
+
+
+@dataclass(slots=True)
+class SimResult:
+    policy: str
+    unbounded: bool = False  # infinite KV: utilisation is meaningless
+    tasks: list[TaskRecord] = field(default_factory=list)
+    makespan_s: float = 0.0
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    reusable_tokens: int = 0  # prompt tokens a perfect cache would have served
+    hit_tokens: int = 0  # served from GPU KV
+    loaded_tokens: int = 0  # served from the host tier
+    recomputed_tokens: int = 0  # cacheable (full blocks), neither hit nor loaded: regenerated
+    prefilled_tokens: int = 0
+    regen_gpu_s: float = 0.0  # compute time of regenerating recomputed tokens
+    busy_gpu_s: float = 0.0  # worker time with a non-empty batch
+    capacity_block_s: float = 0.0  # KV pool size x makespan, all workers
+    useful_block_s: float = 0.0  # time integral of live + cached-live blocks
+    evicted_blocks: int = 0
+    prefetched_tokens: int = 0
+    steals: int = 0  # sessions moved (their KV with them)
+    steals_in_tool: int = 0  # of those, inside a tool call when the router chose them
+    moved_tokens: int = 0  # KV tokens transferred and inserted on the target
+    move_dropped_tokens: int = 0  # transferred but no room on the target: recomputed there
+    move_s: float = 0.0  # inter-node transfer time, summed over moves
+    # (time, session, source, target, in tool when chosen, tokens sent)
+    steal_log: list[tuple[float, str, int, int, bool, int]] = field(default_factory=list)
+    worker_busy_s: list[float] = field(default_factory=list)  # per worker: time with a non-empty batch
+    # Closed loop: the window while every slot was busy (until the last task started).
+    saturated_s: float = 0.0
+    saturated_tasks: int = 0
+    saturated_tokens: int = 0
+    saturated_useful_block_s: float = 0.0
+    timeline: list[tuple[float, float]] = field(default_factory=list)  # (t, utilisation)
+
+
+def unloaded_time_s(task, cost: CostModel) -> float:
+    """A task's completion time alone on a worker with a perfect prefix cache."""
+    total = 0.0
+    for st in task.steps:
+        reuse = st.reused_tokens if st.reused_tokens else min(task.shared_prefix_tokens,
+                                                              st.prompt_tokens)
+        total += cost.prefill_s(st.prompt_tokens - reuse, reuse) + cost.overhead_s
+        total += cost.decode_s(st.output_tokens, st.prompt_tokens)
+        total += st.gap_s
+    total -= task.steps[-1].gap_s if task.steps else 0.0
+    return total

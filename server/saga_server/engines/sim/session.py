@@ -1,0 +1,55 @@
+"""A simulated agent session and its LLM requests: the state policies read."""
+
+from __future__ import annotations
+
+from .tasks import TaskInstance
+
+__all__ = ["Session", "Request", "ARRIVE"]
+
+ARRIVE = "arrive"  # Session.held: its next request arrived while its KV was in flight
+
+
+class Session:
+    __slots__ = ("session_id", "task", "tenant", "worker", "step", "started_at",
+                 "last_access", "state", "next_use", "tool_names", "kv_tokens", "base",
+                 "prefetch_ready_at", "unloaded_s", "deadline_s",
+                 "move_to", "move_in_tool", "in_transit", "held")
+
+    def __init__(self, inst: TaskInstance, now: float, base: int) -> None:
+        self.session_id = inst.session_id
+        self.task = inst.task
+        self.tenant = inst.tenant
+        self.worker = -1
+        self.step = 0
+        self.started_at = now
+        self.last_access = now
+        self.state = "queued"  # queued, running, tool, ended
+        self.next_use = now
+        self.tool_names: tuple[str, ...] = ()
+        self.kv_tokens = 0
+        self.base = base  # shared-prefix tokens, always resident
+        self.prefetch_ready_at = 0.0
+        self.unloaded_s = 0.0
+        self.deadline_s: float | None = None
+        self.move_to = -1  # a planned move not yet started (the session was running)
+        self.move_in_tool = False  # the router chose it while it was in a tool
+        self.in_transit = False  # its KV is on the way to `worker`
+        self.held = None  # what waits for the KV: _ARRIVE or a stolen queue item
+
+
+class Request:
+    __slots__ = ("sess", "prompt", "output", "reuse", "work", "pf_end", "ctx_weight",
+                 "seq", "arrived_at", "recomputed")
+
+    def __init__(self, sess: Session, prompt: int, output: int, reuse: int, seq: int,
+                 now: float) -> None:
+        self.sess = sess
+        self.prompt = prompt
+        self.output = output
+        self.reuse = reuse
+        self.work = 0.0
+        self.pf_end = 0.0
+        self.ctx_weight = prompt + output / 2.0
+        self.seq = seq
+        self.arrived_at = now
+        self.recomputed = 0

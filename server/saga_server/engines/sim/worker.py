@@ -1,0 +1,110 @@
+"""One simulated vLLM worker: its waiting queue, KV pool and host tier, and its batch
+as a fluid.
+
+Continuous batching between events: the batch is fixed, each iteration takes
+`CostModel.step_s(decoding, prefill_chunk, context)`, every decoding request advances
+one token per iteration and the prefill queue (FIFO) advances by the token budget left
+after decodes (chunked prefill). Progress between events is analytic, so the cost is
+per event, not per iteration. The simulator owns admission and what happens to a
+finished request; the worker only keeps time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+
+from .cache import PrefixCache
+from .hardware import CostModel
+from .host import HostTier
+from .session import Request
+
+__all__ = ["Worker"]
+
+_EPS = 1e-6
+
+
+class Worker:
+    __slots__ = ("wid", "cache", "host", "queue", "dec", "pf", "pf_total", "pf_done",
+                 "dec_clock", "ctx", "tau", "pf_rate", "t", "version", "busy", "running",
+                 "link_free", "net_free", "live", "offloaded")
+
+    def __init__(self, wid: int, cache: PrefixCache, host: HostTier | None) -> None:
+        self.wid = wid
+        self.cache = cache
+        self.host = host
+        self.queue: list[tuple[float, int, Request]] = []
+        self.dec: list[tuple[float, int, Request]] = []
+        self.pf: deque[Request] = deque()
+        self.pf_total = self.pf_done = 0.0
+        self.dec_clock = 0.0
+        self.ctx = 0.0
+        self.tau = 1.0
+        self.pf_rate = 0.0
+        self.t = 0.0
+        self.version = 0  # bumped on every replan: older worker events are stale
+        self.busy = 0.0
+        self.running = 0  # admitted and not finished (loading, prefill or decode)
+        self.link_free = 0.0
+        self.net_free = 0.0  # when its NIC is free (KV moves between workers)
+        self.live = 0  # live sessions placed here
+        self.offloaded: set[str] = set()  # sessions with a host copy beyond their GPU prefix
+
+    def advance(self, now: float) -> None:
+        """Progress the batch to `now`."""
+        dt = now - self.t
+        if dt > 0.0 and (self.dec or self.pf):
+            iters = dt / self.tau
+            self.busy += dt
+            self.dec_clock += iters
+            if self.pf:
+                self.pf_done = min(self.pf_total, self.pf_done + iters * self.pf_rate)
+        self.t = now
+
+    def take_finished(self) -> list[Request]:
+        """Move prefilled requests to decoding and return those done (at `advance`'s time)."""
+        pf, dec = self.pf, self.dec
+        finished = []
+        while pf and pf[0].pf_end <= self.pf_done + _EPS:
+            r = pf.popleft()
+            if r.output <= 1:
+                finished.append(r)
+            else:
+                heapq.heappush(dec, (self.dec_clock + r.output - 1, r.seq, r))
+                self.ctx += r.ctx_weight
+        if not pf:
+            self.pf_done = self.pf_total  # absorb rounding
+        while dec and dec[0][0] <= self.dec_clock + _EPS:
+            r = heapq.heappop(dec)[2]
+            self.ctx -= r.ctx_weight
+            finished.append(r)
+        return finished
+
+    def start_prefill(self, r: Request) -> None:
+        if not self.pf:
+            self.pf_done = self.pf_total
+        self.pf_total += max(r.work, _EPS)
+        r.pf_end = self.pf_total
+        self.pf.append(r)
+
+    def replan(self, cost: CostModel) -> float | None:
+        """Fix the batch until the next event; returns seconds until a request finishes
+        prefill or decoding (None: the batch is empty)."""
+        self.version += 1
+        n = len(self.dec)
+        if not self.dec and not self.pf:
+            return None
+        if self.pf:
+            rate = max(cost.token_budget - n, cost.block_tokens)
+            chunk = min(rate, self.pf_total - self.pf_done)
+        else:
+            rate = chunk = 0.0
+        tau = cost.step_s(n, chunk, self.ctx)
+        self.tau, self.pf_rate = tau, rate
+        dt = math.inf
+        if self.dec:
+            dt = (self.dec[0][0] - self.dec_clock) * tau
+        if self.pf:
+            dt = min(dt, (self.pf[0].pf_end - self.pf_done) / rate * tau)
+        return max(dt, 0.0)
