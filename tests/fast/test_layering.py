@@ -1,4 +1,4 @@
-"""Imports point down only (see DESIGN.md). A stray import fails here, not in review."""
+"""Imports point down only (docs/ARCHITECTURE.md, "Layering"). A stray import fails here, not in review."""
 
 from __future__ import annotations
 
