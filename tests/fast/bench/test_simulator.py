@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from saga_server.bench.policies import make_policy
-from saga_server.engines.sim import SimConfig, Simulator, TaskInstance, make_cost_model
+from saga_server.engines.sim import PrefixCache, SimConfig, Simulator, TaskInstance, make_cost_model
 
 from .helpers import chain_task, random_instances
 
@@ -125,3 +125,23 @@ def test_open_loop_tasks_start_at_their_arrival_times():
     res = run("apc-lru", insts, kv_tokens=None)
     assert sorted(t.started_at for t in res.tasks) == [0.0, 10.0, 20.0, 30.0]
     assert res.saturated_s == 0.0  # open loop: throughput over the whole run
+
+
+def test_a_step_below_the_clocks_resolution_still_finishes_the_prefill():
+    """Seen under overload: 1e-6 of prefill work left at t = 18837 s gave a step of
+    1.5e-12 s, which the clock cannot represent, so the batch spun in place forever."""
+    from saga_server.engines.sim.session import Request
+    from saga_server.engines.sim.worker import Worker
+
+    cost = make_cost_model()
+    w = Worker(0, PrefixCache(100), None)
+    w.t = 18837.393367155288
+    r = Request(None, 10, 1, 0, 1, w.t)
+    r.work = 0.0
+    w.pf_done = w.pf_total = 622497.00846281
+    w.start_prefill(r)
+    w.pf_total = r.pf_end = 622497.008463898  # 1.09e-6 left: just above the tolerance
+    now = w.t + w.replan(cost)
+    assert now > w.t
+    w.advance(now)
+    assert w.take_finished() == [r]

@@ -107,4 +107,6 @@ class Worker:
             dt = (self.dec[0][0] - self.dec_clock) * tau
         if self.pf:
             dt = min(dt, (self.pf[0].pf_end - self.pf_done) / rate * tau)
-        return max(dt, 0.0)
+        # At least a nanosecond (and a few ulps of the clock): a step below the clock's
+        # resolution would not move time, and the batch would spin in place.
+        return max(dt, 1e-9, self.t * 1e-14)
