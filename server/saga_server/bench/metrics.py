@@ -20,6 +20,9 @@
   (`move_dropped_tokens`: sent but no room, recomputed); `move_s`: inter-node
   transfer time summed over moves.
 - `imbalance`: max over mean of per-worker busy time (1.0 = perfectly even).
+- `running_kv`: mean KV held by running requests over the (finite) pool, sampled while
+  every closed-loop slot is busy; above 1 only the unbounded `infinite` can be.
+- `parked`, `admission_waits`: sessions parked, and requests that waited for admission.
 """
 
 from __future__ import annotations
@@ -82,6 +85,10 @@ def summarize(res: SimResult) -> dict[str, Any]:
         "move_dropped_tokens": res.move_dropped_tokens,
         "move_s": res.move_s,
         "imbalance": imbalance(res.worker_busy_s),
+        "running_kv": (sum(res.running_kv_samples) / len(res.running_kv_samples)
+                       if res.running_kv_samples else math.nan),
+        "parked": res.parked,
+        "admission_waits": res.admitted_after_wait,
     }
     by_tenant: dict[str, list] = defaultdict(list)
     for t in res.tasks:

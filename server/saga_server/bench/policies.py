@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from saga_server.engines.sim import ApcLru, ApcLruOffload, Belady, ContinuumTtl, Infinite, KvFlow, SimPolicy, Vanilla
+from saga_server.engines.sim import (ApcLru, ApcLruOffload, Belady, ContinuumTtl, Infinite, KvFlow, SimPolicy,
+                                     ThunderAgent, Vanilla)
 from saga_server.engines.sim.saga_policy import MECHANISMS, SIM_ROUTING, SagaPolicy
 
 __all__ = ["POLICIES", "DEFAULT_POLICIES", "ABLATIONS", "make_policy", "policy_names"]
@@ -26,6 +27,7 @@ POLICIES: dict[str, Callable[[], SimPolicy]] = {
     "apc-lru-offload": ApcLruOffload,
     "continuum-ttl": ContinuumTtl,
     "kvflow": KvFlow,
+    "thunderagent": ThunderAgent,
     "saga": SagaPolicy,
     "saga-hash": lambda: SagaPolicy(name="saga-hash", routing=_HASH_ROUTING),
     "infinite": Infinite,

@@ -254,20 +254,30 @@ class WorkflowGraphs:
         node = g.nodes.get(s.node) if g is not None else None
         p = self.p_continue(s, g, node)
         mean, p50, p90 = self._resume(s, now)
-        next_node, growth = "", 0.0
+        next_node = ""
         if node is not None:
             e = node.edges.get(s.via) if s.via else None
             succ = e.succ if e is not None and e.succ else _merged_succ(node)
             next_node = _argmax(succ, skip=END)
-            if e is not None and e.growth_n:
-                growth = e.growth_mean
-            elif node.growth_n:
-                growth = node.growth_mean
-            elif g.growth_n:
-                growth = g.growth_mean
+        growth = self._growth(s, g, node)
         cat = self.next_tool_category(s)
         steps, rem_t = self._remaining(s, g, p)
         return Prediction(p, mean, p50, p90, next_node, growth, cat, steps, rem_t)
+
+    def growth_of(self, s: Session) -> float:
+        """Expected tokens the session's next prompt adds to its context (the tool
+        output the agent appends): the edge's mean, else the node's, else the graph's."""
+        g = self._graphs.get(s.graph)
+        return self._growth(s, g, g.nodes.get(s.node) if g is not None else None)
+
+    def _growth(self, s: Session, g: _Graph | None, node: _Node | None) -> float:
+        if node is not None:
+            e = node.edges.get(s.via) if s.via else None
+            if e is not None and e.growth_n:
+                return e.growth_mean
+            if node.growth_n:
+                return node.growth_mean
+        return g.growth_mean if g is not None and g.growth_n else 0.0
 
     def prior(self) -> Prediction:
         """The prediction for a session nobody knows."""

@@ -79,6 +79,10 @@ class WorkflowCore:
                           "pins_refused": 0, "prefetch_planned": 0}
         self._peer_tokens = 0.0
 
+    def now(self) -> float:
+        """The core's clock (hint times and policy decisions are on it)."""
+        return self._clock()
+
     # -- HintSink -----------------------------------------------------------------
 
     def accept(self, event: HintEvent) -> None:
@@ -162,6 +166,18 @@ class WorkflowCore:
         """What the session does next (field definitions: `aeg`); the prior if unknown."""
         with self._lock:
             return self.aeg.predict(session_id, self._clock())
+
+    def kv_outlook(self, session_id: str) -> tuple[int, float] | None:
+        """(KV tokens the session's next request will need: its context, the predicted
+        growth of its prompt and its usual answer; expected seconds until that request)
+        for admission (`admission`). None for an unknown or ended session."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            if s is None or s.ended:
+                return None
+            _, t_next = self.aeg.reuse_of(s, self._clock())
+            need = s.context_tokens + max(0.0, self.aeg.growth_of(s)) + s.last_output
+            return int(need), t_next
 
     def eviction_priority(self, session_id: str | None, kv_tokens: int, last_access: float) -> float:
         """WA-LRU key of cached KV at the current clock (formula: `eviction`); LOWER =

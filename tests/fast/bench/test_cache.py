@@ -78,9 +78,9 @@ def test_useful_blocks_exclude_ended_sessions_and_integrate_over_time():
 
 def test_host_tier_drops_least_recently_offloaded_sessions_beyond_capacity():
     host = HostTier(10)
-    host.offload("a", 4)
-    host.offload("b", 5)
-    host.offload("a", 6)  # a grows and becomes the most recent
+    host.offload("a", 4, key=1.0)
+    host.offload("b", 5, key=2.0)
+    host.offload("a", 6, key=3.0)  # a grows and becomes the most recent
     assert host.end("a") == 6 and host.end("b") == 0
 
 

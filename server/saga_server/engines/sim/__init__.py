@@ -11,12 +11,13 @@ from .cluster import Simulator
 from .results import SimConfig, SimResult, TaskRecord, unloaded_time_s
 from .hardware import GPUS, MODELS, CostModel, GpuSpec, ModelSpec, make_cost_model
 from .offline import replay_accesses
-from .policy import ApcLru, ApcLruOffload, Belady, ContinuumTtl, Infinite, KvFlow, SimPolicy, Vanilla
+from .policy import (ApcLru, ApcLruOffload, Belady, ContinuumTtl, Infinite, KvFlow, SimPolicy, ThunderAgent,
+                     Vanilla)
 from .tasks import StepSpec, TaskInstance, TaskSpec, ToolSpec
 
 __all__ = [
     "ApcLru", "ApcLruOffload", "Belady", "ContinuumTtl", "CostModel", "Eviction", "GPUS", "GpuSpec",
-    "HostTier", "Infinite", "KvFlow", "MODELS", "ModelSpec", "PrefixCache", "SimConfig",
+    "HostTier", "Infinite", "KvFlow", "ThunderAgent", "MODELS", "ModelSpec", "PrefixCache", "SimConfig",
     "SimPolicy", "SimResult", "Simulator", "StepSpec", "TaskInstance", "TaskRecord",
     "TaskSpec", "ToolSpec", "Vanilla", "make_cost_model", "replay_accesses",
     "unloaded_time_s",

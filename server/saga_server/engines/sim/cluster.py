@@ -31,6 +31,7 @@ import heapq
 from collections import deque
 from typing import Callable, Sequence
 
+from .admission import AdmissionGate
 from .cache import PROTECTED, SOFT, PrefixCache
 from .events import LOADED, MOVED, PIN_EXPIRE, PREFETCH, SAMPLE, STEAL, TASK_START, TOOL_END, WORKER
 from .hardware import CostModel
@@ -45,7 +46,7 @@ from .worker import Worker
 __all__ = ["SimConfig", "Simulator", "SimResult", "TaskRecord", "unloaded_time_s"]
 
 
-class Simulator(KvMoves, HostOffload):
+class Simulator(KvMoves, HostOffload, AdmissionGate):
     def __init__(self, cost: CostModel, policy: SimPolicy, instances: Sequence[TaskInstance],
                  config: SimConfig = SimConfig(),
                  progress: Callable[[int], None] | None = None) -> None:
@@ -62,9 +63,11 @@ class Simulator(KvMoves, HostOffload):
             raise ValueError("the KV pool is empty: the model does not fit this GPU")
         host_cap = int(cap * config.host_tier_factor)
         clock = lambda: self.now  # noqa: E731
+        host_tokens = host_cap * bt if policy.host_tier else 0
         self.workers = [
             Worker(i, PrefixCache(cap, bt, clock, policy.max_pin_fraction),
-                    HostTier(host_cap) if policy.host_tier else None)
+                   HostTier(host_cap) if policy.host_tier else None,
+                   policy.admission(cap * bt, host_tokens, cost))
             for i in range(config.workers)
         ]
         self.capacity_blocks = cap
@@ -157,10 +160,12 @@ class Simulator(KvMoves, HostOffload):
             return
         self._enqueue(s)
 
-    def _enqueue(self, s: Session) -> None:
+    def _enqueue(self, s: Session, gate: bool = True) -> None:
         now = self.now
         st = s.task.steps[s.step]
         w = self.workers[s.worker]
+        if gate and not self._admitted(w, s, st.prompt_tokens + st.output_tokens - s.base):
+            return
         w.cache.set_key(s.session_id, self.policy.key(s, now),
                         PROTECTED if self.policy.protect_queued else SOFT)
         reuse = st.reused_tokens if s.step > 0 else min(s.task.shared_prefix_tokens, st.prompt_tokens)
@@ -244,6 +249,8 @@ class Simulator(KvMoves, HostOffload):
             res.hit_tokens += hit
             res.loaded_tokens += loaded
             res.recomputed_tokens += recomputed
+            if w.adm is not None:
+                w.adm.served(sid, recomputed)
             res.prefilled_tokens += new
             if recomputed and new:
                 res.regen_gpu_s += (r.work * recomputed / new) * 2.0 * cost.model.params / (
@@ -284,6 +291,9 @@ class Simulator(KvMoves, HostOffload):
             if ttl > 0.0 and keep > 0:
                 self._pin(w, s, ttl)
             self._push(now + gap, TOOL_END, s)
+            if w.adm is not None:
+                w.adm.finished(s.session_id)
+                self._rebalance(w)
             if w.host is not None and w.offloaded:
                 self._plan_prefetch(w)
             if s.move_to >= 0:  # stolen while running: it moves now, behind its tool
@@ -301,6 +311,7 @@ class Simulator(KvMoves, HostOffload):
                 w.host.drop(s.session_id)
             w.offloaded.discard(s.session_id)
             w.live -= 1
+            self._leave_gate(w, s)
             self._end_task(s)
 
     def _end_task(self, s: Session) -> None:
@@ -329,6 +340,9 @@ class Simulator(KvMoves, HostOffload):
         cap = self.capacity_blocks * len(self.workers)
         used = sum(w.cache.useful_blocks for w in self.workers)
         self.result.timeline.append((self.now, used / cap))
+        if self._pending:  # saturated: KV of running requests over the (finite) pool
+            pool = self.cost.kv_capacity_tokens // self.cost.block_tokens * len(self.workers)
+            self.result.running_kv_samples.append(sum(w.cache.active_blocks for w in self.workers) / pool)
         if self._done < len(self.instances):
             self._push(self.now + self.cfg.sample_every_s, SAMPLE)
 

@@ -11,7 +11,7 @@ clock, result and event queue.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import heapq
 from typing import TYPE_CHECKING
 
 from .cache import Eviction
@@ -27,28 +27,42 @@ __all__ = ["HostTier", "HostOffload"]
 class HostTier:
     """CPU copies of evicted KV, per session as the end (in blocks) of the offloaded
     range; the range starts where the GPU entry ends, since eviction is tail-first.
-    Bounded by `capacity_blocks` (counting each copy from block 0, conservatively),
-    whole sessions dropped least-recently-offloaded first."""
+    Bounded by `capacity_blocks` (counting each copy from block 0, conservatively, as
+    a write-through tier holds it), whole sessions dropped lowest key first. The key
+    is the policy's `host_key`: by default the time of the offload (least recently
+    offloaded first, like vLLM's LRU CPU tier); SAGA's is its WA-LRU key."""
 
     def __init__(self, capacity_blocks: int) -> None:
         self.capacity_blocks = capacity_blocks
-        self._ends: OrderedDict[str, int] = OrderedDict()
+        self._ends: dict[str, int] = {}
+        self._seqs: dict[str, int] = {}
+        self._heap: list[tuple[float, int, str]] = []
+        self._seq = 0
         self._total = 0
 
-    def offload(self, session_id: str, end_blocks: int) -> None:
-        old = self._ends.pop(session_id, 0)
+    def offload(self, session_id: str, end_blocks: int, key: float) -> None:
+        old = self._ends.get(session_id, 0)
         new = max(old, end_blocks)
         self._ends[session_id] = new
         self._total += new - old
-        while self._total > self.capacity_blocks and self._ends:
-            _, dropped = self._ends.popitem(last=False)
-            self._total -= dropped
+        self._seq += 1
+        self._seqs[session_id] = self._seq
+        heapq.heappush(self._heap, (key, self._seq, session_id))
+        heap = self._heap
+        while self._total > self.capacity_blocks and heap:
+            _, seq, sid = heapq.heappop(heap)
+            if self._seqs.get(sid) == seq:
+                self.drop(sid)
+        if len(heap) > 2 * len(self._ends) + 64:
+            self._heap = [t for t in heap if self._seqs.get(t[2]) == t[1]]
+            heapq.heapify(self._heap)
 
     def end(self, session_id: str) -> int:
         return self._ends.get(session_id, 0)
 
     def drop(self, session_id: str) -> None:
         self._total -= self._ends.pop(session_id, 0)
+        self._seqs.pop(session_id, None)
 
 
 class HostOffload:
@@ -62,7 +76,7 @@ class HostOffload:
             s = sessions[e.session_id]
             if s.state == "ended" or s.worker != w.wid:
                 continue
-            host.offload(e.session_id, e.from_blocks)
+            host.offload(e.session_id, e.from_blocks, self.policy.host_key(s, self.now))
             w.offloaded.add(e.session_id)
 
     def _plan_prefetch(self, w: Worker) -> None:

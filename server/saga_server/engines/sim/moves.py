@@ -79,7 +79,11 @@ class KvMoves:
         s.move_to = -1
         sid = s.session_id
         queued = None
-        if s.state == "queued":  # its request leaves this queue and waits for the KV there
+        gated = sid in src.gated
+        self._leave_gate(src, s)  # admission is per worker: the target decides afresh
+        if gated:
+            queued = ARRIVE  # its request arrives at the target with the KV
+        elif s.state == "queued":  # its request leaves this queue and waits for the KV there
             q = src.queue
             i = next(i for i, item in enumerate(q) if item[2].sess is s)
             queued = q[i]

@@ -1,7 +1,7 @@
 """Scheduling policies the simulator can run, and the contract they follow.
 
-A policy is bound to the simulator's clock (`bind`), then decides four things; the simulator applies them exactly where a vLLM
-scheduler would:
+A policy is bound to the simulator's clock (`bind`), then decides these things; the
+simulator applies them exactly where a vLLM scheduler would:
 
 1. `key(session, now)`: the eviction key of a session's cached prefix (lower = evicted
    first), asked whenever the session changes state (request queued, request done and
@@ -17,6 +17,10 @@ scheduler would:
    `saga_server.core.routing.Steal` or None; `views` are `ReplicaView`s of every
    worker (see `cluster`). Without `steals` the simulator places a session on the
    worker with the fewest live sessions, as a stock router would, and never moves it.
+6. `host_key(session, now)`: the order in which the host tier drops sessions when
+   full (lower first; default: the time of the offload, i.e. LRU).
+7. `admission(capacity_tokens, host_tokens, cost)`: a per-worker controller deciding
+   which sessions may hold KV at all (see `admission`); None (default): all of them.
 
 Flags say which machinery it uses: `caches` (prefix caching at all), `host_tier`
 (offload evicted tails to CPU memory and load them back on a hit), `steals` (route
@@ -38,8 +42,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from saga_server.core.admission import AdmissionPlan
+
 if TYPE_CHECKING:  # pragma: no cover
     from saga_server.core.routing import ReplicaView, Steal
+
+    from .hardware import CostModel
 
     from .session import Request, Session
 
@@ -52,6 +60,7 @@ __all__ = [
     "Infinite",
     "ContinuumTtl",
     "KvFlow",
+    "ThunderAgent",
     "Belady",
 ]
 
@@ -76,6 +85,14 @@ class SimPolicy:
 
     def key(self, s: "Session", now: float) -> float:
         return s.last_access  # LRU
+
+    def host_key(self, s: "Session", now: float) -> float:
+        return now  # the host tier drops the least recently offloaded session first
+
+    def admission(self, capacity_tokens: int, host_tokens: int, cost: "CostModel"):
+        """A per-worker admission controller (see `admission`), or None: every session
+        is admitted at once."""
+        return None
 
     def pin_ttl(self, s: "Session", now: float, pressure: float) -> float:
         return 0.0
@@ -191,6 +208,81 @@ class KvFlow(SimPolicy):
                 out.append((sid, now))
                 room -= tokens
         return out
+
+
+class ThunderAgent(ApcLru):
+    """ThunderAgent (2025): program-aware admission on top of vLLM's prefix cache. When
+    the KV pool runs short, programs waiting on a tool are paused, smallest KV first,
+    and their KV is dropped (no host tier); paused and new programs are resumed by best
+    fit (the largest one that fits the free pool). It knows each program's KV as it
+    stands, not what its next step will need."""
+
+    name = "thunderagent"
+
+    def admission(self, capacity_tokens: int, host_tokens: int, cost: "CostModel") -> "_BestFitAdmission":
+        return _BestFitAdmission(capacity_tokens)
+
+
+class _BestFitAdmission:
+    """ThunderAgent's rule with the interface of the core's `SessionAdmission`."""
+
+    def __init__(self, capacity_tokens: int) -> None:
+        self.capacity_tokens = capacity_tokens
+        self._kv: dict[str, int] = {}  # session -> KV tokens (its last request's prompt + output)
+        self._active: set[str] = set()
+        self._pending: set[str] = set()  # a request waits or runs
+        self.active_tokens = 0
+
+    def ready(self, session_id: str, tokens: int, tenant: str = "") -> bool:
+        self._pending.add(session_id)
+        if session_id in self._active:
+            self.active_tokens += tokens - self._kv[session_id]
+        self._kv[session_id] = tokens
+        return session_id in self._active
+
+    def finished(self, session_id: str) -> None:
+        self._pending.discard(session_id)
+
+    def served(self, session_id: str, recomputed_tokens: int) -> None:
+        pass  # its limit is the pool, fixed
+
+    def ended(self, session_id: str) -> None:
+        self._pending.discard(session_id)
+        if session_id in self._active:
+            self._active.discard(session_id)
+            self.active_tokens -= self._kv[session_id]
+        self._kv.pop(session_id, None)
+
+    def plan(self) -> AdmissionPlan:
+        cap, kv = self.capacity_tokens, self._kv
+        ready = [sid for sid in self._pending if sid not in self._active]
+        park: list[str] = []
+        if ready and self.active_tokens + min(kv[s] for s in ready) > cap:
+            # Pause programs in a tool, smallest first, until the smallest waiting one fits.
+            idle = sorted((kv[s], s) for s in self._active if s not in self._pending)
+            need = self.active_tokens + min(kv[s] for s in ready) - cap
+            for tokens, sid in idle:
+                if need <= 0:
+                    break
+                park.append(sid)
+                need -= tokens
+            for sid in park:
+                self._active.discard(sid)
+                self.active_tokens -= kv[sid]
+        admit: list[str] = []
+        while ready:
+            free = cap - self.active_tokens
+            fits = [(kv[s], s) for s in ready if kv[s] <= free]
+            if not fits:
+                if any(s in self._pending for s in self._active):
+                    break
+                fits = [min((kv[s], s) for s in ready)]  # an idle engine takes the smallest
+            _, sid = max(fits)  # best fit: the largest that fits
+            ready.remove(sid)
+            self._active.add(sid)
+            self.active_tokens += kv[sid]
+            admit.append(sid)
+        return AdmissionPlan(tuple(admit), tuple(park))
 
 
 class Belady(SimPolicy):

@@ -66,6 +66,8 @@ class SimResult:
     move_s: float = 0.0  # inter-node transfer time, summed over moves
     # (time, session, source, target, in tool when chosen, tokens sent)
     steal_log: list[tuple[float, str, int, int, bool, int]] = field(default_factory=list)
+    admitted_after_wait: int = 0  # requests that waited at the admission gate
+    parked: int = 0  # sessions parked (their KV first in line to be evicted)
     worker_busy_s: list[float] = field(default_factory=list)  # per worker: time with a non-empty batch
     # Closed loop: the window while every slot was busy (until the last task started).
     saturated_s: float = 0.0
@@ -73,6 +75,7 @@ class SimResult:
     saturated_tokens: int = 0
     saturated_useful_block_s: float = 0.0
     timeline: list[tuple[float, float]] = field(default_factory=list)  # (t, utilisation)
+    running_kv_samples: list[float] = field(default_factory=list)  # KV of running requests / pool
 
 
 def unloaded_time_s(task, cost: CostModel) -> float:

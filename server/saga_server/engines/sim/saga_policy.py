@@ -47,22 +47,25 @@ from saga_server.core import (
     ToolCallStart,
     WorkflowCore,
 )
+from saga_server.core.admission import AdmissionConfig, SessionAdmission
 from saga_server.core.routing import ReplicaView, RoutingConfig, SessionRouter, Steal
 
 from .policy import PrefetchRequest, SimPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .hardware import CostModel
     from .session import Request, Session
 
 __all__ = ["SagaPolicy", "MECHANISMS", "SIM_ROUTING"]
 
-MECHANISMS = ("walru", "ttl", "prefetch", "afs", "steal")
+MECHANISMS = ("walru", "ttl", "prefetch", "afs", "steal", "admit")
 SIM_ROUTING = RoutingConfig(new_session="least_loaded")
 
 
 class SagaPolicy(SimPolicy):
     def __init__(self, mechanisms: Sequence[str] = MECHANISMS, name: str = "saga",
-                 config: CoreConfig | None = None, routing: RoutingConfig | None = None) -> None:
+                 config: CoreConfig | None = None, routing: RoutingConfig | None = None,
+                 admission: AdmissionConfig | None = None) -> None:
         unknown = set(mechanisms) - set(MECHANISMS)
         if unknown:
             raise ValueError(f"unknown SAGA mechanisms: {sorted(unknown)}")
@@ -73,6 +76,7 @@ class SagaPolicy(SimPolicy):
         self.protect_queued = "walru" in self.mechanisms
         self._config = config
         self.routing = routing or SIM_ROUTING
+        self.admission_config = admission
         self.core: WorkflowCore | None = None
         self.router: SessionRouter | None = None
 
@@ -101,6 +105,17 @@ class SagaPolicy(SimPolicy):
         if s.state == "queued":
             return -s.next_use  # protected tier: the latest arrival goes first
         return self.core.eviction_priority(s.session_id, s.kv_tokens, s.last_access)
+
+    def host_key(self, s: "Session", now: float) -> float:
+        if "walru" not in self.mechanisms:
+            return now
+        return self.core.eviction_priority(s.session_id, s.kv_tokens, s.last_access)
+
+    def admission(self, capacity_tokens: int, host_tokens: int, cost: "CostModel") -> SessionAdmission | None:
+        if "admit" not in self.mechanisms:
+            return None
+        return SessionAdmission(self.core, capacity_tokens, host_tokens=host_tokens, config=self.admission_config,
+                                return_s=lambda tokens: cost.prefill_s(tokens, 0.0))
 
     def pin_ttl(self, s: "Session", now: float, pressure: float) -> float:
         if "ttl" not in self.mechanisms:

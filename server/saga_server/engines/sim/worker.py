@@ -18,7 +18,7 @@ from collections import deque
 from .cache import PrefixCache
 from .hardware import CostModel
 from .host import HostTier
-from .session import Request
+from .session import Request, Session
 
 __all__ = ["Worker"]
 
@@ -28,9 +28,9 @@ _EPS = 1e-6
 class Worker:
     __slots__ = ("wid", "cache", "host", "queue", "dec", "pf", "pf_total", "pf_done",
                  "dec_clock", "ctx", "tau", "pf_rate", "t", "version", "busy", "running",
-                 "link_free", "net_free", "live", "offloaded")
+                 "link_free", "net_free", "live", "offloaded", "adm", "gated")
 
-    def __init__(self, wid: int, cache: PrefixCache, host: HostTier | None) -> None:
+    def __init__(self, wid: int, cache: PrefixCache, host: HostTier | None, adm=None) -> None:
         self.wid = wid
         self.cache = cache
         self.host = host
@@ -50,6 +50,8 @@ class Worker:
         self.net_free = 0.0  # when its NIC is free (KV moves between workers)
         self.live = 0  # live sessions placed here
         self.offloaded: set[str] = set()  # sessions with a host copy beyond their GPU prefix
+        self.adm = adm  # the policy's admission controller, if any
+        self.gated: dict[str, Session] = {}  # sessions whose request waits for admission
 
     def advance(self, now: float) -> None:
         """Progress the batch to `now`."""

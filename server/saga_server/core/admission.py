@@ -1,0 +1,266 @@
+"""Workflow-atomic admission: which sessions an engine lets hold KV at all.
+
+When the sessions' KV no longer fits in the engine's tiers (its GPU pool and, where it
+has one, its host tier), letting all of them run makes them evict each other, and every
+step recomputes what the last one threw away. The unit of admission is therefore the
+whole session: an engine keeps a set of *active* sessions whose working sets fit its
+tiers; the others wait, and a session that will be away long (a long tool call) may be
+*parked* to make room: it leaves the active set and its KV is the first the engine gives
+up when it needs room (kept while nobody needs it; evicted, to the host tier where there
+is one, else recomputed on its return).
+
+Working set. ws(s) is the KV a session needs on the pool for its next request: while a
+request of it waits or runs, that request's prompt plus output; between requests, its
+context plus the predicted growth of its next prompt (the tool output the agent
+appends) plus its usual answer (`WorkflowCore.kv_outlook`). W is the sum over active
+sessions. Which active session's KV sits on the GPU and which on the host tier is the
+KV cache's business (the `HoldLedger` order, host-tier order and prefetch); admission
+only keeps the total in bounds.
+
+Limit. W is kept under a limit L that adapts like TCP's congestion window, because what
+the tiers really hold depends on the workload (a host tier helps only while sessions
+are away in tools, and a write-through tier holds copies of what the GPU holds too).
+L starts at `target` x (pool + host tier); each served request of an active session
+that found its KV intact raises it by ws^2/L (about one session per round of
+requests), each one that had to recompute r tokens it had held lowers it by r (the
+tiers were short by about that much); L stays within [`target` x pool, `target` x
+(pool + host tier)]. Where the tiers hold
+everything L stays at the top and every session is admitted at once; where they do
+not, L settles just below the point where active sessions start to lose their KV.
+
+Rule, applied by `plan` whenever the engine asks (request arrival and finish, session
+end):
+1. *Admit.* Sessions with a request waiting that are not active (new, or parked) are
+   taken in rank order (`WorkflowCore.request_rank`: tenants' fair share and urgency,
+   then task seniority), and each is activated while W + ws <= L.
+2. *Make room for the head.* When the head does not fit, idle active sessions (no
+   request waiting or running) that are expected to stay away long enough to pay for
+   the move are parked, least valuable first (lowest WA-LRU key: farthest, least
+   likely and cheapest next use), until the head fits. "Long enough": the expected
+   time to their next request is at least `park_payback` times what bringing their KV
+   back would cost (`return_s`: recomputing it, the worst case). If no such set makes
+   the head fit, nobody is parked and the head waits: it is never overtaken
+   (head-of-line), so the first-ranked session is admitted as soon as capacity allows.
+3. *Overflow.* Working sets grow as contexts grow; when W exceeds `overflow`/`target`
+   x L (before and after admitting), idle active sessions are parked the same way
+   (without the payback test: the pool would otherwise evict at random) until W <= L.
+4. *Forward progress.* When no active session has a request waiting or running, the
+   head is admitted whatever its size (an idle engine never keeps work waiting); the
+   engine's own eviction then serves it as stock would.
+
+Bound. A waiting session's place in the rank order is bounded as Agent Fair Share and
+seniority bound it (`fairshare`); once it is the head, nothing is admitted before it,
+so it waits at most until enough active sessions finish or park to make it fit (or
+until the engine is otherwise idle). Admission changes no tenant's share: it orders
+sessions by the same rank the engine's queue uses.
+
+Without overload W stays under L, every session is admitted at once, and nothing is
+parked: admission is a no-op where KV fits. Not thread-safe: owned by one
+engine loop; the `WorkflowCore` it asks is thread-safe.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["AdmissionConfig", "AdmissionPlan", "SessionAdmission", "ACTIVE", "PARKED", "WAITING"]
+
+ACTIVE, PARKED, WAITING = "active", "parked", "waiting"
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    target: float = 0.9  # the limit's share of the tiers: headroom for growth within a step
+    overflow: float = 1.0  # above overflow/target x the limit, park idle sessions down to it
+    park_payback: float = 2.0  # park only if away at least this many times the return's cost
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.target <= self.overflow or self.park_payback < 0:
+            raise ValueError("need 0 < target <= overflow and park_payback >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionPlan:
+    admit: tuple[str, ...] = ()  # sessions whose waiting request may run now
+    park: tuple[str, ...] = ()  # sessions whose KV goes first when the engine needs room
+
+
+@dataclass(slots=True)
+class _Entry:
+    session_id: str
+    tenant: str
+    state: str
+    ws: int  # working-set tokens
+    pending: bool = False  # a request of it waits or runs at the engine
+    waiting_since: float = 0.0  # when its current request arrived (core clock)
+    returning: bool = False  # re-admitted after parking: its first request may miss KV by design
+
+
+@dataclass(slots=True)
+class _Counts:
+    admitted: int = 0
+    parked: int = 0
+    forced: int = 0  # admitted by the forward-progress rule
+    losses: int = 0  # served requests of active sessions that recomputed KV they had held
+    wait_s: float = 0.0  # summed admission waits of admitted requests
+
+
+class SessionAdmission:
+    def __init__(self, core, capacity_tokens: int, *, host_tokens: int = 0, config: AdmissionConfig | None = None,
+                 return_s: Callable[[int], float] = lambda tokens: math.inf) -> None:
+        """`core`: the `WorkflowCore` (predictions, ranks, keys). `capacity_tokens`: the
+        engine's KV pool; `host_tokens`: its host tier (0: none). `return_s(tokens)`:
+        seconds to bring that much parked KV back (the engine's cost model; the default
+        never parks to make room)."""
+        if capacity_tokens <= 0 or host_tokens < 0:
+            raise ValueError("capacity_tokens > 0 and host_tokens >= 0 required")
+        self.core = core
+        self.config = config or AdmissionConfig()
+        self.floor = self.config.target * capacity_tokens
+        self.ceiling = self.config.target * (capacity_tokens + host_tokens)
+        self.limit = self.ceiling
+        self._return_s = return_s
+        self._entries: dict[str, _Entry] = {}
+        self.active_tokens = 0
+        self.counts = _Counts()
+
+    # -- engine events -------------------------------------------------------------
+
+    def ready(self, session_id: str, tokens: int, tenant: str = "") -> bool:
+        """A request of the session arrived, needing `tokens` of KV (prompt + output).
+        True: it may run now (the session is active); False: it waits for `plan`."""
+        e = self._entries.get(session_id)
+        if e is None:
+            e = self._entries[session_id] = _Entry(session_id, tenant, WAITING, tokens)
+        e.pending = True
+        e.waiting_since = self.core.now()
+        if e.state == ACTIVE:
+            self._resize(e, tokens)
+            return True
+        e.ws = tokens
+        return False
+
+    def finished(self, session_id: str) -> None:
+        """The session's request finished: between requests its working set is its
+        outlook (context + predicted growth + answer)."""
+        e = self._entries.get(session_id)
+        if e is None:
+            return
+        e.pending = False
+        outlook = self.core.kv_outlook(session_id)
+        if outlook is not None and e.state == ACTIVE:
+            self._resize(e, outlook[0])
+
+    def served(self, session_id: str, recomputed_tokens: int) -> None:
+        """The engine served a request of the session; `recomputed_tokens`: KV of it the
+        engine had held and had to recompute. Adapts the limit (module docstring)."""
+        e = self._entries.get(session_id)
+        if e is None or e.state != ACTIVE:
+            return
+        if e.returning:  # back from parking: a miss is the price of parking, not overload
+            e.returning = False
+        elif recomputed_tokens > 0:
+            self.counts.losses += 1
+            self.limit = max(self.floor, self.limit - recomputed_tokens)
+        else:
+            self.limit = min(self.ceiling, self.limit + e.ws * e.ws / self.limit)
+
+    def ended(self, session_id: str) -> None:
+        e = self._entries.pop(session_id, None)
+        if e is None:
+            return
+        if e.state == ACTIVE:
+            self.active_tokens -= e.ws
+
+    def state(self, session_id: str) -> str | None:
+        e = self._entries.get(session_id)
+        return None if e is None else e.state
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def count(self, state: str) -> int:
+        return sum(e.state == state for e in self._entries.values())
+
+    # -- the rule --------------------------------------------------------------------
+
+    def plan(self) -> AdmissionPlan:
+        """Apply the rule (module docstring); the engine carries out the plan: parked
+        sessions' KV goes first when it needs room, admitted sessions' waiting requests
+        may run."""
+        admit: list[str] = []
+        park: list[str] = []
+        park += self._relieve_overflow()
+        queue = sorted((e for e in self._entries.values() if e.pending and e.state != ACTIVE), key=self._rank)
+        now = self.core.now()
+        for e in queue:
+            short = e.ws - (self.limit - self.active_tokens)
+            if short > 0:
+                if self._busy():
+                    room = self._park_until(short, payback=True)
+                    if not room:
+                        break  # head-of-line: nobody overtakes the head
+                    park += room
+                else:
+                    self.counts.forced += 1
+            self._activate(e, now)
+            admit.append(e.session_id)
+        park += self._relieve_overflow()  # a forced admission may have crossed it
+        return AdmissionPlan(tuple(admit), tuple(park))
+
+    # -- internals -------------------------------------------------------------------
+
+    def _rank(self, e: _Entry) -> tuple:
+        return self.core.request_rank(e.session_id, e.tenant, e.waiting_since)
+
+    def _busy(self) -> bool:
+        return any(x.pending for x in self._entries.values() if x.state == ACTIVE)
+
+    def _activate(self, e: _Entry, now: float) -> None:
+        self.counts.admitted += 1
+        self.counts.wait_s += max(0.0, now - e.waiting_since)
+        e.returning = e.state == PARKED
+        e.state = ACTIVE
+        self.active_tokens += e.ws
+
+    def _resize(self, e: _Entry, ws: int) -> None:
+        self.active_tokens += ws - e.ws
+        e.ws = ws
+
+    def _relieve_overflow(self) -> list[str]:
+        cfg = self.config
+        if self.active_tokens <= self.limit * cfg.overflow / cfg.target:
+            return []
+        return self._park_until(self.active_tokens - self.limit, payback=False)
+
+    def _park_until(self, need: float, *, payback: bool) -> list[str]:
+        """Park idle active sessions, least valuable first, until `need` tokens are
+        freed. With `payback`: only those away long enough to pay for their return,
+        and nobody at all unless together they free `need`."""
+        now = self.core.now()
+        cands = []
+        for e in self._entries.values():
+            if e.state != ACTIVE or e.pending:
+                continue
+            if payback:
+                outlook = self.core.kv_outlook(e.session_id)
+                away = math.inf if outlook is None else outlook[1]
+                if not away >= self.config.park_payback * self._return_s(e.ws):
+                    continue
+            cands.append((self.core.eviction_priority(e.session_id, e.ws, now), e.session_id, e))
+        cands.sort(key=lambda t: (t[0], t[1]))
+        chosen, freed = [], 0
+        for _, _, e in cands:
+            if freed >= need:
+                break
+            chosen.append(e)
+            freed += e.ws
+        if payback and freed < need:
+            return []
+        for e in chosen:
+            self.active_tokens -= e.ws
+            e.state = PARKED
+            self.counts.parked += 1
+        return [e.session_id for e in chosen]

@@ -1,0 +1,250 @@
+"""Workflow-atomic admission (`core.admission`) on a real `WorkflowCore` and clock.
+
+A session here is a hinted agent: its requests are `step`s of `tokens` of KV, and
+between them it runs a tool whose duration the core has learned (a 0.2 s grep or a
+60 s test run), which is what the parking rule reads."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from saga_server.core import (
+    LlmCallEnd,
+    LlmCallStart,
+    ManualClock,
+    SessionEnd,
+    SessionStart,
+    ToolCallEnd,
+    ToolCallStart,
+    WorkflowCore,
+)
+from saga_server.core.admission import ACTIVE, PARKED, WAITING, AdmissionConfig, SessionAdmission
+
+TOOLS = {"grep": ("search", 0.2), "pytest": ("test", 60.0)}
+
+
+def learned_core() -> tuple[WorkflowCore, ManualClock]:
+    """A core that has seen enough sessions to know greps are short, test runs long."""
+    clock = ManualClock(0.0)
+    core = WorkflowCore(clock=clock)
+    for i in range(20):
+        for tool, (cat, d) in TOOLS.items():
+            sid = f"warm-{tool}-{i}"
+            core.accept(SessionStart(sid, clock.t, workflow="swe"))
+            core.accept(LlmCallStart(sid, clock.t))
+            core.accept(ToolCallStart(sid, clock.t, tool, category=cat))
+            core.accept(ToolCallEnd(sid, clock.t + d, tool))
+            core.accept(LlmCallStart(sid, clock.t + d))
+            core.accept(SessionEnd(sid, clock.t + d + 1))
+    clock.t = 1000.0
+    return core, clock
+
+
+class Agent:
+    """Drives one session through the core and the admission controller."""
+
+    def __init__(self, core, adm, clock, sid: str, tenant: str = "t") -> None:
+        self.core, self.adm, self.clock, self.sid, self.tenant = core, adm, clock, sid, tenant
+        self.tool: str | None = None
+        self.steps = 0
+        core.accept(SessionStart(sid, clock.t, workflow="swe", tenant=tenant))
+
+    def request(self, tokens: int) -> bool:
+        if self.tool:
+            self.core.accept(ToolCallEnd(self.sid, self.clock.t, self.tool, call_id=str(self.steps)))
+            self.tool = None
+        self.steps += 1
+        self.core.accept(LlmCallStart(self.sid, self.clock.t))
+        return self.adm.ready(self.sid, tokens, self.tenant)
+
+    def finish(self, tokens: int, tool: str | None = "grep") -> None:
+        self.core.accept(LlmCallEnd(self.sid, self.clock.t, prompt_tokens=tokens, output_tokens=0))
+        self.core.on_request_finished(self.sid, tokens, 0)
+        if tool:
+            self.core.accept(ToolCallStart(self.sid, self.clock.t, tool, call_id=str(self.steps),
+                                           category=TOOLS[tool][0]))
+            self.tool = tool
+        self.adm.finished(self.sid)
+
+    def end(self) -> None:
+        self.core.accept(SessionEnd(self.sid, self.clock.t))
+        self.adm.ended(self.sid)
+
+
+def setup(capacity=1000, **cfg):
+    core, clock = learned_core()
+    adm = SessionAdmission(core, capacity, config=AdmissionConfig(**cfg), return_s=lambda tokens: tokens / 1000)
+    return core, clock, adm
+
+
+def test_where_everything_fits_every_session_runs_at_once_and_nothing_is_parked():
+    core, clock, adm = setup(capacity=10_000)
+    agents = [Agent(core, adm, clock, f"s{i}") for i in range(5)]
+    assert not any(a.request(1000) for a in agents)  # new sessions are admitted by a plan
+    plan = adm.plan()
+    assert plan.admit == ("s0", "s1", "s2", "s3", "s4") and plan.park == ()
+    assert all(a.request(1000) for a in agents)  # active: their next requests run at once
+
+
+def test_an_oversubscribed_pool_admits_only_what_fits_and_the_head_goes_first():
+    core, clock, adm = setup(capacity=1000, target=1.0)
+    a, b, c = (Agent(core, adm, clock, s) for s in "abc")
+    assert not a.request(600)
+    assert adm.plan().admit == ("a",)  # nothing else runs: admitted
+    clock.t += 1
+    assert not b.request(600) and not c.request(300)
+    assert adm.plan().admit == ()  # b (senior) does not fit, and c may not overtake it
+    assert {adm.state("b"), adm.state("c")} == {WAITING}
+    a.finish(600, tool=None)
+    a.end()
+    assert adm.plan().admit == ("b", "c")
+
+
+def test_an_idle_engine_admits_the_head_whatever_its_size():
+    core, clock, adm = setup(capacity=1000)
+    big = Agent(core, adm, clock, "big")
+    assert not big.request(5000)
+    assert adm.plan().admit == ("big",) and adm.counts.forced == 1
+
+
+def test_a_session_in_a_long_tool_is_parked_for_the_head_one_in_a_short_tool_is_not():
+    core, clock, adm = setup(capacity=1000, target=1.0)
+    short, long_ = Agent(core, adm, clock, "short"), Agent(core, adm, clock, "long")
+    for agent in (short, long_):
+        agent.request(400)
+        adm.plan()
+    short.finish(400, tool="grep")
+    long_.finish(400, tool="pytest")
+    head = Agent(core, adm, clock, "head")
+    busy = Agent(core, adm, clock, "busy")  # keeps the engine busy: no forward-progress shortcut
+    busy.request(100)
+    assert adm.plan().admit == ("busy",)
+    assert not head.request(500)
+    plan = adm.plan()
+    assert plan.park == ("long",) and plan.admit == ("head",)
+    assert adm.state("long") == PARKED and adm.state("short") == ACTIVE
+    assert adm.active_tokens <= 1000
+
+
+def test_when_only_short_tools_could_make_room_the_head_waits():
+    core, clock, adm = setup(capacity=1000, target=1.0)
+    s = Agent(core, adm, clock, "short")
+    s.request(800)
+    adm.plan()
+    s.finish(800, tool="grep")
+    busy = Agent(core, adm, clock, "busy")
+    busy.request(100)
+    adm.plan()
+    head = Agent(core, adm, clock, "head")
+    assert not head.request(500)
+    plan = adm.plan()
+    assert (plan.admit, plan.park) == ((), ())
+    assert adm.state("head") == WAITING
+
+
+def test_overflow_parks_idle_sessions_down_to_the_target():
+    core, clock, adm = setup(capacity=1000, target=0.9, overflow=1.0)
+    agents = [Agent(core, adm, clock, f"s{i}") for i in range(3)]
+    for a in agents:
+        a.request(300)
+        adm.plan()
+    assert adm.count(ACTIVE) == 3 and adm.active_tokens == 900
+    for a in agents:
+        a.finish(300, tool="pytest")
+    agents[0].request(500)  # its context grew: W = 1100 > 1000
+    plan = adm.plan()
+    assert plan.park == ("s1",) and adm.active_tokens == 800  # down to <= 900, the tie by id
+
+
+class AdmissionMachine(RuleBasedStateMachine):
+    """Random arrivals, finishes and ends under a small pool: the bound holds (every
+    session that waits is admitted once the engine has drained), nothing active is
+    lost track of, and the active working set stays within the target unless a
+    forced admission (an idle engine) put one big session there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core, self.clock, self.adm = setup(capacity=1000, target=0.9, overflow=1.0)
+        self.agents: dict[str, Agent] = {}
+        self.running: set[str] = set()  # admitted and not finished
+        self.n = 0
+
+    def _plan(self) -> None:
+        plan = self.adm.plan()
+        self.running |= set(plan.admit)
+        assert not set(plan.park) & self.running  # only idle sessions are parked
+
+    @rule(tokens=st.integers(50, 1500), tenant=st.sampled_from(["a", "b"]))
+    def new_session(self, tokens, tenant):
+        self.n += 1
+        a = self.agents[f"s{self.n}"] = Agent(self.core, self.adm, self.clock, f"s{self.n}", tenant)
+        if a.request(tokens):
+            self.running.add(a.sid)
+        self._plan()
+
+    @rule(data=st.data(), tool=st.sampled_from(["grep", "pytest"]))
+    def finish(self, data, tool):
+        if self.running:
+            sid = data.draw(st.sampled_from(sorted(self.running)))
+            self.running.discard(sid)
+            self.agents[sid].finish(300, tool=tool)
+            self._plan()
+
+    @rule(data=st.data(), tokens=st.integers(50, 1500))
+    def next_step(self, data, tokens):
+        idle = [s for s in self.agents if s not in self.running and self.adm.state(s) is not None
+                and not self.adm._entries[s].pending]
+        if idle:
+            sid = data.draw(st.sampled_from(sorted(idle)))
+            if self.agents[sid].request(tokens):
+                self.running.add(sid)
+            self._plan()
+
+    @rule(data=st.data())
+    def end(self, data):
+        idle = [s for s in self.agents if s not in self.running and self.adm.state(s) is not None
+                and not self.adm._entries[s].pending]
+        if idle:
+            sid = data.draw(st.sampled_from(sorted(idle)))
+            self.agents.pop(sid).end()
+            self._plan()
+
+    @rule(dt=st.floats(0.0, 30.0))
+    def tick(self, dt):
+        self.clock.t += dt
+
+    @invariant()
+    def within_bounds(self):
+        active = [e for e in self.adm._entries.values() if e.state == ACTIVE]
+        assert self.adm.active_tokens == sum(e.ws for e in active)
+        if self.adm.active_tokens > 1000:  # over the pool: only what cannot be parked is left
+            assert all(e.pending for e in active)
+
+    def teardown(self):
+        # Drain: finish every running request with no tool, end the session; whoever
+        # waits must be admitted (nobody waits forever).
+        for _ in range(10 * len(self.agents) + 10):
+            if not self.running:
+                break
+            sid = sorted(self.running)[0]
+            self.running.discard(sid)
+            self.agents[sid].finish(300, tool=None)
+            self.agents.pop(sid).end()
+            self._plan()
+        waiting = [s for s, e in self.adm._entries.items() if e.pending and e.state != ACTIVE]
+        assert waiting == [], waiting
+
+
+TestAdmission = AdmissionMachine.TestCase
+TestAdmission.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def test_bad_settings_are_refused():
+    core, _ = learned_core()
+    with pytest.raises(ValueError):
+        SessionAdmission(core, 0)
+    with pytest.raises(ValueError):
+        AdmissionConfig(target=1.2, overflow=1.0)
