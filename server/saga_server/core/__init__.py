@@ -40,11 +40,11 @@ from .pinning import PinConfig, PinDecision, decide_pin
 from .prefetch import PrefetchAction, PrefetchCandidate, PrefetchConfig, plan_prefetch
 from .quantiles import LogHistogram
 from .sessions import SessionTable
-from .workflow import CoreConfig, WorkflowCore
+from .workflow import CoreConfig, KvOutlook, WorkflowCore
 
 __all__ = [
     # facade
-    "WorkflowCore", "CoreConfig", "Prediction", "PinDecision", "PrefetchCandidate", "PrefetchAction",
+    "WorkflowCore", "CoreConfig", "KvOutlook", "Prediction", "PinDecision", "PrefetchCandidate", "PrefetchAction",
     # hint contract
     "HintEvent", "HintRejected", "HintSink", "PeerServiceSink", "KvReleaseSink", "KvResidencySink",
     "ResidentSession", "SessionSnapshot", "SessionStart", "SessionEnd",

@@ -34,7 +34,8 @@ end):
    taken in rank order (`WorkflowCore.request_rank`: tenants' fair share and urgency,
    then task seniority), and each is activated while W + ws <= L.
 2. *Make room for the head.* When the head does not fit, idle active sessions (no
-   request waiting or running) that are expected to stay away long enough to pay for
+   request waiting or running, and no TTL pin: a pin is a promise to keep the KV for
+   the length of its tool call) that are expected to stay away long enough to pay for
    the move are parked, least valuable first (lowest WA-LRU key: farthest, least
    likely and cheapest next use), until the head fits. "Long enough": the expected
    time to their next request is at least `park_payback` times what bringing their KV
@@ -109,11 +110,13 @@ class _Counts:
 
 class SessionAdmission:
     def __init__(self, core, capacity_tokens: int, *, host_tokens: int = 0, config: AdmissionConfig | None = None,
-                 return_s: Callable[[int], float] = lambda tokens: math.inf) -> None:
+                 return_s: Callable[[int], float] = lambda tokens: math.inf,
+                 parkable: Callable[[str], bool] = lambda session_id: True) -> None:
         """`core`: the `WorkflowCore` (predictions, ranks, keys). `capacity_tokens`: the
         engine's KV pool; `host_tokens`: its host tier (0: none). `return_s(tokens)`:
         seconds to bring that much parked KV back (the engine's cost model; the default
-        never parks to make room)."""
+        never parks to make room). `parkable(session)`: False for a session whose KV
+        the engine promised to keep (a TTL pin), which is never parked."""
         if capacity_tokens <= 0 or host_tokens < 0:
             raise ValueError("capacity_tokens > 0 and host_tokens >= 0 required")
         self.core = core
@@ -122,6 +125,7 @@ class SessionAdmission:
         self.ceiling = self.config.target * (capacity_tokens + host_tokens)
         self.limit = self.ceiling
         self._return_s = return_s
+        self._parkable = parkable
         self._entries: dict[str, _Entry] = {}
         self.active_tokens = 0
         self.counts = _Counts()
@@ -151,7 +155,7 @@ class SessionAdmission:
         e.pending = False
         outlook = self.core.kv_outlook(session_id)
         if outlook is not None and e.state == ACTIVE:
-            self._resize(e, outlook[0])
+            self._resize(e, outlook.next_tokens)
 
     def served(self, session_id: str, recomputed_tokens: int) -> None:
         """The engine served a request of the session; `recomputed_tokens`: KV of it the
@@ -181,8 +185,12 @@ class SessionAdmission:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def count(self, state: str) -> int:
-        return sum(e.state == state for e in self._entries.values())
+    def states(self) -> dict[str, int]:
+        """Sessions per state (ACTIVE, PARKED, WAITING)."""
+        out: dict[str, int] = {}
+        for e in self._entries.values():
+            out[e.state] = out.get(e.state, 0) + 1
+        return out
 
     # -- the rule --------------------------------------------------------------------
 
@@ -242,11 +250,11 @@ class SessionAdmission:
         now = self.core.now()
         cands = []
         for e in self._entries.values():
-            if e.state != ACTIVE or e.pending:
+            if e.state != ACTIVE or e.pending or not self._parkable(e.session_id):
                 continue
             if payback:
                 outlook = self.core.kv_outlook(e.session_id)
-                away = math.inf if outlook is None else outlook[1]
+                away = math.inf if outlook is None else outlook.away_s
                 if not away >= self.config.park_payback * self._return_s(e.ws):
                     continue
             cands.append((self.core.eviction_priority(e.session_id, e.ws, now), e.session_id, e))

@@ -30,7 +30,7 @@ from .pinning import PinConfig, PinDecision, decide_pin
 from .prefetch import PrefetchAction, PrefetchCandidate, PrefetchConfig, plan_prefetch
 from .sessions import Session, SessionTable
 
-__all__ = ["CoreConfig", "WorkflowCore"]
+__all__ = ["CoreConfig", "WorkflowCore", "KvOutlook"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,13 @@ class CoreConfig:
             raise ValueError("max_sessions >= 1, session_idle_s > 0 and history_limit >= 1 required")
         if self.min_samples < 1:
             raise ValueError("min_samples must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class KvOutlook:
+    context_tokens: int  # KV the session holds now: its last prompt, plus the answer once done
+    next_tokens: int  # KV its next request will need: context, predicted prompt growth, usual answer
+    away_s: float  # expected seconds until that request (0 while a call runs)
 
 
 class WorkflowCore:
@@ -167,17 +174,16 @@ class WorkflowCore:
         with self._lock:
             return self.aeg.predict(session_id, self._clock())
 
-    def kv_outlook(self, session_id: str) -> tuple[int, float] | None:
-        """(KV tokens the session's next request will need: its context, the predicted
-        growth of its prompt and its usual answer; expected seconds until that request)
-        for admission (`admission`). None for an unknown or ended session."""
+    def kv_outlook(self, session_id: str) -> KvOutlook | None:
+        """What the session's KV looks like from here (`KvOutlook`), for admission.
+        None for an unknown or ended session."""
         with self._lock:
             s = self._sessions.get(session_id)
             if s is None or s.ended:
                 return None
             _, t_next = self.aeg.reuse_of(s, self._clock())
             need = s.context_tokens + max(0.0, self.aeg.growth_of(s)) + s.last_output
-            return int(need), t_next
+            return KvOutlook(s.context_tokens, int(need), t_next)
 
     def eviction_priority(self, session_id: str | None, kv_tokens: int, last_access: float) -> float:
         """WA-LRU key of cached KV at the current clock (formula: `eviction`); LOWER =

@@ -151,7 +151,7 @@ def test_overflow_parks_idle_sessions_down_to_the_target():
     for a in agents:
         a.request(300)
         adm.plan()
-    assert adm.count(ACTIVE) == 3 and adm.active_tokens == 900
+    assert adm.states()[ACTIVE] == 3 and adm.active_tokens == 900
     for a in agents:
         a.finish(300, tool="pytest")
     agents[0].request(500)  # its context grew: W = 1100 > 1000

@@ -32,7 +32,7 @@ from collections import deque
 from typing import Callable, Sequence
 
 from .admission import AdmissionGate
-from .cache import PROTECTED, SOFT, PrefixCache
+from .cache import PINNED, PROTECTED, SOFT, PrefixCache
 from .events import LOADED, MOVED, PIN_EXPIRE, PREFETCH, SAMPLE, STEAL, TASK_START, TOOL_END, WORKER
 from .hardware import CostModel
 from .host import HostOffload, HostTier
@@ -64,12 +64,12 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         host_cap = int(cap * config.host_tier_factor)
         clock = lambda: self.now  # noqa: E731
         host_tokens = host_cap * bt if policy.host_tier else 0
-        self.workers = [
-            Worker(i, PrefixCache(cap, bt, clock, policy.max_pin_fraction),
-                   HostTier(host_cap) if policy.host_tier else None,
-                   policy.admission(cap * bt, host_tokens, cost))
-            for i in range(config.workers)
-        ]
+        self.workers = [Worker(i, PrefixCache(cap, bt, clock, policy.max_pin_fraction),
+                               HostTier(host_cap) if policy.host_tier else None)
+                        for i in range(config.workers)]
+        for w in self.workers:
+            w.adm = policy.admission(cap * bt, host_tokens, cost,
+                                     lambda sid, cache=w.cache: cache.tier(sid) != PINNED)
         self.capacity_blocks = cap
         self.sessions: dict[str, Session] = {}
         self._live_sessions: dict[str, Session] = {}

@@ -19,7 +19,7 @@ simulator applies them exactly where a vLLM scheduler would:
    worker with the fewest live sessions, as a stock router would, and never moves it.
 6. `host_key(session, now)`: the order in which the host tier drops sessions when
    full (lower first; default: the time of the offload, i.e. LRU).
-7. `admission(capacity_tokens, host_tokens, cost)`: a per-worker controller deciding
+7. `admission(capacity_tokens, host_tokens, cost, parkable)`: a per-worker controller deciding
    which sessions may hold KV at all (see `admission`); None (default): all of them.
 
 Flags say which machinery it uses: `caches` (prefix caching at all), `host_tier`
@@ -89,9 +89,10 @@ class SimPolicy:
     def host_key(self, s: "Session", now: float) -> float:
         return now  # the host tier drops the least recently offloaded session first
 
-    def admission(self, capacity_tokens: int, host_tokens: int, cost: "CostModel"):
+    def admission(self, capacity_tokens: int, host_tokens: int, cost: "CostModel",
+                  parkable: Callable[[str], bool]):
         """A per-worker admission controller (see `admission`), or None: every session
-        is admitted at once."""
+        is admitted at once. `parkable(session)`: False while the worker pins its KV."""
         return None
 
     def pin_ttl(self, s: "Session", now: float, pressure: float) -> float:
@@ -219,7 +220,8 @@ class ThunderAgent(ApcLru):
 
     name = "thunderagent"
 
-    def admission(self, capacity_tokens: int, host_tokens: int, cost: "CostModel") -> "_BestFitAdmission":
+    def admission(self, capacity_tokens: int, host_tokens: int, cost: "CostModel",
+                  parkable: Callable[[str], bool]) -> "_BestFitAdmission":
         return _BestFitAdmission(capacity_tokens)
 
 

@@ -111,11 +111,12 @@ class SagaPolicy(SimPolicy):
             return now
         return self.core.eviction_priority(s.session_id, s.kv_tokens, s.last_access)
 
-    def admission(self, capacity_tokens: int, host_tokens: int, cost: "CostModel") -> SessionAdmission | None:
+    def admission(self, capacity_tokens: int, host_tokens: int, cost: "CostModel",
+                  parkable: Callable[[str], bool]) -> SessionAdmission | None:
         if "admit" not in self.mechanisms:
             return None
         return SessionAdmission(self.core, capacity_tokens, host_tokens=host_tokens, config=self.admission_config,
-                                return_s=lambda tokens: cost.prefill_s(tokens, 0.0))
+                                return_s=lambda tokens: cost.prefill_s(tokens, 0.0), parkable=parkable)
 
     def pin_ttl(self, s: "Session", now: float, pressure: float) -> float:
         if "ttl" not in self.mechanisms:

@@ -30,7 +30,7 @@ class Worker:
                  "dec_clock", "ctx", "tau", "pf_rate", "t", "version", "busy", "running",
                  "link_free", "net_free", "live", "offloaded", "adm", "gated")
 
-    def __init__(self, wid: int, cache: PrefixCache, host: HostTier | None, adm=None) -> None:
+    def __init__(self, wid: int, cache: PrefixCache, host: HostTier | None) -> None:
         self.wid = wid
         self.cache = cache
         self.host = host
@@ -50,7 +50,7 @@ class Worker:
         self.net_free = 0.0  # when its NIC is free (KV moves between workers)
         self.live = 0  # live sessions placed here
         self.offloaded: set[str] = set()  # sessions with a host copy beyond their GPU prefix
-        self.adm = adm  # the policy's admission controller, if any
+        self.adm = None  # the policy's admission controller, if any
         self.gated: dict[str, Session] = {}  # sessions whose request waits for admission
 
     def advance(self, now: float) -> None:

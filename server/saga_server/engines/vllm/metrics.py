@@ -56,6 +56,11 @@ class SagaMetrics:
         self.open_tool_calls = Gauge("saga_open_tool_calls", "Tool calls started and not ended (hints)", **g)
         self.afs_priority = Gauge("saga_afs_priority", "Agent Fair Share priority of waiting work (lower = sooner)",
                                   ["tenant"], **g)
+        self.admission = Counter("saga_admission", "Session admission decisions", ["event"])
+        # event: admitted (a waiting session may run), parked (an idle one gave way)
+        self.admission_wait = Counter("saga_admission_wait_seconds", "Time requests waited to be admitted")
+        self.admission_sessions = Gauge("saga_admission_sessions", "Sessions by admission state", ["state"], **g)
+        # state: active, parked, waiting
         self.hints_dropped = Counter("saga_engine_hints_dropped", "Hint events the engine queue dropped (flood)")
         self.plugin_errors = Counter("saga_plugin_errors", "Exceptions the plugin caught to keep vLLM serving",
                                      ["where"])

@@ -20,6 +20,12 @@ stock vLLM (everything else is vLLM's own code path):
   preempted requests stay in front). Service is recorded per tenant after each step.
   `SAGA_SENIORITY_WINDOW_S` bounds how far seniority reaches back (0: request-level
   FCFS within a tenant, as stock).
+- **Admission** (`saga_server.core.admission`): under KV overload whole sessions
+  wait instead of evicting each other. A request of a session the core has not
+  admitted stays in the waiting queue without being scheduled (`RankedRequestQueue`
+  holds it); each step the plan admits waiting sessions in rank order while their
+  working sets fit, and parks idle ones (their hold becomes the first to go). Requests
+  without a session are never held. `SAGA_ADMISSION=0` turns it off.
 - **Prefetch**: see `prefetch`.
 - **Hints**: see `intake`; a gRPC hint service runs in this (EngineCore) process and
   feeds the core; tool/session events reach the engine loop through a queue drained
@@ -51,6 +57,7 @@ from saga_server.core import (
     ToolCallStart,
     WorkflowCore,
 )
+from saga_server.core.admission import ACTIVE, PARKED, WAITING, SessionAdmission
 from saga_server.core.holds import PINNED, PROTECTED, SOFT, HoldLedger, Release
 
 from .holds import VllmBlockPool, cached_prefix_blocks
@@ -63,10 +70,11 @@ from .sessions import request_meta
 # Under "vllm." so vLLM's own log handler (and level) shows these lines.
 log = logging.getLogger("vllm.saga")
 
-__all__ = ["SagaPlugin", "PIN_FRACTION_ENV", "SENIORITY_WINDOW_ENV"]
+__all__ = ["SagaPlugin", "PIN_FRACTION_ENV", "SENIORITY_WINDOW_ENV", "ADMISSION_ENV"]
 
 PIN_FRACTION_ENV = "SAGA_PIN_MAX_FRACTION"
 SENIORITY_WINDOW_ENV = "SAGA_SENIORITY_WINDOW_S"
+ADMISSION_ENV = "SAGA_ADMISSION"
 _AFS_MAX_QUEUE = 2048  # longer queues keep FCFS: ranking costs one core call per request per step
 _PIN_EVENT = {"pressure": "reclaimed", "session_end": "ended"}  # "used": see on_arrival
 
@@ -126,7 +134,15 @@ class SagaPlugin:
         self.ledger = HoldLedger(VllmBlockPool(pool), pool.num_gpu_blocks - 1, max_pin_fraction=fraction,
                                  on_release=self._released)
         self.prefetcher = Prefetcher(scheduler, self.core, self.ledger, self.counters, self.clock)
+        self.admission = None
+        if self.enabled and env_float(ADMISSION_ENV, 1.0, 0.0, 1.0) > 0:
+            self.admission = SessionAdmission(
+                self.core, self.ledger.capacity_blocks * self.block_size,
+                host_tokens=_host_tier_tokens(scheduler, self.ledger.capacity_blocks * self.block_size),
+                return_s=self._recompute_s, parkable=self._unpinned)
+        self._prefill = _Throughput()
         self.requests: dict[str, Any] = {}  # request id -> RequestMeta (live requests)
+        self._had: dict[str, int] = {}  # request id -> its session's context at arrival (until scheduled)
         self._core_gauges_at = -math.inf
         self.sink = EngineHintSink(self.core, self.engine_stats, on_drop=self.metrics.hints_dropped.inc,
                                    on_accept=self._core_gauges)
@@ -155,7 +171,11 @@ class SagaPlugin:
                 self.core.accept(SessionStart(sid, self.clock(), tenant=meta.tenant, deadline_s=meta.deadline_s))
             except HintRejected:
                 pass
+        outlook = self.core.kv_outlook(sid)
+        self._had[request.request_id] = outlook.context_tokens if outlook is not None else 0
         self.core.on_request_arrival(sid, request.num_prompt_tokens, meta.tenant)
+        if self.admission is not None:  # not admitted: RankedRequestQueue holds it back
+            self.admission.ready(sid, request.num_prompt_tokens + request.max_tokens, meta.tenant)
         # Its KV is about to be used: it goes last; among queued sessions the latest
         # arrival first (the back of a FIFO queue is used last). A pin did its job.
         hold = self.ledger.get(sid)
@@ -175,10 +195,13 @@ class SagaPlugin:
             self.prefetcher.on_finished(request, self._cached_blocks(rid))
             return
         meta = self.requests.pop(rid, None)
+        self._had.pop(rid, None)
         if meta is None or meta.session_id is None:
             return
         sid = meta.session_id
         self.core.on_request_finished(sid, request.num_prompt_tokens, request.num_output_tokens)
+        if self.admission is not None:
+            self.admission.finished(sid)
         self.prefetcher.remember(sid, request)
         if not self.enabled:
             return
@@ -231,6 +254,7 @@ class SagaPlugin:
         for sid in self.ledger.expire(now):
             self.counters.count("pins", "expired")
             self.ledger.set_key(sid, self._key(sid, now))
+        self._admit()
         self._rank_waiting(now)
         if self.enabled:
             self.prefetcher.maybe_issue(now)
@@ -248,6 +272,9 @@ class SagaPlugin:
             req = sched.requests.get(new.req_id)
             prompt = req.num_prompt_tokens if req is not None else 0
             hit = min(new.num_computed_tokens, prompt)
+            had = self._had.pop(new.req_id, 0)  # KV it had computed before this request
+            if self.admission is not None:
+                self.admission.served(sid, max(0, min(had, prompt) // self.block_size * self.block_size - hit))
             metrics.prefix_hit_tokens.inc(hit)
             metrics.session_prompt_tokens.inc(prompt)
             if prompt:
@@ -260,6 +287,7 @@ class SagaPlugin:
             meta = self.requests.get(rid)
             if meta is not None and (meta.tenant or meta.session_id):
                 self.core.record_service(meta.tenant, int(n), meta.session_id or "")
+        self._prefill.step(self.clock(), output.total_num_scheduled_tokens)
 
     def filter_outputs(self, outputs):
         return self.prefetcher.hide(outputs) if self.prefetcher.ever_issued else outputs
@@ -284,12 +312,22 @@ class SagaPlugin:
         out["engine_held_blocks"] = float(ledger.held_blocks)
         out["engine_pinned_blocks"] = float(ledger.pinned_blocks)
         out["engine_kv_blocks"] = float(ledger.capacity_blocks)
+        adm = self.admission
+        if adm is not None:
+            states = adm.states()
+            out["engine_admission_active"] = float(states.get(ACTIVE, 0))
+            out["engine_admission_parked"] = float(states.get(PARKED, 0))
+            out["engine_admission_waiting"] = float(states.get(WAITING, 0))
+            out["engine_admission_limit_tokens"] = float(adm.limit)
+            out["engine_admission_wait_s"] = float(adm.counts.wait_s)
         return out
 
     # -- internals -----------------------------------------------------------------
 
     def _apply_hint(self, event, now: float) -> None:
         sid = event.session_id
+        if isinstance(event, (ReleaseKv, SessionEnd)) and self.admission is not None:
+            self.admission.ended(sid)
         if isinstance(event, ReleaseKv):  # moved to another engine; its workflow state stays
             self.ledger.release(sid, "moved")
             self.prefetcher.forget(sid, ended=False)
@@ -314,9 +352,45 @@ class SagaPlugin:
                         return
             self.ledger.set_key(sid, key)
 
+    def _admit(self) -> None:
+        """Carry out the admission plan: parked sessions' KV goes first when room is
+        needed; admitted sessions' held requests become schedulable (the queue asks
+        `may_schedule`)."""
+        if self.admission is None:
+            return
+        before = self.admission.counts.wait_s
+        plan = self.admission.plan()
+        for sid in plan.park:
+            self.ledger.set_key(sid, -math.inf, SOFT)
+        if plan.admit or plan.park:
+            self.metrics.admission.labels("admitted").inc(len(plan.admit))
+            self.metrics.admission.labels("parked").inc(len(plan.park))
+            self.metrics.admission_wait.inc(self.admission.counts.wait_s - before)
+
+    def may_schedule(self, request: Request) -> bool:
+        """Whether the waiting queue may offer this request to vLLM now: requests
+        without a session always; a session's once admission has admitted it."""
+        if self.admission is None:
+            return True
+        meta = self.requests.get(request.request_id)
+        sid = meta.session_id if meta is not None else None
+        return sid is None or self.admission.state(sid) in (None, ACTIVE)
+
+    def _unpinned(self, session_id: str) -> bool:
+        hold = self.ledger.get(session_id)
+        return hold is None or not hold.pinned
+
+    def _recompute_s(self, tokens: int) -> float:
+        """Seconds this engine needs to prefill `tokens` (measured, see `_Throughput`)."""
+        return tokens / self._prefill.tokens_per_s
+
     def _rank_waiting(self, now: float) -> None:
         waiting = self.scheduler.waiting
-        if not isinstance(waiting, RankedRequestQueue) or not 2 <= len(waiting) <= _AFS_MAX_QUEUE:
+        if not isinstance(waiting, RankedRequestQueue):
+            return
+        if waiting.held:
+            waiting.release()
+        if not 2 <= len(waiting) <= _AFS_MAX_QUEUE:
             return
         core, requests = self.core, self.requests
         tenant_prio: dict[str, float] = {}
@@ -353,6 +427,10 @@ class SagaPlugin:
         m.held_blocks.set(ledger.held_blocks)
         m.pinned_blocks.set(ledger.pinned_blocks)
         m.held_sessions.set(len(ledger))
+        if self.admission is not None:
+            states = self.admission.states()
+            for state in (ACTIVE, PARKED, WAITING):
+                m.admission_sessions.labels(state).set(states.get(state, 0))
         self._core_gauges()
 
     def _core_gauges(self, min_interval_s: float = 0.5) -> None:
@@ -365,3 +443,30 @@ class SagaPlugin:
         stats = self.core.stats()
         self.metrics.active_sessions.set(stats.get("sessions_live", stats.get("aeg_sessions", 0.0)))
         self.metrics.open_tool_calls.set(stats.get("open_tool_calls", 0.0))
+
+
+class _Throughput:
+    """Tokens the engine processes per second, measured between steps (an EWMA over
+    steps that scheduled work; 1,000 tokens/s until the first measurement)."""
+
+    __slots__ = ("tokens_per_s", "_at")
+
+    def __init__(self) -> None:
+        self.tokens_per_s = 1000.0
+        self._at: float | None = None
+
+    def step(self, now: float, tokens: int) -> None:
+        if self._at is not None and tokens and now > self._at:
+            self.tokens_per_s += 0.1 * (tokens / (now - self._at) - self.tokens_per_s)
+        self._at = now if tokens else None
+
+
+def _host_tier_tokens(scheduler, pool_tokens: int) -> int:
+    """Tokens vLLM's CPU offload tier holds (`--kv-offloading-size`), at the pool's
+    bytes per token; 0 without one."""
+    gib = getattr(scheduler.cache_config, "kv_offloading_size", None)
+    tensors = getattr(getattr(scheduler, "kv_cache_config", None), "kv_cache_tensors", None) or []
+    pool_bytes = sum(getattr(t, "size", 0) for t in tensors)
+    if not gib or not pool_bytes:
+        return 0
+    return int(gib * 2**30 * pool_tokens / pool_bytes)

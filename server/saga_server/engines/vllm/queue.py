@@ -3,12 +3,15 @@
 It is a `RequestQueue` (vLLM's own queue abstraction; the FCFS one, extended), so the
 scheduler pops, peeks, prepends and removes exactly as with its stock queue. Between
 steps `rerank(rank)` sorts it by `rank(request)`, stably; preempted requests stay in
-front, where vLLM put them to resume first.
+front, where vLLM put them to resume first. Requests that may not be scheduled yet
+(`may_schedule`: their session waits for admission) are held back: they count in the
+queue's length (vLLM still sees unfinished work and keeps stepping) and can be removed
+(aborts), but vLLM is offered them only once `release` finds them schedulable.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 from vllm.v1.request import Request, RequestStatus
@@ -17,8 +20,29 @@ __all__ = ["RankedRequestQueue"]
 
 
 class RankedRequestQueue(FCFSRequestQueue):
+    def __init__(self, may_schedule: Callable[[Request], bool] = lambda request: True) -> None:
+        super().__init__()
+        self._may_schedule = may_schedule
+        self.held: list[Request] = []  # arrival order
+
+    def add_request(self, request: Request) -> None:
+        if self._may_schedule(request):
+            self.append(request)
+        else:
+            self.held.append(request)
+
+    def release(self) -> bool:
+        """Offer vLLM the held requests that may be scheduled now (in arrival order,
+        behind the others until the next `rerank`); returns whether any were."""
+        released = [r for r in self.held if self._may_schedule(r)]
+        if released:
+            self.held = [r for r in self.held if r not in released]
+            self.extend(released)
+        return bool(released)
+
     def rerank(self, rank: Callable[[Request], tuple]) -> bool:
-        """Order the queue by `rank` (lower first); returns whether the order changed."""
+        """Order the schedulable requests by `rank` (lower first); returns whether the
+        order changed."""
         keyed = sorted(((r.status != RequestStatus.PREEMPTED, rank(r), i, r) for i, r in enumerate(self)),
                        key=lambda t: t[:3])
         if all(t[2] == i for i, t in enumerate(keyed)):
@@ -26,3 +50,23 @@ class RankedRequestQueue(FCFSRequestQueue):
         self.clear()
         self.extend(t[3] for t in keyed)
         return True
+
+    def remove_request(self, request: Request) -> None:
+        if request in self.held:
+            self.held.remove(request)
+        else:
+            super().remove_request(request)
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        gone = requests if isinstance(requests, set) else set(requests)
+        self.held = [r for r in self.held if r not in gone]
+        super().remove_requests(gone)
+
+    def __len__(self) -> int:
+        return super().__len__() + len(self.held)
+
+    def __bool__(self) -> bool:
+        return super().__len__() > 0  # only what vLLM may schedule
+
+    def __iter__(self) -> Iterator[Request]:
+        return super().__iter__()  # the schedulable ones, in order

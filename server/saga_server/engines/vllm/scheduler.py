@@ -40,7 +40,7 @@ class SagaSchedulerMixin:
         self.saga = SagaPlugin(self, core=core, clock=clock, start_hints=start_hints)
         self.kv_cache_manager = HoldingKVCacheManager(self.kv_cache_manager, self.saga)
         if self.policy == SchedulingPolicy.FCFS:
-            self.waiting = RankedRequestQueue()
+            self.waiting = RankedRequestQueue(self.saga.may_schedule)
 
     def add_request(self, request: Request) -> None:
         self.saga.on_arrival(request)

@@ -1,0 +1,117 @@
+"""Session admission in vLLM's real `Scheduler`: requests of sessions that are not
+admitted wait in the queue unscheduled, parked sessions give way, and nothing
+deadlocks (synthetic model outputs, no model)."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from saga_server.core import CoreConfig, ManualClock, SessionEnd, SessionStart, ToolCallStart, WorkflowCore
+from saga_server.core.admission import ACTIVE, PARKED, WAITING
+from saga_server.core.pinning import PinConfig
+from saga_server.engines.vllm import SagaScheduler
+from vllm_builders import Requests, hit_tokens, make_scheduler, run_until_idle, step
+
+BS = 16
+
+
+def saga(model, **kw):
+    clock = ManualClock(100.0)
+    core = WorkflowCore(CoreConfig(pin=PinConfig(min_tokens=10**9)), clock=clock)  # holds, never pins
+    return make_scheduler(SagaScheduler, model, core=core, clock=clock, start_hints=False, **kw)
+
+
+def tokens(base: int, n: int) -> list[int]:
+    return [base + i for i in range(n)]
+
+
+def scheduled(out) -> set[str]:
+    return {n.req_id for n in out.scheduled_new_reqs}
+
+
+def test_an_oversubscribed_pool_runs_only_the_sessions_that_fit(tiny_model):
+    # 23 usable blocks of 16 (368 tokens; the limit is 90% of that): two sessions of
+    # 9 blocks fit, the third waits in the queue without being scheduled.
+    s = saga(tiny_model, num_blocks=24, block_size=BS)
+    R = Requests(BS)
+    reqs = {sid: R.make(tokens(1000 * (i + 1), 144), session_id=sid, max_tokens=1) for i, sid in enumerate("ABC")}
+    for sid, req in reqs.items():
+        s.saga.core.accept(SessionStart(sid, s.saga.clock()))
+        s.add_request(req)
+    first = step(s)
+    assert scheduled(first) == {reqs["A"].request_id, reqs["B"].request_id}
+    assert s.saga.admission.state("C") == WAITING and len(s.waiting) == 1 and not s.waiting  # held
+    outs = run_until_idle(s)
+    assert hit_tokens(outs, reqs["C"].request_id) == 0  # it ran, once the engine had nothing else
+    assert s.saga.admission.counts.forced >= 1
+    stats = s.saga.engine_stats()
+    assert stats["engine_admission_waiting"] == 0
+    assert stats["engine_admission_active"] + stats["engine_admission_parked"] == 3
+
+
+def test_a_parked_session_resumes_and_hits_what_is_still_resident(tiny_model):
+    s = saga(tiny_model, num_blocks=40, block_size=BS)  # 39 blocks; the limit ~562 tokens
+    R = Requests(BS)
+    clock = s.saga.clock
+    hist = tokens(100, 256)  # A: 16 blocks of history, then a long test run
+    for sid in ("A", "busy", "B"):
+        s.saga.core.accept(SessionStart(sid, clock()))
+    s.add_request(R.make(hist, session_id="A"))
+    run_until_idle(s)
+    s.saga.core.accept(ToolCallStart("A", clock(), "pytest", call_id="t", category="test", expected_duration_s=600))
+    s.add_request(R.make(tokens(3000, 48), session_id="busy", max_tokens=40))  # keeps the engine busy
+    step(s)
+    b = R.make(tokens(5000, 300), session_id="B")  # does not fit beside A: A, idle for long, gives way
+    s.add_request(b)
+    out = step(s)
+    assert s.saga.admission.state("A") == PARKED and s.saga.admission.state("B") == ACTIVE
+    assert b.request_id in scheduled(out)
+    run_until_idle(s)
+    held = s.saga.ledger.blocks_of("A") * BS  # B needed a little of A's room: its tail went first
+    assert 0 < held < 256
+    nxt = R.make(hist + [7, 8, 9], session_id="A")  # A's tool is done: it comes back
+    s.add_request(nxt)
+    assert held <= hit_tokens(run_until_idle(s), nxt.request_id) < 256  # and what vLLM still cached
+    assert s.saga.admission.state("A") == ACTIVE
+
+
+def test_one_slot_and_a_pool_for_one_session_still_finish_everything(tiny_model):
+    s = saga(tiny_model, num_blocks=14, block_size=BS, max_num_seqs=1)  # 13 blocks: one session at a time
+    R = Requests(BS)
+    history = {sid: tokens(1000 * (i + 1), 160) for i, sid in enumerate("ABCD")}
+    for sid in history:
+        s.saga.core.accept(SessionStart(sid, s.saga.clock()))
+    for turn in range(2):
+        for sid, hist in history.items():
+            s.add_request(R.make(hist + tokens(90000 + turn, turn), session_id=sid))
+        run_until_idle(s)
+    assert not s.waiting.held and s.saga.counters.total("plugin_errors") == 0
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 12), st.sampled_from(["req", "end", "step"])),
+                min_size=1, max_size=30))
+def test_any_arrival_sequence_drains_with_nothing_left_waiting(tiny_model, ops):
+    """The bound, against the real scheduler: whatever arrives and ends, once nothing
+    new comes every waiting request is admitted and served."""
+    s = saga(tiny_model, num_blocks=24, block_size=BS)
+    R = Requests(BS)
+    started = set()
+    for sid_n, blocks, op in ops:
+        sid = f"s{sid_n}"
+        if op == "end" and sid in started:
+            s.saga.sink.accept(SessionEnd(sid, s.saga.clock()))
+            started.discard(sid)
+        elif op == "req":
+            if sid not in started:
+                s.saga.core.accept(SessionStart(sid, s.saga.clock()))
+                started.add(sid)
+            s.add_request(R.make(tokens(1000 * sid_n, blocks * BS), session_id=sid, max_tokens=2))
+        else:
+            step(s)
+    run_until_idle(s, max_steps=2000)
+    assert not s.waiting.held and not s.has_unfinished_requests()
+    assert s.saga.counters.total("plugin_errors") == 0
+    assert all(state in (ACTIVE, PARKED) for state in (s.saga.admission.state(x) for x in started)
+               if state is not None)
