@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import os
 import shutil
 import signal
@@ -44,6 +45,7 @@ __all__ = ["main", "build_command", "ServeConfig"]
 
 SAGA_SCHEDULER = "saga_server.engines.vllm.SagaScheduler"
 SAGA_ASYNC_SCHEDULER = "saga_server.engines.vllm.SagaAsyncScheduler"
+OFFLOAD_POLICY_MODULE = "saga_server.engines.vllm.offload"
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 
 
@@ -136,6 +138,11 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
             env["SAGA_API_KEY"] = opts.hint_api_key
         if opts.pin_max_fraction is not None:
             env["SAGA_PIN_MAX_FRACTION"] = str(opts.pin_max_fraction)
+        if _has_flag(passthrough, "--kv-offloading-size") and not _has_flag(passthrough, "--kv-transfer-config"):
+            # vLLM's CPU offload tier in SAGA's order (engines/vllm/offload.py); the
+            # module name is spelled out so this command does not import vLLM.
+            policy = {"eviction_policy": "SagaCachePolicy", "cache_policy_module_path": OFFLOAD_POLICY_MODULE}
+            args += ["--kv-transfer-config", json.dumps({"kv_connector_extra_config": policy})]
     else:
         env.pop("SAGA_HINT_ADDR", None)
     args += passthrough

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import torch
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -39,9 +39,10 @@ def model_dir(root: Path) -> Path:
 
 def make_scheduler(cls, model_path: Path, *, num_blocks: int = 24, block_size: int = 16,
                    max_num_seqs: int = 8, max_batched: int = 2048, prefix_caching: bool = True,
-                   kv_offloading_size: float | None = None, **kwargs):
+                   kv_offloading_size: float | None = None, kv_transfer_extra: dict | None = None, **kwargs):
     """`kv_offloading_size` (GiB) is `--kv-offloading-size`: VllmConfig turns it
-    into vLLM's native CPU offload tier (`OffloadingConnector`)."""
+    into vLLM's native CPU offload tier (`OffloadingConnector`); `kv_transfer_extra`
+    is the connector's extra config (`--kv-transfer-config`)."""
     model_config = ModelConfig(model=str(model_path), tokenizer=None, skip_tokenizer_init=True,
                                max_model_len=2048, dtype="float32", seed=0)
     scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
@@ -50,8 +51,9 @@ def make_scheduler(cls, model_path: Path, *, num_blocks: int = 24, block_size: i
     cache_config = CacheConfig(block_size=block_size, cache_dtype="auto",
                                enable_prefix_caching=prefix_caching, kv_offloading_size=kv_offloading_size)
     cache_config.num_gpu_blocks = num_blocks
+    transfer = KVTransferConfig(kv_connector_extra_config=dict(kv_transfer_extra)) if kv_transfer_extra else None
     vllm_config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config,
-                             cache_config=cache_config)
+                             cache_config=cache_config, kv_transfer_config=transfer)
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks, kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(

@@ -63,6 +63,7 @@ from saga_server.core.holds import PINNED, PROTECTED, SOFT, HoldLedger, Release
 from .holds import VllmBlockPool, cached_prefix_blocks
 from .intake import EngineHintSink, ReleaseKv, start_hint_service
 from .metrics import PluginCounters, SagaMetrics
+from .offload import RequestSessions, attach
 from .prefetch import Prefetcher, is_prefetch
 from .queue import RankedRequestQueue
 from .sessions import request_meta
@@ -143,6 +144,8 @@ class SagaPlugin:
         self._prefill = _Throughput()
         self.requests: dict[str, Any] = {}  # request id -> RequestMeta (live requests)
         self._had: dict[str, int] = {}  # request id -> its session's context at arrival (until scheduled)
+        self._request_sessions = RequestSessions()  # for vLLM's CPU offload tier (`offload`)
+        attach(self)
         self._core_gauges_at = -math.inf
         self.sink = EngineHintSink(self.core, self.engine_stats, on_drop=self.metrics.hints_dropped.inc,
                                    on_accept=self._core_gauges)
@@ -162,6 +165,7 @@ class SagaPlugin:
         sid = meta.session_id
         if sid is None:
             return
+        self._request_sessions.add(request.request_id, sid)
         if self.prefetcher.block_hasher is None:
             self.prefetcher.block_hasher = getattr(request, "_block_hasher", None)
         if meta.deadline_s is not None and self.core.session(sid) is None:
@@ -375,6 +379,16 @@ class SagaPlugin:
         meta = self.requests.get(request.request_id)
         sid = meta.session_id if meta is not None else None
         return sid is None or self.admission.state(sid) in (None, ACTIVE)
+
+    def session_of_request(self, request_id: str) -> str | None:
+        """The session a (possibly finished) request belonged to, for the offload tier."""
+        return self._request_sessions.get(request_id)
+
+    def offload_key(self, session_id: str) -> float:
+        """The session's WA-LRU key now, for the offload tier's order."""
+        outlook = self.core.kv_outlook(session_id)
+        tokens = outlook.context_tokens if outlook is not None else 0
+        return self.core.eviction_priority(session_id, tokens, self.clock())
 
     def _unpinned(self, session_id: str) -> bool:
         hold = self.ledger.get(session_id)

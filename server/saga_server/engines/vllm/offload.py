@@ -1,0 +1,147 @@
+"""`SagaCachePolicy`: vLLM's CPU offload tier in SAGA's order.
+
+vLLM's `OffloadingConnector` (`--kv-offloading-size`) keeps evicted KV in CPU memory,
+chunk by chunk, and drops chunks LRU (or ARC) first when full: it knows blocks, not
+sessions, so a session about to come back loses its KV as readily as one whose agent
+has gone. This is a `CachePolicy` for vLLM's `CPUOffloadingManager` (loaded out of
+tree: `eviction_policy: SagaCachePolicy`, `cache_policy_module_path:
+saga_server.engines.vllm.offload` in the connector's extra config; `saga serve` adds
+them whenever `--kv-offloading-size` is given) that drops chunks in the order the
+workflow core ranks their sessions, the same WA-LRU key the GPU hold ledger uses
+(farthest, least likely and cheapest next use first), a session's tail chunks before
+its head, and chunks of no known session by their last use (the key's LRU case).
+
+The policy runs in the EngineCore process next to the scheduler; the `SagaPlugin`
+there `attach`es itself, and tells which session each request belongs to. Without a
+plugin (plain vLLM) every chunk is ranked by its last use: LRU.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import OrderedDict
+from typing import Iterable, Sequence
+
+from vllm.v1.kv_offload.base import OffloadKey, ReqContext
+from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus, order_request_keys
+
+__all__ = ["SagaCachePolicy", "attach", "POLICY_CONFIG"]
+
+# The connector's extra config that selects this policy.
+POLICY_CONFIG = {"eviction_policy": "SagaCachePolicy", "cache_policy_module_path": __name__}
+
+_plugin = None  # the SagaPlugin of this EngineCore process, if any
+_MAX_REQUESTS = 65_536  # request -> session entries kept for the connector's late calls
+
+
+def attach(plugin) -> None:
+    """Rank chunks by `plugin`'s sessions from now on (see the module docstring)."""
+    global _plugin
+    _plugin = plugin
+
+
+class RequestSessions:
+    """Request id -> session id, for requests the connector may still ask about."""
+
+    def __init__(self) -> None:
+        self._map: OrderedDict[str, str] = OrderedDict()
+
+    def add(self, request_id: str, session_id: str) -> None:
+        self._map[request_id] = session_id
+        while len(self._map) > _MAX_REQUESTS:
+            self._map.popitem(last=False)
+
+    def get(self, request_id: str) -> str | None:
+        return self._map.get(request_id)
+
+
+class SagaCachePolicy(CachePolicy):
+    def __init__(self, cache_capacity: int) -> None:
+        super().__init__(cache_capacity)
+        self.chunks: dict[OffloadKey, ChunkStatus] = {}
+        self._session: dict[OffloadKey, str | None] = {}
+        self._position: dict[OffloadKey, int] = {}
+        self._used_at: dict[OffloadKey, float] = {}
+        self._evictable: set[OffloadKey] = set()
+
+    # -- storage -------------------------------------------------------------------
+
+    def get(self, key: OffloadKey) -> ChunkStatus | None:
+        return self.chunks.get(key)
+
+    def insert(self, key: OffloadKey, chunk: ChunkStatus) -> None:
+        self.chunks[key] = chunk
+        self._used_at[key] = _now()
+        self._session.setdefault(key, None)
+        self._position.setdefault(key, 0)
+        if chunk.ref_cnt == 0:
+            self._evictable.add(key)
+
+    def remove(self, key: OffloadKey) -> None:
+        del self.chunks[key]
+        for table in (self._session, self._position, self._used_at):
+            table.pop(key, None)
+        self._evictable.discard(key)
+
+    def clear(self) -> None:
+        for table in (self.chunks, self._session, self._position, self._used_at):
+            table.clear()
+        self._evictable.clear()
+
+    def mark_evictable(self, key: OffloadKey) -> None:
+        self._evictable.add(key)
+
+    def mark_non_evictable(self, key: OffloadKey) -> None:
+        self._evictable.discard(key)
+
+    # -- what requests did -----------------------------------------------------------
+
+    def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        self._observe(list(keys), req_context)
+
+    def on_request_finished(self, key_groups: Sequence[Sequence[OffloadKey]], insertion_only_keys: set[OffloadKey],
+                            reused_keys: set[OffloadKey], req_context: ReqContext) -> None:
+        self._observe(order_request_keys(key_groups, req_context), req_context)
+
+    def _observe(self, keys: list[OffloadKey], req_context: ReqContext) -> None:
+        """The keys (head to tail) belong to this request's session, used now."""
+        sid = _plugin.session_of_request(req_context.req_id) if _plugin is not None else None
+        now = _now()
+        for i, key in enumerate(keys):
+            if key not in self.chunks:
+                continue
+            position = req_context.get_offload_key_position(key)
+            self._position[key] = i if position is None else position
+            self._used_at[key] = now
+            if sid is not None:
+                self._session[key] = sid
+
+    # -- eviction ----------------------------------------------------------------------
+
+    def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
+        """The `n` evictable chunks of lowest (session key, tail first); all or none."""
+        if n == 0:
+            return []
+        keys: dict[str, float] = {}
+
+        def rank(key: OffloadKey) -> tuple[float, int]:
+            sid = self._session.get(key)
+            if sid is None or _plugin is None:
+                return self._used_at.get(key, 0.0), -self._position.get(key, 0)
+            if sid not in keys:
+                keys[sid] = _plugin.offload_key(sid)
+            return keys[sid], -self._position.get(key, 0)
+
+        candidates = [k for k in self._evictable if k not in protected and self.chunks[k].ref_cnt == 0]
+        if len(candidates) < n:
+            return None
+        chosen = heapq.nsmallest(n, candidates, key=rank)
+        out = [(k, self.chunks[k]) for k in chosen]
+        for k in chosen:
+            self.remove(k)
+        return out
+
+
+def _now() -> float:
+    return _plugin.clock() if _plugin is not None else time.monotonic()

@@ -1,0 +1,114 @@
+"""SAGA's order for vLLM's CPU offload tier: `SagaCachePolicy` inside vLLM's real
+`CPUOffloadingManager` (its scheduler side is pure Python), fed by a real
+`SagaScheduler`'s sessions, and selected by `saga serve --kv-offloading-size`."""
+
+from __future__ import annotations
+
+import json
+
+from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+from saga_server.core import (
+    CoreConfig,
+    LlmCallEnd,
+    LlmCallStart,
+    ManualClock,
+    SessionStart,
+    ToolCallEnd,
+    ToolCallStart,
+    WorkflowCore,
+)
+from saga_server.core.pinning import PinConfig
+from saga_server.engines.vllm import SagaScheduler
+from saga_server.engines.vllm import offload
+from saga_server.serve import cli
+from vllm_builders import Requests, make_scheduler, run_until_idle
+
+BS = 16
+
+
+def learned_scheduler(tiny_model):
+    """A SagaScheduler whose core has learned that greps take 0.2 s and test runs 60 s."""
+    clock = ManualClock(0.0)
+    core = WorkflowCore(CoreConfig(pin=PinConfig(min_tokens=10**9)), clock=clock)
+    for i in range(20):
+        for tool, cat, d in (("grep", "search", 0.2), ("pytest", "test", 60.0)):
+            sid = f"warm-{tool}-{i}"
+            core.accept(SessionStart(sid, clock.t))
+            core.accept(LlmCallStart(sid, clock.t))
+            core.accept(LlmCallEnd(sid, clock.t, prompt_tokens=500, output_tokens=10))
+            core.accept(ToolCallStart(sid, clock.t, tool, category=cat))
+            core.accept(ToolCallEnd(sid, clock.t + d, tool))
+    clock.t = 1000.0
+    return make_scheduler(SagaScheduler, tiny_model, core=core, clock=clock, start_hints=False, num_blocks=32,
+                          block_size=BS)
+
+
+def keys(name: str, n: int) -> list:
+    return [make_offload_key(f"{name}-{i}".encode(), 0) for i in range(n)]
+
+
+def store(manager, ks, rid):
+    ctx = ReqContext(req_id=rid)
+    out = manager.prepare_store(ks, ctx)
+    assert out is not None
+    manager.complete_store(ks, ctx)
+    manager.on_request_finished(ctx)
+    return out
+
+
+def test_the_tier_drops_the_session_away_longest_first_tail_first_where_lru_would_not(tiny_model):
+    s = learned_scheduler(tiny_model)
+    core, clock, R = s.saga.core, s.saga.clock, Requests(BS)
+    reqs = {}
+    for sid, tool, cat in (("testing", "pytest", "test"), ("grepping", "grep", "search")):
+        core.accept(SessionStart(sid, clock()))
+        reqs[sid] = R.make(list(range(100, 164)), session_id=sid)
+        s.add_request(reqs[sid])
+        run_until_idle(s)
+        core.accept(ToolCallStart(sid, clock(), tool, category=cat))
+    results = {}
+    for policy in ("lru", "SagaCachePolicy"):
+        manager = CPUOffloadingManager(num_chunks=8, cache_policy=policy,
+                                       cache_policy_module_path=offload.__name__)
+        store(manager, keys("testing", 4), reqs["testing"].request_id)  # stored first: LRU's victim-to-be
+        store(manager, keys("grepping", 4), reqs["grepping"].request_id)
+        clock.t += 1.0
+        store(manager, keys("testing", 4), reqs["testing"].request_id)  # touched again: LRU keeps it now
+        evicted = store(manager, keys("new", 2), "anonymous").evicted_keys
+        results[policy] = evicted
+    grepping, testing = keys("grepping", 4), keys("testing", 4)
+    assert results["lru"] == [grepping[3], grepping[2]]  # the least recently used session, tail first
+    # SAGA: the session whose next request is farthest (a 60 s test run) goes first, tail first
+    assert results["SagaCachePolicy"] == [testing[3], testing[2]]
+
+
+def test_without_a_plugin_the_policy_is_lru():
+    offload.attach(None)
+    manager = CPUOffloadingManager(num_chunks=4, cache_policy="SagaCachePolicy",
+                                   cache_policy_module_path=offload.__name__)
+    store(manager, keys("a", 2), "r1")
+    store(manager, keys("b", 2), "r2")
+    assert store(manager, keys("c", 1), "r3").evicted_keys == [keys("a", 2)[1]]  # oldest, tail first
+
+
+def test_saga_serve_selects_the_policy_with_the_offload_tier_and_leaves_a_user_config_alone():
+    def build(argv):
+        opts, rest = cli._parser().parse_known_args(argv)
+        return cli.build_command(opts, rest, "/models/m", True, base_env={}).argv
+
+    argv = build(["--kv-offloading-size", "8"])
+    extra = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+    assert extra == offload.POLICY_CONFIG and offload.POLICY_CONFIG["cache_policy_module_path"] == \
+        cli.OFFLOAD_POLICY_MODULE
+    user = build(["--kv-offloading-size", "8", "--kv-transfer-config", "{}"])
+    assert user.count("--kv-transfer-config") == 1
+    assert "--kv-transfer-config" not in build([]) and "--kv-transfer-config" not in build(
+        ["--no-saga", "--kv-offloading-size", "8"])
+
+
+def test_the_engines_own_offload_manager_runs_the_policy_saga_serve_configures(tiny_model):
+    s = make_scheduler(SagaScheduler, tiny_model, start_hints=False, num_blocks=16, block_size=BS,
+                       kv_offloading_size=0.001, kv_transfer_extra=offload.POLICY_CONFIG)
+    assert type(s.connector.connector_scheduler.manager._policy) is offload.SagaCachePolicy
