@@ -51,7 +51,13 @@ def render(stats, sessions, metrics=None, served=None) -> str:
              f"{int(stats.get('open_tool_calls', 0))} open tool calls, "
              f"{int(stats.get('hints_events_accepted', 0))} events accepted, "
              f"{int(stats.get('hints_events_invalid', 0) + stats.get('hints_events_refused', 0))} refused"]
-    other = {k: v for k, v in sorted(stats.items()) if not k.startswith("hints_")}
+    if "engine_admission_active" in stats:
+        lines.append(f"admission: {int(stats['engine_admission_active'])} active, "
+                     f"{int(stats.get('engine_admission_parked', 0))} parked, "
+                     f"{int(stats.get('engine_admission_waiting', 0))} waiting sessions; limit "
+                     f"{_num(stats.get('engine_admission_limit_tokens', 0))} tokens, "
+                     f"{_num(stats.get('engine_admission_wait_s', 0))} s waited in all")
+    other = {k: v for k, v in sorted(stats.items()) if not k.startswith(("hints_", "engine_admission_"))}
     if other:
         lines.append("  " + "  ".join(f"{k}={_num(v)}" for k, v in other.items()))
     if served:

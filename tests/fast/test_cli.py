@@ -46,3 +46,13 @@ def test_status_shows_the_tokens_served_per_tenant(capsys):
     with HintServer(core, "127.0.0.1:0") as server:
         assert cli.main(["status", "--hints", server.endpoint]) == 0
     assert "tokens served: acme=120" in capsys.readouterr().out
+
+
+def test_status_has_an_admission_line_when_the_engine_reports_it():
+    from saga_server.status import render
+
+    stats = {"sessions_live": 5, "engine_admission_active": 3, "engine_admission_parked": 1,
+             "engine_admission_waiting": 1, "engine_admission_limit_tokens": 5530, "engine_admission_wait_s": 12.5}
+    out = render(stats, [])
+    assert "admission: 3 active, 1 parked, 1 waiting sessions; limit 5530 tokens, 12.5 s waited" in out
+    assert "engine_admission_active=" not in out  # not repeated in the raw stats line
