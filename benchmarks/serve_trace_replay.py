@@ -194,8 +194,10 @@ def run_session(server, task: Task, tokens: TokenSource, hint_addr: str, seed: i
 
 
 # Modes: SAGA as shipped; SAGA with request-level FCFS inside a tenant (no task
-# seniority: what the cache policies alone give); stock vLLM.
-MODES = {"saga": (True, {}), "saga-request-fcfs": (True, {"SAGA_SENIORITY_WINDOW_S": "0"}), "no-saga": (False, {})}
+# seniority: what the cache policies alone give); SAGA without session admission;
+# stock vLLM.
+MODES = {"saga": (True, {}), "saga-request-fcfs": (True, {"SAGA_SENIORITY_WINDOW_S": "0"}),
+         "saga-no-admit": (True, {"SAGA_ADMISSION": "0"}), "no-saga": (False, {})}
 
 
 def replay(mode: str, tasks: list[Task], tokens: TokenSource, args) -> dict:
