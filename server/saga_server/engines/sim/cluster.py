@@ -19,6 +19,8 @@ Model (deterministic under a seed; all times in simulated seconds):
   offloaded range, loaded over the host link before prefill). The run's shared prefix
   (system prompt, tool schema) is held by every running request of the run, so it is
   modelled as always resident and not charged to the pool.
+- **Session admission** (policies with one, `admission`): requests of sessions the
+  worker's controller has not admitted wait at its gate, outside the queue.
 - **Continuous batching as a fluid** (`worker`), and the host tier (`host`).
 
 `run()` returns a `SimResult` of raw counters; `saga_server.bench.metrics` turns them

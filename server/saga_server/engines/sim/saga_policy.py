@@ -10,6 +10,12 @@ placement by fewest live sessions and no stealing).
 then pins, then sessions whose next request is already queued, the back of the queue
 first (Belady for a FIFO; arrival order stands in for queue position).
 
+`admit` is session admission by the core's `SessionAdmission`, one per worker, the
+same object the vLLM plugin runs: requests of sessions it has not admitted wait at the
+worker's gate (`admission`), idle ones may be parked; its limit's host part is the
+worker's host tier, a parked session's return cost its prefill. With `walru` the host
+tier also drops sessions in WA-LRU order (`host_key`).
+
 Difference from the vLLM plugin today: the plugin prefetches by re-prefilling a
 paused session's prefix when the engine is idle; the simulated cluster has a CPU
 tier, so here `prefetch` loads offloaded KV back over the host link on the core's
