@@ -65,10 +65,10 @@ class Trip:
 
 
 def _at_turn(step: str):
-    """`is_enabled` for `step`: true only when it is the procedure's next step."""
+    """`is_enabled` for `step`: true only when it is the procedure's first step not yet
+    done (a step the model repeats is never skipped past)."""
     def enabled(ctx: RunContextWrapper[Trip], agent) -> bool:
-        done = ctx.context.done
-        return len(done) < len(PROCEDURE) and PROCEDURE[len(done)] == step
+        return next((s for s in PROCEDURE if s not in ctx.context.done), None) == step
     return enabled
 
 

@@ -44,6 +44,14 @@ contextvar reaches the model call. That is why the session is made current aroun
 `Runner.run` by `run` / `session` instead; `SagaRunHooks` alone hints into whatever
 session is current where `Runner.run` was called (e.g. `with hints.session(...)`).
 
+Not switched on by `saga run`'s zero-code bootstrap, unlike LangChain's: that one is a
+single import registering a hook LangChain documents for the purpose, while the Agents
+SDK takes run hooks only as a `Runner.run` argument, so switching them on without code
+would mean patching `Runner.run`, `run_sync` and `run_streamed` (over the internal
+`AgentRunner`); its one global registration, `add_trace_processor`, is the tracing
+processor above. An agent left unchanged is covered by `saga proxy` instead (Chat
+Completions models; the proxy reads no Responses-API requests yet).
+
 Contract: no hook ever raises into the SDK or blocks the run (a SAGA failure is logged
 once and the run proceeds unhinted; hints go to `HintClient`'s queue), and nothing the
 agent sees changes. A user's own `RunHooks` passed as `hooks=` still get every call.

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from tests.support import chat_server as chat
-from tests.support.examples import load_example
+from tests.support.examples import EXAMPLES, load_example
+
+ROOT = EXAMPLES.parent
 
 ARGUMENTS = {"get_user_details": {"user_id": "mia_li_3668"}, "transfer_to_writer": {},
              "search_flights": {"origin": "JFK", "destination": "SFO", "date": "2024-05-20"}}
@@ -67,3 +72,41 @@ def test_the_example_follows_its_procedure_as_one_session(example, api, chat_ser
     assert [e.node for e in events if type(e).__name__ == "LlmCallStart"] == ["booking"] * 3 + ["writer"]
     assert ("booking", "writer") in events[0].structure.edges
     assert (events[0].tenant, events[0].deadline_s) == ("example", 300)
+
+
+@pytest.fixture
+def proxy(chat_server, hint_service):
+    """`saga proxy` between the example and the scripted model server."""
+    from saga_sdk import HintClient
+    from saga_server.proxy import ProxyConfig, SagaProxy
+    from saga_server.proxy.server import BackgroundServer
+
+    app = SagaProxy(ProxyConfig(upstream=chat_server.base_url),
+                    hints=HintClient(endpoint=hint_service.endpoint, flush_interval_s=0.001))
+    server = BackgroundServer(app).start()
+    server.app = app
+    yield server
+    server.stop()
+    app.hints.close(1)
+
+
+def test_the_example_unchanged_under_saga_run_is_one_proxy_session(chat_server, proxy, recorder):
+    """Its own hints are off under the proxy, but its session still names the requests:
+    the proxy hints that session, once, with the tool calls it sees (to it the handoff
+    is one more tool call)."""
+    chat_server.script = forced_model
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "SAGA_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "sdk"), str(ROOT / "server")])
+    r = subprocess.run([sys.executable, "-m", "saga_server.cli", "run", "--proxy", proxy.url + "/v1", "--",
+                        sys.executable, str(EXAMPLES / "openai_agents_agent.py"), "--session-id", "under-run"],
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[-1])["steps"] == ["get_user_details", "search_flights",
+                                                              "transfer_to_writer"]
+    assert {req.headers.get("x-session-id") for req in chat_server.model_requests()} == {"under-run"}
+    assert proxy.app.hints.flush(5)
+    events = recorder.of("under-run")
+    assert [type(e).__name__ for e in events].count("SessionStart") == 1
+    assert [(type(e).__name__, e.tool) for e in events if type(e).__name__.startswith("ToolCall")] == [
+        (kind, name) for name in ("get_user_details", "search_flights", "transfer_to_writer")
+        for kind in ("ToolCallStart", "ToolCallEnd")]
