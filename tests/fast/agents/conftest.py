@@ -1,7 +1,7 @@
 """Fast-tier fixtures for the OpenAI Agents SDK integration: real `agents.Agent`s with
-real function tools run by the real `Runner`, a real gRPC hint service, and the
-scripted model server (the one fake, at the model-server seam: see
-tests/support/chat_server.py). The SDK's own `OpenAIChatCompletionsModel` and
+real function tools run by the real `Runner`, a real gRPC hint service (the fast tier's
+`hint_server`, its registry keeping every event), and the scripted model server (the
+one fake, at the model-server seam: see tests/support/chat_server.py). The SDK's own `OpenAIChatCompletionsModel` and
 `OpenAIResponsesModel` talk to it over HTTP, so the tests see exactly what each put on
 the wire. Tracing is off: the SDK would otherwise export to api.openai.com."""
 
@@ -11,8 +11,6 @@ import pytest
 from agents import OpenAIChatCompletionsModel, OpenAIResponsesModel, set_tracing_disabled
 from openai import AsyncOpenAI
 
-from saga_sdk import HintClient
-from saga_server.rpc import HintServer
 from tests.support.chat_server import ChatServer, text
 from tests.support.registry import RecordingRegistry
 
@@ -29,22 +27,9 @@ def chat_server():
 
 
 @pytest.fixture
-def recorder():
+def registry() -> RecordingRegistry:
+    """Overrides the fast tier's plain registry, so its `hint_server` keeps every event."""
     return RecordingRegistry()
-
-
-@pytest.fixture
-def hint_service(recorder):
-    server = HintServer(recorder, "127.0.0.1:0").start()
-    yield server
-    server.close(grace=None)
-
-
-@pytest.fixture
-def hints(hint_service):
-    client = HintClient(endpoint=hint_service.endpoint, flush_interval_s=0)
-    yield client
-    client.close(timeout=1)
 
 
 def make_model(kind: str, server: ChatServer):

@@ -14,30 +14,11 @@ from agents import Agent, RunHooks, Runner, UserError, function_tool, handoff
 from saga_sdk import HintClient
 from saga_sdk.integrations import openai_agents as saga_agents
 from saga_sdk.integrations.openai_agents import SagaRunHooks, describe, run, run_sync, session
-from saga_server.core.events import (LlmCallEnd, LlmCallStart, SessionEnd, SessionStart, ToolCallEnd,
-                                     ToolCallStart)
+from saga_server.core.events import LlmCallEnd
 from tests.support.chat_server import text
 from tests.support.chat_server import tool_calls as calls
+from tests.support.registry import trace
 from tests.support.http import free_port
-
-
-def trace(events) -> list[tuple]:
-    """Hint events as comparable tuples (no times)."""
-    out = []
-    for e in events:
-        if isinstance(e, SessionStart):
-            out.append(("session_start", e.workflow))
-        elif isinstance(e, LlmCallStart):
-            out.append(("llm_start", e.step, e.node))
-        elif isinstance(e, LlmCallEnd):
-            out.append(("llm_end", e.step, e.node))
-        elif isinstance(e, ToolCallStart):
-            out.append(("tool_start", e.tool, e.call_id))
-        elif isinstance(e, ToolCallEnd):
-            out.append(("tool_end", e.tool, e.call_id, e.outcome.value))
-        elif isinstance(e, SessionEnd):
-            out.append(("session_end", e.outcome.value))
-    return out
 
 
 # -- a script that reads chat and Responses bodies alike ---------------------------------
@@ -78,21 +59,21 @@ def calc(model, tools=(add,), **kw) -> Agent:
 
 
 def test_a_run_is_one_session_with_llm_steps_tool_calls_and_the_id_on_every_request(chat_server, model, hints,
-                                                                                    recorder):
+                                                                                    registry):
     chat_server.script = tool_then_done(("add", {"a": 2, "b": 3}))
 
     result = asyncio.run(run(calc(model), "2+3?", client=hints, tenant="acme", deadline_s=30))
     assert hints.flush(5)
 
-    sid = recorder.events[0].session_id
-    assert trace(recorder.of(sid)) == [
+    sid = registry.events[0].session_id
+    assert trace(registry.of(sid)) == [
         ("session_start", "calc"),
         ("llm_start", 1, "calc"), ("llm_end", 1, "calc"),
         ("tool_start", "add", "call_1_0"), ("tool_end", "add", "call_1_0", "ok"),
         ("llm_start", 2, "calc"), ("llm_end", 2, "calc"),
         ("session_end", "completed"),
     ]
-    start = recorder.of(sid)[0]
+    start = registry.of(sid)[0]
     assert (start.tenant, start.deadline_s) == ("acme", 30)
     assert {(n.name, n.kind) for n in start.structure.nodes} == {("calc", "llm"), ("add", "tool"), ("end", "end")}
     assert set(start.structure.edges) == {("calc", "add"), ("add", "calc"), ("calc", "end")}
@@ -101,13 +82,13 @@ def test_a_run_is_one_session_with_llm_steps_tool_calls_and_the_id_on_every_requ
     expected_path = "/v1/responses" if type(model).__name__ == "OpenAIResponsesModel" else "/v1/chat/completions"
     assert [(r.path, r.headers.get("x-session-id")) for r in requests] == [(expected_path, sid)] * 2
     # the usage the server reported reaches the hints; the agent saw the tool's result
-    ends = [e for e in recorder.of(sid) if isinstance(e, LlmCallEnd)]
+    ends = [e for e in registry.of(sid) if isinstance(e, LlmCallEnd)]
     assert [(e.prompt_tokens, e.output_tokens) for e in ends] == [(10 * len(items(r.body)), 5) for r in requests]
     assert tool_outputs(requests[1].body) == ["5"]
     assert result.final_output == "done"
 
 
-def test_a_streamed_run_inside_a_session_is_hinted_and_tagged_the_same(chat_server, model, hints, recorder):
+def test_a_streamed_run_inside_a_session_is_hinted_and_tagged_the_same(chat_server, model, hints, registry):
     chat_server.script = tool_then_done(("add", {"a": 1, "b": 2}))
 
     async def main():
@@ -118,7 +99,7 @@ def test_a_streamed_run_inside_a_session_is_hinted_and_tagged_the_same(chat_serv
     result, events = asyncio.run(main())
     assert hints.flush(5)
     assert "run_item_stream_event" in events and result.final_output.strip() == "done"
-    assert trace(recorder.of("streamed")) == [
+    assert trace(registry.of("streamed")) == [
         ("session_start", "calc"),
         ("llm_start", 1, "calc"), ("llm_end", 1, "calc"),
         ("tool_start", "add", "call_1_0"), ("tool_end", "add", "call_1_0", "ok"),
@@ -159,7 +140,7 @@ def two_agents(model, *, via_handoff_object: bool = False) -> Agent:
 
 
 @pytest.mark.parametrize("via_handoff_object", [False, True], ids=["agent", "handoff()"])
-def test_a_handoff_names_the_next_steps_after_the_new_agent_and_is_declared(chat_server, model, hints, recorder,
+def test_a_handoff_names_the_next_steps_after_the_new_agent_and_is_declared(chat_server, model, hints, registry,
                                                                             via_handoff_object):
     chat_server.script = triage_then_writer
 
@@ -167,7 +148,7 @@ def test_a_handoff_names_the_next_steps_after_the_new_agent_and_is_declared(chat
                              client=hints, session_id="handoff"))
     assert hints.flush(5)
     assert result.last_agent.name == "writer" and result.final_output == "Dear gold member."
-    assert trace(recorder.of("handoff")) == [
+    assert trace(registry.of("handoff")) == [
         ("session_start", "triage"),
         ("llm_start", 1, "triage"), ("llm_end", 1, "triage"),
         ("tool_start", "lookup", "call_1_0"), ("tool_end", "lookup", "call_1_0", "ok"),
@@ -175,7 +156,7 @@ def test_a_handoff_names_the_next_steps_after_the_new_agent_and_is_declared(chat
         ("llm_start", 3, "writer"), ("llm_end", 3, "writer"),
         ("session_end", "completed"),
     ]
-    structure = recorder.of("handoff")[0].structure
+    structure = registry.of("handoff")[0].structure
     assert {(n.name, n.kind) for n in structure.nodes} == {
         ("triage", "llm"), ("writer", "llm"), ("lookup", "tool"), ("sign", "tool"), ("end", "end")}
     assert set(structure.edges) == {("triage", "lookup"), ("lookup", "triage"), ("triage", "writer"),
@@ -202,7 +183,7 @@ def test_describe_follows_tool_use_behavior():
 # -- failures and cancellation -------------------------------------------------------------
 
 
-def test_a_tool_that_raises_ends_with_error_and_the_run_goes_on(chat_server, model, hints, recorder):
+def test_a_tool_that_raises_ends_with_error_and_the_run_goes_on(chat_server, model, hints, registry):
     @function_tool
     def broken(path: str) -> str:
         """Read a file."""
@@ -211,7 +192,7 @@ def test_a_tool_that_raises_ends_with_error_and_the_run_goes_on(chat_server, mod
     chat_server.script = tool_then_done(("broken", {"path": "/nope"}), ("add", {"a": 1, "b": 1}))
     result = asyncio.run(run(calc(model, [broken, add]), "read", client=hints, session_id="broken"))
     assert hints.flush(5)
-    events = trace(recorder.of("broken"))
+    events = trace(registry.of("broken"))
     assert sorted(events[3:7]) == [("tool_end", "add", "call_1_1", "ok"),
                                    ("tool_end", "broken", "call_1_0", "error"),
                                    ("tool_start", "add", "call_1_1"), ("tool_start", "broken", "call_1_0")]
@@ -223,7 +204,7 @@ def test_a_tool_that_raises_ends_with_error_and_the_run_goes_on(chat_server, mod
 
 
 def test_a_tool_error_that_ends_the_run_ends_the_tool_and_the_session_as_failed(chat_server, model, hints,
-                                                                                 recorder):
+                                                                                 registry):
     @function_tool(failure_error_function=None)
     def fatal(path: str) -> str:
         """Read a file."""
@@ -234,14 +215,14 @@ def test_a_tool_error_that_ends_the_run_ends_the_tool_and_the_session_as_failed(
         asyncio.run(run(calc(model, [fatal]), "read", client=hints, session_id="fatal"))
     assert isinstance(raised.value.__cause__, FileNotFoundError)
     assert hints.flush(5)
-    assert trace(recorder.of("fatal")) == [
+    assert trace(registry.of("fatal")) == [
         ("session_start", "calc"), ("llm_start", 1, "calc"), ("llm_end", 1, "calc"),
         ("tool_start", "fatal", "call_1_0"), ("tool_end", "fatal", "call_1_0", "error"),
         ("session_end", "failed"),
     ]
 
 
-def test_cancelling_a_run_ends_the_tool_and_the_session_as_cancelled(chat_server, model, hints, recorder):
+def test_cancelling_a_run_ends_the_tool_and_the_session_as_cancelled(chat_server, model, hints, registry):
     started: asyncio.Event
 
     @function_tool
@@ -264,12 +245,12 @@ def test_cancelling_a_run_ends_the_tool_and_the_session_as_cancelled(chat_server
 
     asyncio.run(main())
     assert hints.flush(5)
-    assert trace(recorder.of("cancelled")) == [
+    assert trace(registry.of("cancelled")) == [
         ("session_start", "calc"), ("llm_start", 1, "calc"), ("llm_end", 1, "calc"),
         ("tool_start", "wait_forever", "call_1_0"), ("tool_end", "wait_forever", "call_1_0", "cancelled"),
         ("session_end", "cancelled"),
     ]
-    assert recorder.stats()["events_rejected"] == 0  # nothing was sent after the session's end
+    assert registry.stats()["events_rejected"] == 0  # nothing was sent after the session's end
 
 
 # -- other ways in ---------------------------------------------------------------------------
@@ -303,7 +284,7 @@ class Recording(RunHooks):
         self.calls.append(("agent_end", agent.name, output))
 
 
-def test_the_callers_own_hooks_get_every_call(chat_server, model, hints, recorder):
+def test_the_callers_own_hooks_get_every_call(chat_server, model, hints, registry):
     chat_server.script = triage_then_writer
     mine = Recording()
 
@@ -316,10 +297,10 @@ def test_the_callers_own_hooks_get_every_call(chat_server, model, hints, recorde
         ("agent_end", "writer", "Dear gold member."),
     ]
     assert hints.flush(5)
-    assert len(trace(recorder.of("mine"))) == 10
+    assert len(trace(registry.of("mine"))) == 10
 
 
-def test_hooks_alone_hint_into_the_session_current_where_the_run_starts(chat_server, model, hints, recorder,
+def test_hooks_alone_hint_into_the_session_current_where_the_run_starts(chat_server, model, hints, registry,
                                                                          caplog):
     chat_server.script = tool_then_done(("add", {"a": 2, "b": 2}))
     saga_agents._log_once._seen.discard("no_session")  # this test counts that warning
@@ -335,7 +316,7 @@ def test_hooks_alone_hint_into_the_session_current_where_the_run_starts(chat_ser
         result = asyncio.run(main())
     assert hints.flush(5)
     assert result.final_output == "done"
-    assert trace(recorder.events) == [
+    assert trace(registry.events) == [
         ("session_start", "mine"),
         ("llm_start", 1, "calc"), ("llm_end", 1, "calc"),
         ("tool_start", "add", "call_1_0"), ("tool_end", "add", "call_1_0", "ok"),
@@ -346,18 +327,18 @@ def test_hooks_alone_hint_into_the_session_current_where_the_run_starts(chat_ser
     assert sum("no current SAGA session" in r.getMessage() for r in caplog.records) == 1  # said once
 
 
-def test_run_sync_is_one_session(chat_server, chat_model, hints, recorder):
+def test_run_sync_is_one_session(chat_server, chat_model, hints, registry):
     chat_server.script = tool_then_done(("add", {"a": 4, "b": 5}))
     result = run_sync(calc(chat_model), "4+5", client=hints, session_id="sync")
     assert hints.flush(5)
     assert result.final_output == "done"
-    assert [e[0] for e in trace(recorder.of("sync"))] == [
+    assert [e[0] for e in trace(registry.of("sync"))] == [
         "session_start", "llm_start", "llm_end", "tool_start", "tool_end", "llm_start", "llm_end", "session_end"]
     assert {r.headers.get("x-session-id") for r in chat_server.model_requests()} == {"sync"}
 
 
 def test_an_agent_used_as_a_tool_runs_inside_the_tool_call_of_the_same_session(chat_server, model, hints,
-                                                                               recorder):
+                                                                               registry):
     def respond(body):
         if "helper" in system(body):
             return text("helped")
@@ -372,7 +353,7 @@ def test_an_agent_used_as_a_tool_runs_inside_the_tool_call_of_the_same_session(c
     result = asyncio.run(run(boss, "delegate", hooks=hooks, client=hints, session_id="nested"))
     assert hints.flush(5)
     assert result.final_output == "done"
-    assert trace(recorder.of("nested")) == [
+    assert trace(registry.of("nested")) == [
         ("session_start", "boss"), ("llm_start", 1, "boss"), ("llm_end", 1, "boss"),
         ("tool_start", "helper", "call_1_0"),
         ("llm_start", 2, "helper"), ("llm_end", 2, "helper"),  # named after the nested agent

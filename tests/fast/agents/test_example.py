@@ -42,11 +42,11 @@ def forced_model(body):
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
-def test_the_example_follows_its_procedure_as_one_session(example, api, chat_server, hint_service, recorder,
+def test_the_example_follows_its_procedure_as_one_session(example, api, chat_server, hint_server, registry,
                                                           capsys):
     chat_server.script = forced_model
     sid = f"example-{api}"
-    assert asyncio.run(example.main(["--base-url", chat_server.base_url, "--hints", hint_service.endpoint,
+    assert asyncio.run(example.main(["--base-url", chat_server.base_url, "--hints", hint_server.endpoint,
                                      "--model", "scripted", "--api", api, "--session-id", sid])) == 0
 
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
@@ -64,7 +64,7 @@ def test_the_example_follows_its_procedure_as_one_session(example, api, chat_ser
     assert all(b["temperature"] == 0 and b["seed"] == 0 for b in bodies)
     assert {r.headers.get("x-session-id") for r in chat_server.model_requests()} == {sid}
 
-    events = recorder.of(sid)
+    events = registry.of(sid)
     assert [type(e).__name__ for e in events] == [
         "SessionStart", "LlmCallStart", "LlmCallEnd", "ToolCallStart", "ToolCallEnd",
         "LlmCallStart", "LlmCallEnd", "ToolCallStart", "ToolCallEnd",
@@ -75,14 +75,14 @@ def test_the_example_follows_its_procedure_as_one_session(example, api, chat_ser
 
 
 @pytest.fixture
-def proxy(chat_server, hint_service):
+def proxy(chat_server, hint_server):
     """`saga proxy` between the example and the scripted model server."""
     from saga_sdk import HintClient
     from saga_server.proxy import ProxyConfig, SagaProxy
     from saga_server.proxy.server import BackgroundServer
 
     app = SagaProxy(ProxyConfig(upstream=chat_server.base_url),
-                    hints=HintClient(endpoint=hint_service.endpoint, flush_interval_s=0.001))
+                    hints=HintClient(endpoint=hint_server.endpoint, flush_interval_s=0.001))
     server = BackgroundServer(app).start()
     server.app = app
     yield server
@@ -90,7 +90,7 @@ def proxy(chat_server, hint_service):
     app.hints.close(1)
 
 
-def test_the_example_unchanged_under_saga_run_is_one_proxy_session(chat_server, proxy, recorder):
+def test_the_example_unchanged_under_saga_run_is_one_proxy_session(chat_server, proxy, registry):
     """Its own hints are off under the proxy, but its session still names the requests:
     the proxy hints that session, once, with the tool calls it sees (to it the handoff
     is one more tool call)."""
@@ -105,7 +105,7 @@ def test_the_example_unchanged_under_saga_run_is_one_proxy_session(chat_server, 
                                                               "transfer_to_writer"]
     assert {req.headers.get("x-session-id") for req in chat_server.model_requests()} == {"under-run"}
     assert proxy.app.hints.flush(5)
-    events = recorder.of("under-run")
+    events = registry.of("under-run")
     assert [type(e).__name__ for e in events].count("SessionStart") == 1
     assert [(type(e).__name__, e.tool) for e in events if type(e).__name__.startswith("ToolCall")] == [
         (kind, name) for name in ("get_user_details", "search_flights", "transfer_to_writer")
