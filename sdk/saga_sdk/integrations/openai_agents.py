@@ -213,7 +213,8 @@ class SagaSession:
     As a context manager (`with` or `async with`) it starts the session, makes it
     current in the caller's context for the run, and on exit ends it: "completed",
     "cancelled" or "failed" (`saga_sdk.outcomes`). Pass `hooks` (a `SagaRunHooks`)
-    to the `Runner` call made inside it.
+    to the `Runner` call made inside it; consume a `Runner.run_streamed` stream inside
+    it too, since the session ends with the block.
 
     agent: the starting agent (names the workflow, declares the structure).
     hooks: the caller's own `RunHooks`, kept inside `hooks`; or a `SagaRunHooks`, which
