@@ -23,7 +23,7 @@ VENV=${SAGA_VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3.11}
 ENGINE=${SAGA_ENGINE:-cpu}
 # Extras of this package to install: all of them by default, since `make test` runs every tier.
-EXTRAS=${SAGA_EXTRAS:-server,dev,proxy,langchain,autogen,ray}
+EXTRAS=${SAGA_EXTRAS:-server,dev,proxy,langchain,autogen,agents,ray}
 
 WIRE_PINS="protobuf==5.29.6 grpcio==1.70.0"
 

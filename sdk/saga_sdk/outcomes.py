@@ -1,6 +1,6 @@
 """`outcome_of`: the hint outcome of whatever ended a tool call or a session.
 
-One rule for every integration (LangChain, AutoGen) and for `HintClient.session`:
+One rule for every integration (LangChain, AutoGen, the Agents SDK) and for `HintClient.session`:
 
 | what ended it | tool outcome | session outcome |
 |---|---|---|

@@ -6,7 +6,7 @@ Import them as `from tests.support import chat_server`. Tests run with
 there, so this package imports like any other, in every test folder.
 
 - `chat_server`: the scripted OpenAI-compatible server (the fast tier's model fake)
-- `registry`: `RecordingRegistry`, the real registry keeping every accepted event
+- `registry`: `RecordingRegistry`, the real registry keeping every accepted event, and `trace`
 - `examples`: `load_example`, an `examples/*.py` script imported as a module
 - `http`: `post_chat` and `free_port` for tests against a real server
 """

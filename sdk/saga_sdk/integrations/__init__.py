@@ -1,2 +1,3 @@
 """Framework integrations, each an optional extra with a guarded import:
-`saga_sdk.integrations.langchain`, `.autogen`, `.openai` (the OpenAI SDK patch)."""
+`saga_sdk.integrations.langchain`, `.autogen`, `.openai_agents` (the OpenAI Agents
+SDK), `.openai` (the OpenAI SDK patch)."""

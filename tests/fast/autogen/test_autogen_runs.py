@@ -18,29 +18,10 @@ from autogen_core.tools import FunctionTool
 from saga_sdk import HintClient, current_session
 from saga_sdk.integrations import autogen as saga_autogen
 from saga_sdk.integrations.autogen import SagaChatCompletionClient, run, run_stream
-from saga_server.core.events import (LlmCallEnd, LlmCallStart, SessionEnd, SessionStart, ToolCallEnd,
-                                     ToolCallStart)
+from saga_server.core.events import LlmCallEnd
 from tests.support.chat_server import text
 from tests.support.chat_server import tool_calls as calls
-
-
-def trace(events) -> list[tuple]:
-    """Hint events as comparable tuples (no times)."""
-    out = []
-    for e in events:
-        if isinstance(e, SessionStart):
-            out.append(("session_start", e.workflow))
-        elif isinstance(e, LlmCallStart):
-            out.append(("llm_start", e.step, e.node))
-        elif isinstance(e, LlmCallEnd):
-            out.append(("llm_end", e.step, e.node))
-        elif isinstance(e, ToolCallStart):
-            out.append(("tool_start", e.tool, e.call_id))
-        elif isinstance(e, ToolCallEnd):
-            out.append(("tool_end", e.tool, e.call_id, e.outcome.value))
-        elif isinstance(e, SessionEnd):
-            out.append(("session_end", e.outcome.value))
-    return out
+from tests.support.registry import trace
 
 
 def tool_then_done(*pairs):

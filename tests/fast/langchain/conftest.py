@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from saga_sdk import HintClient
 from tests.support.chat_server import ChatServer
 from tests.support.registry import RecordingRegistry
 
@@ -16,13 +15,6 @@ from tests.support.registry import RecordingRegistry
 def registry() -> RecordingRegistry:
     """Overrides the fast tier's plain registry (so its `hint_server` feeds this one)."""
     return RecordingRegistry()
-
-
-@pytest.fixture
-def hints(hint_server):
-    client = HintClient(endpoint=hint_server.endpoint, flush_interval_s=0)
-    yield client
-    client.close(timeout=1)
 
 
 @pytest.fixture
