@@ -1,11 +1,11 @@
 """Reading an upstream's answer as it passes: the framing every API shares.
 
-An answer reader is fed the raw bytes of one response, chunk by chunk, after
-each chunk has already gone to the client (or, for a JSON body, once whole); it
-says when it has seen the answer's end (`done`) and then what the answer was
-(`result()`: a `turns.Reply`, or None when the upstream reported a failure
-inside its answer). No reader raises on malformed input: an answer that cannot
-be read is simply not learnt from.
+An answer reader is fed the raw bytes of one response: a stream chunk by chunk,
+each before it goes on to the client (the reader says when it has read the event
+that ends the answer: `done`), a JSON body once whole. `result()` then says what
+the answer was: a `turns.Reply`, or None when the upstream reported a failure
+inside its answer. No reader raises on malformed input: an answer that cannot be
+read is simply not learnt from.
 
 `JsonAnswer` keeps a bounded JSON body and hands it to `read(body)`;
 `SseAnswer` splits a `text/event-stream` into events and hands each to
@@ -28,7 +28,6 @@ class JsonAnswer:
     def __init__(self) -> None:
         self._parts: list[bytes] = []
         self._size = 0
-        self.done = False
 
     def feed(self, chunk: bytes) -> None:
         self._size += len(chunk)
@@ -36,7 +35,6 @@ class JsonAnswer:
             self._parts.append(chunk)
 
     def result(self) -> Reply | None:
-        self.done = True
         if self._size > MAX_JSON_BYTES:
             return Reply()
         try:

@@ -60,24 +60,28 @@ def build_app(*, record: bool = True) -> Starlette:
     async def echo_headers(request: Request) -> Response:
         return JSONResponse(dict(request.headers))
 
-    async def chat(request: Request) -> Response:
-        raw = await request.body()
+    async def recorded(request: Request):
+        """The request's JSON body, recorded; None if it is not JSON."""
         try:
-            body = json.loads(raw)
+            body = json.loads(await request.body())
         except ValueError:
-            return _error(400, "could not parse the request body as JSON", "BadRequestError")
+            return None
         if record:
             app.state.requests.append({"path": request.url.path, "headers": dict(request.headers), "body": body})
+        return body
+
+    async def chat(request: Request) -> Response:
+        body = await recorded(request)
+        if body is None:
+            return _error(400, "could not parse the request body as JSON", "BadRequestError")
         messages = body.get("messages") if isinstance(body, dict) else None
         if not isinstance(messages, list) or not messages:
             return _error(400, "messages: field required", "BadRequestError")
         step = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
-        action, linger = _action(_first_user(messages), step, _forced(body))
-        key = _key(messages)
+        action, linger, key, tools, text = _script(messages, step, body)
         if action.startswith("error"):
             status = _status(action)
             return _error(status, f"scripted failure {status}", "InternalServerError")
-        tools, text = _tools_and_text(action, step)
         calls = [{"id": f"call_{key}_{i}", "type": "function",
                   "function": {"name": name, "arguments": json.dumps({"step": step, "n": i})}}
                  for i, name in enumerate(tools)]
@@ -96,12 +100,9 @@ def build_app(*, record: bool = True) -> Starlette:
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 7, "total_tokens": prompt_tokens + 7}})
 
     async def completions(request: Request) -> Response:
-        try:
-            body = json.loads(await request.body())
-        except ValueError:
+        body = await recorded(request)
+        if body is None:
             return _error(400, "could not parse the request body as JSON", "BadRequestError")
-        if record:
-            app.state.requests.append({"path": request.url.path, "headers": dict(request.headers), "body": body})
         return JSONResponse({"id": "cmpl-1", "object": "text_completion", "created": CREATED, "model": MODEL,
                              "choices": [{"index": 0, "text": " world", "finish_reason": "stop", "logprobs": None}],
                              "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}})
@@ -139,12 +140,9 @@ def build_app(*, record: bool = True) -> Starlette:
             await asyncio.sleep(1.0)
 
     async def responses(request: Request) -> Response:
-        try:
-            body = json.loads(await request.body())
-        except ValueError:
+        body = await recorded(request)
+        if body is None:
             return _error(400, "could not parse the request body as JSON", "BadRequestError")
-        if record:
-            app.state.requests.append({"path": request.url.path, "headers": dict(request.headers), "body": body})
         raw = body.get("input")
         items = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw if isinstance(raw, list) else None
         if not items:
@@ -154,12 +152,10 @@ def build_app(*, record: bool = True) -> Starlette:
             return _error(404, f"Response with id '{previous}' not found.", "NotFoundError")
         history = (app.state.stored[previous] if previous else []) + items
         step = _assistant_turns(history)
-        action, linger = _action(_first_user(history), step, _forced_response(body))
-        key = _key(history)
+        action, linger, key, tools, text = _script(history, step, body)
         if action.startswith("error"):
             status = _status(action)
             return _error(status, f"scripted failure {status}", "InternalServerError")
-        tools, text = _tools_and_text(action, step)
         output = [{"type": "function_call", "id": f"fc_{key}_{i}", "call_id": f"call_{key}_{i}", "name": name,
                    "arguments": json.dumps({"step": step, "n": i}), "status": "completed"}
                   for i, name in enumerate(tools)]
@@ -212,22 +208,17 @@ def build_app(*, record: bool = True) -> Starlette:
             await asyncio.sleep(1.0)
 
     async def messages_api(request: Request) -> Response:
-        try:
-            body = json.loads(await request.body())
-        except ValueError:
+        body = await recorded(request)
+        if body is None:
             return _anthropic_error(400, "could not parse the request body as JSON")
-        if record:
-            app.state.requests.append({"path": request.url.path, "headers": dict(request.headers), "body": body})
         messages = body.get("messages") if isinstance(body, dict) else None
         if not isinstance(messages, list) or not messages:
             return _anthropic_error(400, "messages: field required")
         step = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
-        action, linger = _action(_first_user(messages), step, _forced_message(body))
-        key = _key(messages)
+        action, linger, key, tools, text = _script(messages, step, body)
         if action.startswith("error"):
             status = _status(action)
             return _anthropic_error(status, f"scripted failure {status}")
-        tools, text = _tools_and_text(action, step)
         content = [{"type": "tool_use", "id": f"toolu_{key}_{i}", "name": name, "input": {"step": step, "n": i}}
                    for i, name in enumerate(tools)]
         if text:
@@ -296,21 +287,20 @@ def _first_user(history: list) -> str:
     return ""
 
 
-def _action(first_user: str, step: int, forced: str) -> tuple[str, bool]:
-    """This step's plan item (or the forced one without a plan), and whether to linger."""
-    action = forced
+def _script(history: list, step: int, body: dict) -> tuple[str, bool, str, list[str], str | None]:
+    """What step `step` of this history does: its plan item (or, without a plan, the
+    forced one), whether to linger, the history's key, the tools it calls and its text."""
+    first_user, action = _first_user(history), _forced(body)
     if "plan:" in first_user:
         items = [s.strip() for s in first_user.split("plan:", 1)[1].split("|")]
         action = items[step] if step < len(items) else "answer"
-    return action.removesuffix(" linger"), action.endswith(" linger")
-
-
-def _tools_and_text(action: str, step: int) -> tuple[list[str], str | None]:
+    linger, action = action.endswith(" linger"), action.removesuffix(" linger")
+    tools, text = [], f"done after {step} steps"
     if action.startswith("tools "):
-        return [name.strip() for name in action.split(None, 1)[1].split(",")], None
-    if action.startswith("act "):
-        return [], f"THOUGHT: step {step}, I run a command.\n\n```bash\n{action[4:].strip()}\n```"
-    return [], f"done after {step} steps"
+        tools, text = [name.strip() for name in action.split(None, 1)[1].split(",")], None
+    elif action.startswith("act "):
+        text = f"THOUGHT: step {step}, I run a command.\n\n```bash\n{action[4:].strip()}\n```"
+    return action, linger, _key(history), tools, text
 
 
 def _assistant_turns(items: list) -> int:
@@ -332,31 +322,21 @@ def _status(action: str) -> int:
 
 
 def _forced(body: dict) -> str:
-    """Without a plan, do what a real server's guided decoding does: a named
-    `tool_choice` calls that function, "required" calls the first tool."""
+    """Without a plan, do what a real server's guided decoding does: a named tool
+    choice calls that tool (chat: `{"function": {"name"}}`, Responses: `{"type":
+    "function", "name"}`, Messages: `{"type": "tool", "name"}`), "required"
+    (Messages: `{"type": "any"}`) calls the first tool."""
     choice, tools = body.get("tool_choice"), body.get("tools") or []
-    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
-        return f"tools {choice['function'].get('name', 'unknown')}"
-    if choice == "required" and tools and isinstance(tools[0], dict):
-        return f"tools {tools[0].get('function', {}).get('name', 'unknown')}"
-    return "answer"
-
-
-def _forced_response(body: dict) -> str:
-    choice, tools = body.get("tool_choice"), body.get("tools") or []
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return f"tools {choice.get('name', 'unknown')}"
-    if choice == "required" and tools and isinstance(tools[0], dict):
-        return f"tools {tools[0].get('name', 'unknown')}"
-    return "answer"
-
-
-def _forced_message(body: dict) -> str:
-    choice, tools = body.get("tool_choice"), body.get("tools") or []
-    if isinstance(choice, dict) and choice.get("type") == "tool":
-        return f"tools {choice.get('name', 'unknown')}"
-    if isinstance(choice, dict) and choice.get("type") == "any" and tools and isinstance(tools[0], dict):
-        return f"tools {tools[0].get('name', 'unknown')}"
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        named = fn.get("name") if isinstance(fn, dict) else choice.get("name") if choice.get("type") in (
+            "function", "tool") else None
+        if named:
+            return f"tools {named}"
+    required = choice == "required" or isinstance(choice, dict) and choice.get("type") == "any"
+    if required and tools and isinstance(tools[0], dict):
+        fn = tools[0].get("function")
+        return f"tools {(fn.get('name') if isinstance(fn, dict) else tools[0].get('name')) or 'unknown'}"
     return "answer"
 
 

@@ -42,6 +42,16 @@ def one_session(proxy, upstream, registry) -> str:
     return ids[0]
 
 
+def read_until(stream, marker: bytes) -> tuple[bytes, list[dict]]:
+    """A stream's bytes up to the chunk holding `marker` (an answer's end), and its events."""
+    raw = b""
+    for chunk in stream.iter_raw():
+        raw += chunk
+        if marker in raw:
+            break
+    return raw, [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: ")]
+
+
 # -- Responses API ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
@@ -85,12 +95,7 @@ def test_responses_stream_is_byte_identical_and_learnt_before_its_end(proxy, ups
         direct = b"".join(r.iter_raw())
     upstream.app.state.requests.clear()
     with httpx.stream("POST", proxy.url + "/v1/responses", json=body, timeout=30) as r:
-        raw = b""
-        for chunk in r.iter_raw():
-            raw += chunk
-            if b"response.completed" in raw:
-                break
-        events = [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: ")]
+        raw, events = read_until(r, b"response.completed")
         item = next(e["item"] for e in events if e["type"] == "response.output_item.done")
         second = httpx.post(proxy.url + "/v1/responses", timeout=30, json={
             **body, "stream": False,
@@ -140,13 +145,8 @@ def test_messages_stream_is_learnt_before_its_end(proxy, upstream, registry):
     body = {"model": "m", "max_tokens": 64, "stream": True, "tools": MESSAGES_TOOLS,
             "messages": [{"role": "user", "content": "plan: tools get_user linger | answer"}]}
     with httpx.stream("POST", proxy.url + "/v1/messages", json=body, timeout=30) as r:
-        raw = b""
-        for chunk in r.iter_raw():
-            raw += chunk
-            if b"message_stop" in raw:
-                break
-        start = next(json.loads(line[6:]) for line in raw.decode().splitlines()
-                     if line.startswith("data: ") and '"content_block_start"' in line)
+        _, events = read_until(r, b"message_stop")
+        start = next(e for e in events if e["type"] == "content_block_start")
         block = {**start["content_block"], "input": {"step": 0, "n": 0}}
         second = httpx.post(proxy.url + "/v1/messages", timeout=30, json={**body, "stream": False, "messages": [
             *body["messages"], {"role": "assistant", "content": [block]},
