@@ -248,3 +248,10 @@ def test_text_actions_can_be_switched_off(upstream, hint_server, registry, make_
     run_text_agent(openai_sdk(server), "act ls | act echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")
     sid = one_session(server, upstream, registry)
     assert tool_events(registry, sid) == [] and registry.session(sid).state != "ended"
+
+
+def test_saga_proxy_says_which_text_action_setting_is_wrong(capsys):
+    from saga_server.proxy import cli
+
+    assert cli.main(["--upstream", "http://127.0.0.1:1/v1", "--submit-marker", "(unclosed"]) == 2
+    assert "saga proxy:" in capsys.readouterr().err
