@@ -1,7 +1,10 @@
 """`saga status`: a compact view of what a running SAGA server knows.
 
 Reads the hint service (sessions, hint counters, the core's stats) and, when an
-OpenAI URL is given, the SAGA metrics on that server's `/metrics`.
+OpenAI URL is given, the SAGA metrics on that server's `/metrics`. The header's
+session count and the table are the same sessions: the live ones (a session that
+ended is remembered a while for late readers, but is not listed); the table shows
+the most recently active of them, and says how many of how many.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from saga_sdk import HintReader, SagaUnavailable
 
 __all__ = ["main", "render"]
 
+_MAX_FETCHED = 2000  # sessions in one listing request, ended ones included
+
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="saga status", description=__doc__.splitlines()[0])
@@ -26,7 +31,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         with HintReader(args.hints) as reader:
-            reply, sessions = reader.server_stats(), reader.sessions(args.sessions)
+            reply = reader.server_stats()
+            sessions = reader.sessions(_listing_limit(dict(reply.stats), args.sessions))
     except SagaUnavailable as exc:
         print(f"saga status: hint service not reachable: {exc}", file=sys.stderr)
         return 1
@@ -41,13 +47,25 @@ def main(argv: list[str]) -> int:
                 metrics = fetch_metrics(args.url)
             except Exception as exc:  # status is best effort beyond the hint service
                 print(f"(metrics from {args.url} unavailable: {exc})", file=sys.stderr)
-    print(render(dict(reply.stats), sessions, metrics, served=dict(reply.served_tokens_by_tenant)))
+    print(render(dict(reply.stats), sessions, metrics, served=dict(reply.served_tokens_by_tenant),
+                 limit=args.sessions))
     return 0
 
 
-def render(stats, sessions, metrics=None, served=None) -> str:
-    """`served`: tenant -> tokens served (the hint service's per-tenant service)."""
-    lines = [f"hint service: {int(stats.get('sessions_live', 0))} live sessions, "
+def _listing_limit(stats, wanted: int) -> int:
+    """How many sessions to ask for so that `wanted` live ones come back: the
+    listing is by recent activity and holds the remembered ended ones too."""
+    ended = max(0, int(stats.get("aeg_sessions", 0) - stats.get("sessions_live", 0)))
+    return max(1, min(wanted + ended, _MAX_FETCHED))
+
+
+def render(stats, sessions, metrics=None, served=None, limit: int | None = None) -> str:
+    """`sessions`: most recently active first (ended ones are left out: the header
+    counts live sessions); at most `limit` listed. `served`: tenant -> tokens served
+    (the hint service's per-tenant service)."""
+    live = int(stats.get("sessions_live", 0))
+    listed = [s for s in sessions if s.state != "ended"][:limit]
+    lines = [f"hint service: {live} live sessions, "
              f"{int(stats.get('open_tool_calls', 0))} open tool calls, "
              f"{int(stats.get('hints_events_accepted', 0))} events accepted, "
              f"{int(stats.get('hints_events_invalid', 0) + stats.get('hints_events_refused', 0))} refused"]
@@ -66,10 +84,11 @@ def render(stats, sessions, metrics=None, served=None) -> str:
     if metrics:
         lines.append("engine metrics:")
         lines += [f"  {k} = {_num(v)}" for k, v in sorted(metrics.items())]
-    if sessions:
+    if listed:
         header = f"{'session':<28} {'tenant':<10} {'state':<6} {'steps':>5} {'tools':>5} {'idle s':>7}  node / open tools"
-        lines += ["", header, "-" * len(header)]
-        for s in sessions:
+        lines += ["", f"live sessions, most recently active first ({len(listed)} of {max(live, len(listed))}):",
+                  header, "-" * len(header)]
+        for s in listed:
             open_tools = ",".join(t.tool for t in s.open_tools)
             lines.append(f"{s.session_id[:28]:<28} {s.tenant[:10]:<10} {s.state:<6} {s.steps:>5} "
                          f"{s.tool_calls:>5} {s.idle_s:>7.1f}  {s.current_node}{' / ' + open_tools if open_tools else ''}")

@@ -32,6 +32,30 @@ def test_status_shows_sessions_and_open_tools(hint_server, capsys):
     assert row.endswith("plan / pytest")
 
 
+def test_status_header_and_table_count_the_same_sessions(capsys):
+    """The header counts live sessions; the table lists those (ended ones, which the
+    service remembers a while, are left out), and says how many of how many."""
+    from saga_server.core import WorkflowCore
+    from saga_server.rpc import HintServer
+
+    core = WorkflowCore()
+    with HintServer(core, "127.0.0.1:0") as server:
+        client = HintClient(endpoint=server.endpoint)
+        for sid in ("live-1", "live-2", "live-3", "done-1", "done-2"):
+            client.session_start(sid, tenant="acme")
+            client.llm_call_start(sid, step=1, node="plan")
+            if sid.startswith("done"):
+                client.session_end(sid)
+        assert client.flush(5)
+        client.close()
+        assert cli.main(["status", "--hints", server.endpoint, "--sessions", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "3 live sessions" in out
+    assert "live sessions, most recently active first (2 of 3):" in out
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith(("done-", "live-"))]
+    assert rows == ["live-3", "live-2"]
+
+
 def test_status_without_a_service_says_so(capsys):
     assert cli.main(["status", "--hints", "127.0.0.1:9"]) == 1
     assert "hint service not reachable" in capsys.readouterr().err

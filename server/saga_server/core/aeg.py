@@ -9,6 +9,10 @@ the framework (hint `node`) when it gives one; otherwise by what led to it:
 Without any hints (the engine only sees requests), the step *shape* stands in:
 ``"o<k>"`` after a response of 2^(k-1)..2^k-1 output tokens, and the gap between
 a response and the next request is treated as a pseudo-tool ``"~gap:o<k>"``.
+A session whose hints mark its LLM calls but never a tool call (a proxy that
+found no tool calls, an integration without tool hooks) keeps that gap: its
+hints say where the calls are, not what happens between them. Its first tool
+hint shows the gap it was in to have been that tool, and the gap is taken back.
 
 Each node keeps, per tool key ("" = no tool), how often that tool followed it
 and, once the outcome is known, which node came next or whether the session
@@ -129,6 +133,7 @@ class AEG(WorkflowGraphs):
     def tool_start(self, sid: str, t: float, tool: str, *, call_id: str = "", category: str = "",
                    expected_s: float | None = None) -> Session:
         s = self._session(sid, t, "", True)
+        s.tool_calls += 1  # announced here, as the table counts a hinted one
         self._tool_start(s, t, tool, call_id, category, expected_s)
         self.sessions.touch(s, t)
         return s
@@ -230,8 +235,8 @@ class AEG(WorkflowGraphs):
             s.last_output = max(output_tokens, 0)
             s.context_tokens = s.base_tokens = s.last_prompt + s.last_output
         s.in_llm = False
-        if not hinted and not s.hinted:
-            # Without hints the pause until the next request is the only "tool".
+        if (not hinted and not s.hinted) or _without_tool_hints(s):
+            # Without (tool) hints the pause until the next request is the only "tool".
             s.gap_started = t
             s.via = f"~gap:o{min(s.last_output, 1 << 20).bit_length()}"
             s.via_category = "~gap"
@@ -241,6 +246,8 @@ class AEG(WorkflowGraphs):
                     expected_s: float | None) -> None:
         if not s.hinted:
             self._take_hints(s)
+        elif s.gap_started is not None:  # the gap inferred after its last call was this tool
+            self.forget_gap(s)
         key, cat = self.learn_tool(s, tool, category)
         if not s.running_tools:
             # The first tool of a batch names the edge; the batch ends with its last tool.
@@ -262,3 +269,9 @@ class AEG(WorkflowGraphs):
         self.learn_end(s)
         s.running_tools.clear()
         s.gap_started = None
+
+
+def _without_tool_hints(s: Session) -> bool:
+    """Hinted, but never a tool call: the gap after this call is still the engine's
+    to infer (once per call, whichever of the engine and the hint ends it first)."""
+    return s.hinted and s.tool_calls == 0 and not s.running_tools and s.gap_started is None

@@ -177,6 +177,14 @@ class WorkflowGraphs:
         if node is not None:
             node.tools[s.via] = node.tools.get(s.via, 0.0) + 1
 
+    def forget_gap(self, s: Session) -> None:
+        """`s`'s gap `s.via` turned out to be a tool call: undo `learn_gap`."""
+        node = self._graph(s.graph).nodes.get(s.node)
+        if node is not None and node.tools.get(s.via, 0.0) > 0:
+            node.tools[s.via] -= 1
+            if node.tools[s.via] <= 0:
+                del node.tools[s.via]
+
     def learn_tool(self, s: Session, tool: str, category: str) -> tuple[str, str]:
         """`s` starts a tool call: returns its (tool key, category), past
         `max_tools` names an overflow key per category. The first tool of a batch

@@ -1,15 +1,20 @@
-"""Zero-code SAGA: an OpenAI-compatible proxy that infers agent sessions.
+"""Zero-code SAGA: a proxy that infers agent sessions from plain LLM requests.
 
-`SessionTracker` (pure, `sessions`) names the session of each stateless request;
+`SessionTracker` (pure, `sessions`) names the session of each stateless request,
+read into protocol-neutral turns (`turns`) by one adapter per API: Chat
+Completions (`chat`), Responses (`responses`) and Anthropic Messages
+(`messages`); `TextActions` (`actions`) sees tool calls written as text.
 `SagaProxy` (ASGI, `app`) forwards requests and emits hints; `saga proxy` (`cli`)
 runs it. The proxy's third-party imports (httpx, starlette, uvicorn) load only
 when `SagaProxy` is used, so the tracker stays importable on its own.
 """
 
-from .sessions import HintEvent, SessionTracker, TrackerStats, Turn, explicit_session_id
+from .actions import TextActions
+from .sessions import HintEvent, SessionTracker, TrackerStats, Turn
+from .turns import Message, Reply, Request, ToolCall, explicit_session_id
 
-__all__ = ["HintEvent", "ProxyConfig", "SagaProxy", "SessionTracker", "TrackerStats", "Turn",
-           "explicit_session_id"]
+__all__ = ["HintEvent", "Message", "ProxyConfig", "Reply", "Request", "SagaProxy", "SessionTracker",
+           "TextActions", "ToolCall", "TrackerStats", "Turn", "explicit_session_id"]
 
 
 def __getattr__(name: str):

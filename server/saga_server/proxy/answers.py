@@ -1,17 +1,23 @@
-"""Read the assistant's answer back out of an upstream response, as it passes.
+"""Reading an upstream's answer as it passes: the framing every API shares.
 
-`JsonAnswer` takes a non-streamed chat-completion body; `SseAnswer` is fed the
-raw bytes of a `text/event-stream` response chunk by chunk (after each chunk has
-already gone to the client) and rebuilds each choice's message from the deltas:
-text concatenated, tool calls merged by index. Both end in `result()` ->
-(assistant messages by choice, usage or None). Neither raises on malformed
-input: an answer that cannot be read is simply not learnt from.
+An answer reader is fed the raw bytes of one response: a stream chunk by chunk,
+each before it goes on to the client (the reader says when it has read the event
+that ends the answer: `done`), a JSON body once whole. `result()` then says what
+the answer was: a `turns.Reply`, or None when the upstream reported a failure
+inside its answer. No reader raises on malformed input: an answer that cannot be
+read is simply not learnt from.
+
+`JsonAnswer` keeps a bounded JSON body and hands it to `read(body)`;
+`SseAnswer` splits a `text/event-stream` into events and hands each to
+`event(name, data)` as it completes. The API adapters subclass them.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from .turns import Reply
 
 __all__ = ["JsonAnswer", "SseAnswer"]
 
@@ -28,29 +34,24 @@ class JsonAnswer:
         if self._size <= MAX_JSON_BYTES:
             self._parts.append(chunk)
 
-    def result(self) -> tuple[list[dict], dict | None]:
+    def result(self) -> Reply | None:
         if self._size > MAX_JSON_BYTES:
-            return [], None
+            return Reply()
         try:
             body = json.loads(b"".join(self._parts))
         except ValueError:
-            return [], None
-        if not isinstance(body, dict):
-            return [], None
-        messages = []
-        for choice in body.get("choices") or ():
-            if isinstance(choice, dict) and isinstance(choice.get("message"), dict):
-                messages.append(choice["message"])
-        usage = body.get("usage")
-        return messages, usage if isinstance(usage, dict) else None
+            return Reply()
+        return self.read(body) if isinstance(body, dict) else Reply()
+
+    def read(self, body: dict) -> Reply | None:
+        raise NotImplementedError
 
 
 class SseAnswer:
     def __init__(self) -> None:
         self._buffer = b""
-        self._choices: dict[int, dict[str, Any]] = {}
-        self._usage: dict | None = None
-        self.done = False  # the `[DONE]` event has been read
+        self.done = False     # the answer's end has been read
+        self.failed = False   # the stream said the answer failed
 
     def feed(self, chunk: bytes) -> None:
         self._buffer += chunk
@@ -61,62 +62,37 @@ class SseAnswer:
                     self._buffer = b""  # a runaway event: give up on it
                 return
             event, self._buffer = self._buffer[:cut], self._buffer[cut + width:]
-            self._event(event)
+            self._parse(event)
 
-    def result(self) -> tuple[list[dict], dict | None]:
+    def result(self) -> Reply | None:
         if self._buffer.strip():
-            self._event(self._buffer)
+            self._parse(self._buffer)
             self._buffer = b""
-        out = []
-        for index in sorted(self._choices):
-            c = self._choices[index]
-            message: dict[str, Any] = {"role": c.get("role") or "assistant", "content": "".join(c["content"]) or None}
-            if c["tools"]:
-                message["tool_calls"] = [
-                    {"id": t["id"], "type": "function",
-                     "function": {"name": t["name"], "arguments": "".join(t["arguments"])}}
-                    for _, t in sorted(c["tools"].items())]
-            out.append(message)
-        return out, self._usage
+        return None if self.failed else self.reply()
 
-    def _event(self, event: bytes) -> None:
-        data = [line[5:].lstrip() for line in event.splitlines() if line.startswith(b"data:")]
+    def event(self, name: str, data: Any) -> None:
+        """One event: its `event:` name ("" if none) and its parsed `data:` (the
+        raw bytes when they are not JSON, e.g. `[DONE]`)."""
+        raise NotImplementedError
+
+    def reply(self) -> Reply:
+        raise NotImplementedError
+
+    def _parse(self, event: bytes) -> None:
+        name, data = "", []
+        for line in event.splitlines():
+            if line.startswith(b"data:"):
+                data.append(line[5:].lstrip())
+            elif line.startswith(b"event:"):
+                name = line[6:].strip().decode("utf-8", "replace")
         if not data:
             return
         payload = b"\n".join(data)
-        if payload.strip() == b"[DONE]":
-            self.done = True
-            return
         try:
-            chunk = json.loads(payload)
+            parsed: Any = json.loads(payload)
         except ValueError:
-            return
-        if not isinstance(chunk, dict):
-            return
-        if isinstance(chunk.get("usage"), dict):
-            self._usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict) or not isinstance(choice.get("delta"), dict):
-                continue
-            index = choice.get("index", 0) if isinstance(choice.get("index", 0), int) else 0
-            state = self._choices.setdefault(index, {"role": None, "content": [], "tools": {}})
-            delta = choice["delta"]
-            if isinstance(delta.get("role"), str):
-                state["role"] = delta["role"]
-            if isinstance(delta.get("content"), str):
-                state["content"].append(delta["content"])
-            for call in delta.get("tool_calls") or ():
-                if not isinstance(call, dict):
-                    continue
-                slot = call.get("index", len(state["tools"]))
-                tool = state["tools"].setdefault(slot, {"id": "", "name": "", "arguments": []})
-                if call.get("id"):
-                    tool["id"] = str(call["id"])
-                fn = call.get("function") if isinstance(call.get("function"), dict) else {}
-                if fn.get("name"):
-                    tool["name"] += str(fn["name"]) if not tool["name"] else ""
-                if isinstance(fn.get("arguments"), str):
-                    tool["arguments"].append(fn["arguments"])
+            parsed = payload.strip()
+        self.event(name, parsed)
 
 
 def _event_end(buffer: bytes) -> tuple[int, int]:

@@ -3,15 +3,20 @@
 Every request is forwarded to the upstream OpenAI-compatible server with its
 method, path, query, headers (hop-by-hop ones excepted) and body; the upstream's
 status, headers and body come back unchanged, a `text/event-stream` one chunk by
-chunk as it arrives. Chat-completion requests are additionally read on the way:
+chunk as it arrives. Agent requests are additionally read on the way, each by its
+API's adapter: Chat Completions (`.../chat/completions`), Responses
+(`.../responses`) and Anthropic Messages (`.../messages`), JSON or streamed.
 `SessionTracker` names their session, the session id is added to the forwarded
-request (`X-Session-ID` header, and the body field `session_id` unless the body
-has one or `inject_body_session_id` is off), and hints go to the hint service
-through a `HintClient`, which never blocks. `/v1/completions` requests that carry
-an explicit session id are tracked the same way (a bare prompt has no messages to
-match). Each answer is learnt before the agent can see its end (a JSON body before
-it is sent, a stream before its `[DONE]` chunk), so an agent that fires its next
-step at once still finds its session and its tool calls.
+request (`X-Session-ID` header; and, where the API's vLLM server reads one, the
+body field `session_id`, unless the body has one or `inject_body_session_id` is
+off), and hints go to the hint service through a `HintClient`, which never blocks.
+`/v1/completions` requests that carry an explicit session id are tracked the same
+way (a bare prompt has no messages to match). Each answer is learnt before the
+agent can see its end (a JSON body before it is sent, a stream before the event
+that ends it: `[DONE]`, `response.completed`, `message_stop`), without holding the
+stream back, so an agent that fires its next step at once still finds its session
+and its tool calls. A client that goes away before its streamed answer is whole
+leaves its session to end unless it comes back (`SessionTracker.fail`).
 
 Failure rules: the agent must not notice SAGA. Anything that goes wrong in
 session inference or hinting is logged once and the request is forwarded as is.
@@ -39,8 +44,11 @@ from starlette.responses import JSONResponse, StreamingResponse
 from saga_sdk import HintClient
 from saga_sdk.logs import LogOnce
 
-from .answers import JsonAnswer, SseAnswer
-from .sessions import HintEvent, SessionTracker, Turn, explicit_session_id
+from .actions import TextActions
+from .chat import CHAT
+from .messages import MESSAGES
+from .responses import RESPONSES
+from .sessions import HintEvent, SessionTracker, Turn
 
 __all__ = ["ProxyConfig", "SagaProxy"]
 
@@ -58,7 +66,10 @@ class ProxyConfig:
     upstream: str                        # the upstream's OpenAI base URL, e.g. http://127.0.0.1:8000/v1
     inject_body_session_id: bool = True  # off for upstreams that reject unknown body fields
     max_sessions: int = 10_000
-    idle_ttl_s: float = 600.0
+    idle_ttl_s: float = 600.0            # the longest a quiet session lasts (the learnt timeout's bound)
+    idle_min_s: float = 30.0             # the shortest
+    abandon_grace_s: float = 15.0        # a session whose client went away mid-answer ends this much later
+    text_actions: TextActions | None = TextActions()  # None: no tool calls read from text
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 600.0
     max_body_bytes: int = 64 << 20
@@ -80,7 +91,9 @@ class SagaProxy:
                  tracker: SessionTracker | None = None) -> None:
         self.config = config
         self.hints = hints if hints is not None else HintClient()
-        self.tracker = tracker or SessionTracker(max_sessions=config.max_sessions, idle_ttl_s=config.idle_ttl_s)
+        self.tracker = tracker or SessionTracker(max_sessions=config.max_sessions, idle_ttl_s=config.idle_ttl_s,
+                                                 idle_min_s=config.idle_min_s, abandon_grace_s=config.abandon_grace_s,
+                                                 text_actions=config.text_actions)
         parts = urlsplit(config.upstream)
         prefix = parts.path.rstrip("/")
         if prefix.endswith("/v1"):
@@ -165,9 +178,9 @@ class SagaProxy:
             return
         method, path = scope["method"], scope["path"]
         headers = [(k, v) for k, v in scope["headers"] if k not in _REQUEST_DROP]
-        turn = None
-        if method == "POST" and path.endswith("completions"):
-            body, headers, turn = self._observe_request(path, body, headers)
+        turn, api = None, _api(method, path)
+        if api is not None:
+            body, headers, turn = self._observe_request(api, path, body, headers)
         target = self._base + scope.get("raw_path", path.encode()).decode("latin-1")
         if scope.get("query_string"):
             target += "?" + scope["query_string"].decode("latin-1")
@@ -190,7 +203,7 @@ class SagaProxy:
         reader = None
         if turn is not None and upstream.status_code < 400 and \
                 upstream.headers.get("content-encoding", "identity") == "identity":
-            reader = SseAnswer() if is_sse else JsonAnswer()
+            reader = api.reader(is_sse)
         if is_sse or turn is None:
             response = StreamingResponse(self._relay(upstream, turn, reader), status_code=upstream.status_code)
             response.raw_headers = response_headers
@@ -213,10 +226,10 @@ class SagaProxy:
 
     async def _relay(self, upstream: httpx.Response, turn: Turn | None, reader):
         """Pass the upstream body on chunk by chunk. Each chunk is read before it goes
-        out, and the turn is finished before the chunk carrying `[DONE]` does: an agent
-        that sends its next request the moment it sees the end must find this answer
-        already learnt. Runs to its `finally` however the client leaves."""
-        completed = finished = False
+        out, and the turn is finished before the chunk carrying the answer's end does:
+        an agent that sends its next request the moment it sees the end must find
+        this answer already learnt. Runs to its `finally` however the client leaves."""
+        completed = finished = broke = False
         try:
             async for chunk in upstream.aiter_raw():
                 if reader is not None and not finished:
@@ -233,6 +246,7 @@ class SagaProxy:
             completed = True
         except httpx.HTTPError as exc:
             # Break the client's stream too: ending it cleanly would pass a cut answer off as whole.
+            broke = True
             self.errors["stream_broken"] += 1
             self._log_once("broken", "upstream broke off a streamed response (%s)", type(exc).__name__)
             raise UpstreamBroke(f"upstream {self._origin} broke off its stream ({type(exc).__name__})") from None
@@ -242,12 +256,12 @@ class SagaProxy:
             if turn is not None and not finished:
                 if completed and reader is not None and upstream.status_code < 400:
                     self._finish(turn, reader, None, True)
-                else:
-                    self._emit(self._safe(self.tracker.fail, turn))
+                else:  # cut short: by the upstream, or by a client that went away
+                    self._emit(self._safe(self.tracker.fail, turn, abandoned=not completed and not broke))
 
     # -- session inference around the request ------------------------------------------
 
-    def _observe_request(self, path: str, body: bytes, headers: list) -> tuple[bytes, list, Turn | None]:
+    def _observe_request(self, api, path: str, body: bytes, headers: list) -> tuple[bytes, list, Turn | None]:
         try:
             parsed = json.loads(body) if body else None
         except ValueError:
@@ -256,10 +270,10 @@ class SagaProxy:
             return body, headers, None
         try:
             lower = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers}
-            chat = path.endswith("chat/completions")
-            if not chat and not _has_explicit(parsed, lower):
+            request = api.read(parsed, lower)
+            if path.endswith("/completions") and not path.endswith("chat/completions") and request.explicit is None:
                 return body, headers, None
-            turn, events = self.tracker.begin(parsed, lower)
+            turn, events = self.tracker.begin(request)
         except Exception:
             self.errors["internal"] += 1
             self._log_once("begin", "session inference failed; forwarding without a session", exc_info=True)
@@ -268,7 +282,7 @@ class SagaProxy:
         sid = turn.session_id.encode("latin-1", "replace")
         headers = [(k, v) for k, v in headers if k.lower() not in (b"x-session-id", b"accept-encoding")]
         headers += [(b"x-session-id", sid), (b"accept-encoding", b"identity")]
-        if self.config.inject_body_session_id and "session_id" not in parsed:
+        if api.body_session_field and self.config.inject_body_session_id and "session_id" not in parsed:
             body = _with_field(body, "session_id", turn.session_id)
         return body, headers, turn
 
@@ -279,8 +293,8 @@ class SagaProxy:
         try:
             if data is not None:
                 reader.feed(data)
-            answers, usage = reader.result()
-            events = self.tracker.finish(turn, answers, usage)
+            reply = reader.result()
+            events = self.tracker.finish(turn, reply) if reply is not None else self.tracker.fail(turn)
         except Exception:
             self.errors["internal"] += 1
             self._log_once("finish", "cannot learn from an answer", exc_info=True)
@@ -293,9 +307,9 @@ class SagaProxy:
         if turn is not None:
             self._emit(self._safe(self.tracker.fail, turn))
 
-    def _safe(self, fn, *args) -> list[HintEvent]:
+    def _safe(self, fn, *args, **kwargs) -> list[HintEvent]:
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except Exception:
             self.errors["internal"] += 1
             self._log_once(fn.__name__, "session tracker failed", exc_info=True)
@@ -344,9 +358,8 @@ class SagaProxy:
         return b"".join(parts)
 
     async def _expire_loop(self) -> None:
-        period = max(0.05, min(30.0, self.config.idle_ttl_s / 4))
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(self.tracker.sweep_period_s)
             self._emit(self._safe(self.tracker.expire))
 
 
@@ -360,8 +373,17 @@ def _error(status: int, message: str, code: str) -> JSONResponse:
                         status_code=status)
 
 
-def _has_explicit(body: dict, headers: dict) -> bool:
-    return explicit_session_id(body, headers) is not None
+def _api(method: str, path: str):
+    """The adapter for an agent request, or None for anything else (passed through only)."""
+    if method != "POST":
+        return None
+    if path.endswith("completions"):  # chat; or legacy completions, tracked with an explicit id only
+        return CHAT
+    if path.endswith("/responses"):
+        return RESPONSES
+    if path.endswith("/messages"):
+        return MESSAGES
+    return None
 
 
 def _with_field(body: bytes, name: str, value: Any) -> bytes:

@@ -2,6 +2,7 @@
 
     saga proxy --upstream http://127.0.0.1:8000/v1 --port 8100 --hint-endpoint 127.0.0.1:50051
     export OPENAI_BASE_URL=http://127.0.0.1:8100/v1   # the agent, unchanged, now talks to the proxy
+    export ANTHROPIC_BASE_URL=http://127.0.0.1:8100   # a Messages-API agent, likewise
 
 The upstream and the hint endpoint may also come from `SAGA_UPSTREAM` and
 `SAGA_ENDPOINT`. See `saga_server.proxy.app` for what is forwarded and how.
@@ -12,7 +13,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
+
+from .actions import TextActions
 
 __all__ = ["main", "build_parser"]
 
@@ -31,7 +35,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only add the X-Session-ID header, not the body field session_id "
                         "(for upstreams that reject unknown fields)")
     p.add_argument("--max-sessions", type=int, default=10_000)
-    p.add_argument("--idle-ttl-s", type=float, default=600.0, help="a session idle this long ends")
+    p.add_argument("--idle-ttl-s", type=float, default=600.0,
+                   help="the longest a quiet session lasts: the bound of the idle timeout learnt per workflow")
+    p.add_argument("--idle-min-s", type=float, default=30.0, help="the shortest learnt idle timeout")
+    p.add_argument("--no-text-actions", action="store_true",
+                   help="do not read tool calls from fenced shell blocks in answers")
+    p.add_argument("--action-fence", action="append", metavar="LANG",
+                   help="a fenced block in this language is a text action (repeatable; default: "
+                        + ", ".join(TextActions().fences) + ")")
+    p.add_argument("--submit-marker", action="append", metavar="REGEX",
+                   help="a text action matching this ends its session (repeatable; default: "
+                        "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT and kin)")
     p.add_argument("--read-timeout-s", type=float, default=600.0)
     p.add_argument("--log-level", default="warning")
     return p
@@ -50,10 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     from .app import ProxyConfig, SagaProxy
 
     try:
+        actions = None if args.no_text_actions else TextActions(
+            **({"fences": tuple(args.action_fence)} if args.action_fence else {}),
+            **({"submit": tuple(args.submit_marker)} if args.submit_marker else {}))
         config = ProxyConfig(upstream=args.upstream, inject_body_session_id=not args.no_body_session_id,
-                             max_sessions=args.max_sessions, idle_ttl_s=args.idle_ttl_s,
-                             read_timeout_s=args.read_timeout_s)
-    except ValueError as exc:
+                             max_sessions=args.max_sessions, idle_ttl_s=args.idle_ttl_s, idle_min_s=args.idle_min_s,
+                             text_actions=actions, read_timeout_s=args.read_timeout_s)
+    except (ValueError, re.error) as exc:
         print(f"saga proxy: {exc}", file=sys.stderr)
         return 2
     overrides = {"enabled": False} if args.no_hints else {}

@@ -1,50 +1,73 @@
-"""Agent sessions inferred from stateless chat-completion requests.
+"""Agent sessions inferred from stateless LLM requests, whichever API carried them.
 
 An unchanged agent sends every LLM call as an independent request carrying its whole
-message history. `SessionTracker` turns that stream back into sessions and hint
-events, with no HTTP in sight (the proxy feeds it parsed bodies; tests and the
-benchmark feed it synthetic ones).
+history (or, on the Responses API, naming the answer it continues). `SessionTracker`
+turns that stream back into sessions and hint events, with no HTTP in sight: it
+works on protocol-neutral `turns.Request`s and `turns.Reply`s, which a small
+adapter per API reads (`chat`, `responses`, `messages`); a chat-completion body
+may be given as it is. The proxy feeds it; tests and the benchmark feed it
+synthetic requests.
 
 How a request finds its session, first rule that applies:
   1. an explicit id: a header in `SESSION_HEADERS` or a body field in
      `SESSION_BODY_FIELDS` (the caller or its gateway already knows);
-  2. its messages *extend a known answer*: they start with an earlier request's
-     messages plus the assistant message that request got back (agent histories are
+  2. it continues an answer by the id the upstream gave it (`previous`: the
+     Responses API's `previous_response_id`);
+  3. its messages *extend a known answer*: they start with an earlier request's
+     messages plus the answer that request got back (agent histories are
      append-only, so the longest such prefix names the session it continues; an
      older answer of a session, e.g. after the agent rolled back a step, still counts);
-  3. its messages strictly extend an earlier request of a session whose answer the
+  4. its messages strictly extend an earlier request of a session whose answer the
      agent rewrote (frameworks re-serialise assistant messages; the request still
      starts with the previous request verbatim), or repeat that request exactly
      after it failed (a retry);
-  4. otherwise it starts a new session.
+  5. otherwise it starts a new session.
+Messages are compared as `turns.Message`s (what a client preserves when it sends an
+answer back). A request's `scope` (the Messages API's `metadata.user_id`) seeds its
+history: requests of different scopes never match. Two agents whose histories are
+identical so far (same prompt and same answers) are indistinguishable; they share a
+session until they diverge. That is the one documented inaccuracy.
 
-Messages are compared by a digest of what a client preserves when it sends an
-answer back (role, text, tool-call ids, names and arguments as JSON values, the
-tool message's call id), not by raw JSON: clients add `refusal: null`, reorder
-keys, re-dump arguments. Two agents whose histories are identical so far
-(same prompt and same answers) are indistinguishable; they share a session until
-they diverge. That is the one documented inaccuracy.
+Tool boundaries: an answer's tool calls start tool calls; the session's next request
+ends each call a tool result answers (outcome "ok") and cancels the rest. An answer
+without tool calls may still act: `actions.TextActions` finds shell commands written
+as fenced blocks; each starts a tool call, which the next request ends ("ok" when its
+first new user message looks like the command's output, else "cancelled").
 
-Tool boundaries come from the protocol: an answer with `tool_calls` starts those
-tool calls; the session's next request ends each call its `role: "tool"` messages
-answer (outcome "ok"), and cancels the ones it leaves unanswered.
+Sessions end on in-band signals, or when quiet:
+  - an action carrying a submit marker: the agent is done once it runs;
+  - a final answer (no tool calls, not cut at the length limit, in a session that
+    used tools) once its workflow has shown that sessions go quiet after one
+    (`pauses`: the first sessions of a workflow are not ended this way);
+  - the client went away during a call and sent nothing for `abandon_grace_s`;
+  - no request for the workflow's learnt idle timeout (`pauses`: a high quantile
+    of the gaps its sessions leave between calls, within [`idle_min_s`,
+    `idle_ttl_s`]; `idle_ttl_s` until enough gaps are known).
+A session the tracker ended stays known until `idle_ttl_s` after its last request:
+one that continues after all is the same session again (a fresh `session_start`
+under its id, counted as revived), so an end guessed too early costs little.
 
 Memory is bounded: at most `max_sessions` sessions (least recently used first out,
-with a `session_end`), idle ones end after `idle_ttl_s`, and each session indexes
-at most `points_per_session` answers. Nothing here stores credentials: the tracker
-never sees the caller's headers beyond the session ids it reads.
+with a `session_end` if live), ended ones forgotten after `idle_ttl_s`, and each
+session indexes at most `points_per_session` answers and as many response ids.
+Nothing here stores credentials: the tracker never sees the caller's headers beyond
+the session ids it reads.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
+
+from .actions import TextActions
+from .chat import CHAT
+from .pauses import WorkflowPauses
+from .turns import SESSION_BODY_FIELDS, SESSION_HEADERS, Message, Reply, Request, explicit_session_id
 
 __all__ = [
     "HintEvent",
@@ -56,23 +79,7 @@ __all__ = [
     "explicit_session_id",
 ]
 
-# Lower-case header names, in order of precedence.
-SESSION_HEADERS = (
-    "x-session-id",          # vLLM's own, and what this proxy forwards
-    "x-saga-session-id",
-    "helicone-session-id",   # Helicone gateway
-    "x-litellm-session-id",  # LiteLLM gateway
-    "x-dynamo-session-id",   # NVIDIA Dynamo
-)
-# Body paths, in order of precedence.
-SESSION_BODY_FIELDS = (
-    ("session_id",),
-    ("vllm_xargs", "session_id"),
-    ("litellm_session_id",),
-    ("metadata", "session_id"),
-    ("metadata", "litellm_session_id"),
-)
-MAX_SESSION_ID_CHARS = 256
+_RULES = ("explicit", "previous", "answer", "request", "retry", "new")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,88 +100,115 @@ class Turn:
 
     session_id: str
     step: int
-    how: str            # "explicit", "answer", "request", "retry" or "new"
+    how: str            # one of `_RULES`
     new_session: bool
     _chain: list[int] = field(default_factory=list, repr=False)
+    _root: int = field(default=0, repr=False)  # what an empty chain extends
 
 
 @dataclass(frozen=True, slots=True)
 class TrackerStats:
-    sessions: int
+    sessions: int                 # live ones
     requests: int
     by_rule: Mapping[str, int]
     sessions_started: int
     sessions_evicted: int
-    sessions_expired: int
+    sessions_expired: int         # ended by the idle timeout
     unparsed: int
+    sessions_ended: Mapping[str, int] = field(default_factory=dict)  # by the tracker, by reason
+    sessions_revived: int = 0
+
+
+@dataclass(slots=True)
+class _Open:
+    tool: str
+    text: bool  # written as text: ended by an observation, not by a tool result
 
 
 @dataclass(slots=True)
 class _Session:
     session_id: str
     explicit: bool
+    workflow: str
     last_seen: float
     steps: int = 0
     in_flight: int = 0
     last_failed: bool = False
-    open_tools: dict[str, str] = field(default_factory=dict)  # call id -> tool name
-    points: list[int] = field(default_factory=list)           # answer points, oldest first
-    request_key: int | None = None                            # last request's chain end
+    open_tools: dict[str, _Open] = field(default_factory=dict)  # call id -> open call
+    points: list[int] = field(default_factory=list)            # answer points, oldest first
+    request_key: int | None = None                             # last request's chain end
+    aliases: list[str] = field(default_factory=list)           # response ids, oldest first
+    answered_at: float | None = None  # when its last call ended: a gap runs
+    used_tools: bool = False
+    after_final: bool = False  # its last answer was final; whether it comes back is not known yet
+    abandoned: bool = False    # the client went away during its last call
+    ended: bool = False        # ended here; known until `idle_ttl_s` in case it continues
 
 
 class SessionTracker:
-    """Infers sessions and tool boundaries; thread-safe; see the module docstring."""
+    """Infers sessions, tool boundaries and session ends; thread-safe; see the
+    module docstring. `text_actions=None` turns text actions off."""
 
-    def __init__(self, *, max_sessions: int = 10_000, idle_ttl_s: float = 600.0,
-                 points_per_session: int = 4, workflow_prefix: str = "proxy",
+    def __init__(self, *, max_sessions: int = 10_000, idle_ttl_s: float = 600.0, idle_min_s: float = 30.0,
+                 abandon_grace_s: float = 15.0, points_per_session: int = 4,
+                 text_actions: TextActions | None = TextActions(), workflow_prefix: str = "proxy",
                  id_prefix: str = "px-", clock: Callable[[], float] = time.monotonic) -> None:
-        if max_sessions < 1 or points_per_session < 1 or idle_ttl_s <= 0:
-            raise ValueError("max_sessions, points_per_session and idle_ttl_s must be positive")
+        if max_sessions < 1 or points_per_session < 1 or idle_ttl_s <= 0 or idle_min_s <= 0 \
+                or abandon_grace_s <= 0:
+            raise ValueError("max_sessions, points_per_session and the timeouts must be positive")
         self.max_sessions = max_sessions
         self.idle_ttl_s = idle_ttl_s
+        self.abandon_grace_s = abandon_grace_s
         self.points_per_session = points_per_session
+        self.text_actions = text_actions
         self.workflow_prefix = workflow_prefix
+        self.pauses = WorkflowPauses(floor_s=min(idle_min_s, idle_ttl_s), ceiling_s=idle_ttl_s)
         self._clock = clock
         self._lock = threading.Lock()
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
         self._answers: dict[int, str] = {}   # chain hash of request + answer -> session id
         self._requests: dict[int, str] = {}  # chain hash of a session's last request -> session id
+        self._aliases: dict[str, tuple[str, int]] = {}  # response id -> (session id, its answer point)
         self._ids = (f"{id_prefix}{n:x}" for n in itertools.count(1))
         self._id_salt = hashlib.blake2b(repr(time.time_ns()).encode(), digest_size=4).hexdigest()
-        self._counts = dict.fromkeys(("requests", "explicit", "answer", "request", "retry", "new",
-                                      "started", "evicted", "expired", "unparsed"), 0)
+        self._counts = dict.fromkeys(("requests", *_RULES, "started", "evicted", "expired", "unparsed",
+                                      "revived"), 0)
+        self._ended: Counter[str] = Counter()
+
+    @property
+    def sweep_period_s(self) -> float:
+        """How often to call `expire` for ends to come on time."""
+        return max(0.05, min(30.0, min(self.pauses.floor_s, self.abandon_grace_s) / 4))
 
     # -- the three calls the proxy makes per request ----------------------------------
 
-    def begin(self, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> tuple[Turn, list[HintEvent]]:
-        """Assign a chat-completion request (its parsed JSON body; `headers` with
-        lower-case names) to a session. Returns the turn and the hints to send:
-        `session_start` for a new session, `tool_call_end` for the tool calls this
-        request answers or abandons, and `llm_call_start`."""
+    def begin(self, request: Request | Mapping[str, Any],
+              headers: Mapping[str, str] | None = None) -> tuple[Turn, list[HintEvent]]:
+        """Assign a request to a session: a `Request`, or a chat-completion body
+        (with `headers`, lower-case names). Returns the turn and the hints to send:
+        `session_start` for a new (or revived) session, `tool_call_end` for the
+        tool calls this request answers or abandons, and `llm_call_start`."""
+        if not isinstance(request, Request):
+            request = CHAT.read(request if isinstance(request, Mapping) else {}, headers or {})
         now = self._clock()
-        messages = body.get("messages") if isinstance(body, Mapping) else None
-        chain = _chain(messages) if isinstance(messages, list) else []
-        explicit = explicit_session_id(body, headers or {})
         events: list[HintEvent] = []
         with self._lock:
             self._counts["requests"] += 1
-            if not chain and explicit is None:
+            if not request.messages and request.explicit is None:
                 self._counts["unparsed"] += 1
-            session, how, matched = self._find(explicit, chain)
+            root = self._root(request)
+            chain = _chain(request.messages, root)
+            session, how, matched = self._find(request, chain)
             new = session is None
             if new:
-                session = self._open(explicit, now, body, events)
+                session = self._open(request, now, events)
+            elif session.ended:
+                self._revive(session, events)
             self._counts[how] += 1
             self._sessions.move_to_end(session.session_id)
-            session.last_seen = now
-            # Tool calls answered by messages after the matched prefix end; the rest are abandoned.
+            self._resume(session, now)
             if session.open_tools:
-                answered = _tool_results(messages[matched:] if isinstance(messages, list) else ())
-                for call_id, tool in list(session.open_tools.items()):
-                    outcome = "ok" if call_id in answered else "cancelled"
-                    events.append(HintEvent("tool_call_end", session.session_id,
-                                            {"tool": tool, "call_id": call_id, "outcome": outcome}))
-                session.open_tools.clear()
+                self._end_tools(session, request.messages[matched:], events)
             session.steps += 1
             session.in_flight += 1
             session.last_failed = False
@@ -183,66 +217,82 @@ class SessionTracker:
             events.append(HintEvent("llm_call_start", session.session_id,
                                     {"step": session.steps, "node": "llm",
                                      "request_id": f"{session.session_id}:{session.steps}"}))
-            return Turn(session.session_id, session.steps, how, new, chain), events
+            return Turn(session.session_id, session.steps, how, new, chain, root), events
 
-    def finish(self, turn: Turn, answers: Iterable[Mapping[str, Any]] = (),
+    def finish(self, turn: Turn, reply: Reply | Iterable[Mapping[str, Any]] = (),
                usage: Mapping[str, Any] | None = None) -> list[HintEvent]:
-        """The request succeeded with these assistant messages (one per choice).
-        Returns `llm_call_end` and a `tool_call_start` per tool call of the first
-        answer that carries any."""
+        """The request succeeded with this `Reply` (or these chat assistant messages,
+        one per choice, and `usage`). Returns `llm_call_end`, then what the answer
+        starts: a `tool_call_start` per tool call of the first answer that asks
+        for any (or per text action), or a `session_end`."""
+        if not isinstance(reply, Reply):
+            reply = CHAT.reply(reply, usage)
         events = [HintEvent("llm_call_end", turn.session_id,
                             {"step": turn.step, "node": "llm", "request_id": f"{turn.session_id}:{turn.step}",
-                             "prompt_tokens": _int(usage, "prompt_tokens"),
-                             "output_tokens": _int(usage, "completion_tokens")})]
+                             "prompt_tokens": reply.prompt_tokens, "output_tokens": reply.output_tokens})]
         with self._lock:
             session = self._sessions.get(turn.session_id)
-            if session is None:  # evicted while the request ran
+            if session is None:  # forgotten while the request ran
                 return events
             session.in_flight = max(0, session.in_flight - 1)
-            session.last_seen = self._clock()
+            if session.ended:  # ended meanwhile (another of its calls submitted)
+                return events
+            now = self._clock()
+            session.last_seen = session.answered_at = now
             self._sessions.move_to_end(turn.session_id)
-            tools_started = False
-            for answer in answers:
-                if not isinstance(answer, Mapping):
-                    continue
-                if turn._chain:
-                    self._index_answer(session, _link(turn._chain[-1], _digest(answer)))
-                if tools_started:
-                    continue
-                for call_id, tool in _tool_calls(answer):
-                    tools_started = True
-                    if call_id in session.open_tools:
-                        continue
-                    session.open_tools[call_id] = tool
-                    events.append(HintEvent("tool_call_start", turn.session_id,
-                                            {"tool": tool, "call_id": call_id}))
+            if turn._chain:
+                base = turn._chain[-1]
+                for i, answer in enumerate(reply.messages):
+                    point = _link(base, hash(answer))
+                    self._index_answer(session, point)
+                    if i == 0 and reply.response_id:
+                        self._alias(session, reply.response_id, point)
+            answer = next((m for m in reply.messages if m.calls), reply.messages[0] if reply.messages else None)
+            if answer is not None:
+                self._act(session, turn, answer, reply.truncated, events)
         return events
 
-    def fail(self, turn: Turn) -> list[HintEvent]:
-        """The request failed or the client went away: end the LLM call, and let
-        an identical retry find this session."""
+    def fail(self, turn: Turn, *, abandoned: bool = False) -> list[HintEvent]:
+        """The request failed, or (`abandoned`) the client went away before its
+        answer was whole: end the LLM call, and let an identical retry find this
+        session. An abandoned session that stays quiet ends after `abandon_grace_s`."""
         with self._lock:
             session = self._sessions.get(turn.session_id)
             if session is not None:
                 session.in_flight = max(0, session.in_flight - 1)
+            if session is not None and not session.ended:
                 session.last_failed = True
+                session.abandoned = abandoned
+                session.last_seen = session.answered_at = self._clock()
+                self._sessions.move_to_end(turn.session_id)
         return [HintEvent("llm_call_end", turn.session_id,
                           {"step": turn.step, "node": "llm", "request_id": f"{turn.session_id}:{turn.step}"})]
 
     # -- housekeeping -------------------------------------------------------------------
 
     def expire(self) -> list[HintEvent]:
-        """End sessions idle for `idle_ttl_s` (no request in flight). Call periodically."""
-        horizon = self._clock() - self.idle_ttl_s
+        """End sessions quiet for their timeout (none in flight), and forget ended
+        ones after `idle_ttl_s`. Call every `sweep_period_s`."""
+        now = self._clock()
+        soonest = min(self.pauses.floor_s, self.abandon_grace_s)
         events: list[HintEvent] = []
         with self._lock:
             for session in list(self._sessions.values()):
-                if session.last_seen > horizon:
-                    break  # ordered by last use
+                quiet = now - session.last_seen
+                if quiet < soonest:
+                    break  # ordered by last use: the rest are younger still
                 if session.in_flight:
                     continue
-                self._drop(session, events, "completed")
-                self._counts["expired"] += 1
+                timeout = self.pauses.idle_timeout(session.workflow)
+                if session.after_final and quiet >= timeout:
+                    self.pauses.after_final(session.workflow, resumed=False)
+                    session.after_final = False
+                if not session.ended and (quiet >= timeout or session.abandoned and quiet >= self.abandon_grace_s):
+                    self._end(session, events, "cancelled" if session.abandoned else "completed",
+                              "gone" if session.abandoned else "idle")
+                    self._counts["expired"] += not session.abandoned
+                if session.ended and quiet >= self.idle_ttl_s:
+                    self._forget(session)
         return events
 
     def close(self) -> list[HintEvent]:
@@ -250,30 +300,43 @@ class SessionTracker:
         events: list[HintEvent] = []
         with self._lock:
             for session in list(self._sessions.values()):
-                self._drop(session, events, "completed" if not session.in_flight else "cancelled")
+                if not session.ended:
+                    self._end(session, events, "cancelled" if session.in_flight else "completed", "closed")
+                self._forget(session)
         return events
 
     def stats(self) -> TrackerStats:
-        c = self._counts
-        return TrackerStats(len(self._sessions), c["requests"],
-                            {k: c[k] for k in ("explicit", "answer", "request", "retry", "new")},
-                            c["started"], c["evicted"], c["expired"], c["unparsed"])
+        with self._lock:
+            live = sum(1 for s in self._sessions.values() if not s.ended)
+            c = self._counts
+            return TrackerStats(live, c["requests"], {k: c[k] for k in _RULES}, c["started"], c["evicted"],
+                                c["expired"], c["unparsed"], dict(self._ended), c["revived"])
 
     def session_ids(self) -> list[str]:
         """Live sessions, least recently used first."""
         with self._lock:
-            return list(self._sessions)
+            return [sid for sid, s in self._sessions.items() if not s.ended]
 
     def index_size(self) -> int:
-        """Entries in the prefix indexes (bounded by sessions x (points + 1))."""
-        return len(self._answers) + len(self._requests)
+        """Entries in the indexes (bounded by sessions x (2 x points + 1))."""
+        return len(self._answers) + len(self._requests) + len(self._aliases)
 
     # -- internals (lock held) -----------------------------------------------------------
 
-    def _find(self, explicit: str | None, chain: list[int]) -> tuple[_Session | None, str, int]:
+    def _root(self, request: Request) -> int:
+        if request.previous:
+            alias = self._aliases.get(request.previous)
+            return alias[1] if alias is not None else hash(("previous", request.previous))
+        return hash(("scope", request.scope)) if request.scope else 0
+
+    def _find(self, request: Request, chain: list[int]) -> tuple[_Session | None, str, int]:
         """(session or None, rule, number of leading messages already known)."""
-        if explicit is not None:
-            return self._sessions.get(explicit), "explicit", self._known_prefix(explicit, chain)
+        if request.explicit is not None:
+            return (self._sessions.get(request.explicit), "explicit",
+                    self._known_prefix(request.explicit, chain))
+        alias = self._aliases.get(request.previous) if request.previous else None
+        if alias is not None:
+            return self._sessions[alias[0]], "previous", 0
         k = len(chain)
         for i in range(k, 0, -1):
             key = chain[i - 1]
@@ -301,30 +364,79 @@ class SessionTracker:
                 return i
         return 0
 
-    def _open(self, explicit: str | None, now: float, body: Mapping[str, Any],
-              events: list[HintEvent]) -> _Session:
+    def _open(self, request: Request, now: float, events: list[HintEvent]) -> _Session:
         while len(self._sessions) >= self.max_sessions:
-            _, oldest = next(iter(self._sessions.items()))
-            self._drop(oldest, events, "cancelled" if oldest.in_flight else "completed")
-            self._counts["evicted"] += 1
+            oldest = next(iter(self._sessions.values()))
+            if not oldest.ended:
+                self._end(oldest, events, "cancelled" if oldest.in_flight else "completed", "evicted")
+                self._counts["evicted"] += 1
+            self._forget(oldest)
+        explicit = request.explicit
         sid = explicit if explicit is not None else f"{next(self._ids)}-{self._id_salt}"
-        session = _Session(sid, explicit is not None, now)
+        session = _Session(sid, explicit is not None, self._workflow(request), now)
         self._sessions[sid] = session
         self._counts["started"] += 1
-        events.append(HintEvent("session_start", sid, {"workflow": self._workflow(body)}))
+        events.append(HintEvent("session_start", sid, {"workflow": session.workflow}))
         return session
 
-    def _workflow(self, body: Mapping[str, Any]) -> str:
+    def _revive(self, session: _Session, events: list[HintEvent]) -> None:
+        session.ended = False
+        self._counts["revived"] += 1
+        events.append(HintEvent("session_start", session.session_id, {"workflow": session.workflow}))
+
+    def _resume(self, session: _Session, now: float) -> None:
+        """A request of `session` arrives: what its pause was."""
+        if session.answered_at is not None and not session.in_flight:
+            self.pauses.gap(session.workflow, now - session.answered_at)
+        if session.after_final:
+            self.pauses.after_final(session.workflow, resumed=True)
+        session.last_seen = now
+        session.answered_at = None
+        session.after_final = session.abandoned = False
+
+    def _end_tools(self, session: _Session, new: tuple[Message, ...], events: list[HintEvent]) -> None:
+        """The tool calls answered by messages after the matched prefix end; the rest are abandoned."""
+        answered = {m.answers for m in new if m.role == "tool" and m.answers}
+        user = next((m for m in new if m.role == "user"), None)
+        observed = user is not None and self.text_actions is not None and self.text_actions.is_observation(user.text)
+        for call_id, tool in session.open_tools.items():
+            ok = observed if tool.text else call_id in answered
+            events.append(HintEvent("tool_call_end", session.session_id,
+                                    {"tool": tool.tool, "call_id": call_id, "outcome": "ok" if ok else "cancelled"}))
+        session.open_tools.clear()
+
+    def _act(self, session: _Session, turn: Turn, answer: Message, truncated: bool,
+             events: list[HintEvent]) -> None:
+        """What `answer` starts: its tool calls, its text actions, or the session's end."""
+        if answer.calls:
+            session.used_tools = True
+            for i, call in enumerate(answer.calls):
+                call_id = call.call_id or f"{call.name}#{i}"
+                if call_id not in session.open_tools:
+                    session.open_tools[call_id] = _Open(call.name or "unknown", False)
+                    events.append(HintEvent("tool_call_start", session.session_id,
+                                            {"tool": call.name or "unknown", "call_id": call_id}))
+            return
+        actions = self.text_actions.find(answer.text) if self.text_actions is not None and answer.text else []
+        if any(a.submit for a in actions):
+            self._end(session, events, "completed", "submit")
+        elif actions:
+            session.used_tools = True
+            for i, action in enumerate(actions):
+                call_id = f"text-{turn.step}-{i}"
+                session.open_tools[call_id] = _Open(action.tool, True)
+                events.append(HintEvent("tool_call_start", session.session_id,
+                                        {"tool": action.tool, "call_id": call_id, "category": action.category}))
+        elif session.used_tools and not truncated:
+            session.after_final = True
+            if self.pauses.final_is_end(session.workflow):
+                self._end(session, events, "completed", "final")
+
+    def _workflow(self, request: Request) -> str:
         """Agents of one kind share a model and a system prompt: name the workflow
         after both, so the server can learn the shape of that kind of agent."""
-        model = body.get("model") if isinstance(body, Mapping) else None
-        messages = body.get("messages") if isinstance(body, Mapping) else None
-        system = ""
-        if isinstance(messages, list) and messages and isinstance(messages[0], Mapping) \
-                and messages[0].get("role") in ("system", "developer"):
-            system = _text(messages[0].get("content"))
-        tag = hashlib.blake2b(system.encode(), digest_size=4).hexdigest()
-        return f"{self.workflow_prefix}:{str(model or '')[:64]}:{tag}"
+        tag = hashlib.blake2b(request.system.encode(), digest_size=4).hexdigest()
+        return f"{self.workflow_prefix}:{request.model[:64]}:{tag}"
 
     def _index_request(self, session: _Session, key: int) -> None:
         if session.request_key is not None and self._requests.get(session.request_key) == session.session_id:
@@ -342,43 +454,44 @@ class SessionTracker:
             if self._answers.get(old) == session.session_id:
                 del self._answers[old]
 
-    def _drop(self, session: _Session, events: list[HintEvent], outcome: str) -> None:
+    def _alias(self, session: _Session, response_id: str, point: int) -> None:
+        self._aliases[response_id] = (session.session_id, point)
+        session.aliases.append(response_id)
+        while len(session.aliases) > self.points_per_session:
+            old = session.aliases.pop(0)
+            if self._aliases.get(old, ("",))[0] == session.session_id:
+                del self._aliases[old]
+
+    def _end(self, session: _Session, events: list[HintEvent], outcome: str, reason: str) -> None:
         for call_id, tool in session.open_tools.items():
             events.append(HintEvent("tool_call_end", session.session_id,
-                                    {"tool": tool, "call_id": call_id, "outcome": "cancelled"}))
+                                    {"tool": tool.tool, "call_id": call_id, "outcome": "cancelled"}))
+        session.open_tools.clear()
         events.append(HintEvent("session_end", session.session_id, {"outcome": outcome}))
+        session.ended = True
+        self._ended[reason] += 1
+
+    def _forget(self, session: _Session) -> None:
+        sid = session.session_id
         for key in session.points:
-            if self._answers.get(key) == session.session_id:
+            if self._answers.get(key) == sid:
                 del self._answers[key]
-        if session.request_key is not None and self._requests.get(session.request_key) == session.session_id:
+        if session.request_key is not None and self._requests.get(session.request_key) == sid:
             del self._requests[session.request_key]
-        del self._sessions[session.session_id]
+        for response_id in session.aliases:
+            if self._aliases.get(response_id, ("",))[0] == sid:
+                del self._aliases[response_id]
+        del self._sessions[sid]
 
 
 # -- pure helpers --------------------------------------------------------------------------
 
-def explicit_session_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
-    """The caller's own session id, if it sent one (headers first, then the body)."""
-    for name in SESSION_HEADERS:
-        value = headers.get(name)
-        if value and value.strip():
-            return value.strip()[:MAX_SESSION_ID_CHARS]
-    if isinstance(body, Mapping):
-        for path in SESSION_BODY_FIELDS:
-            node: Any = body
-            for part in path:
-                node = node.get(part) if isinstance(node, Mapping) else None
-            if isinstance(node, (str, int)) and not isinstance(node, bool) and str(node).strip():
-                return str(node).strip()[:MAX_SESSION_ID_CHARS]
-    return None
-
-
-def _chain(messages: list) -> list[int]:
-    """chain[i] identifies messages[:i + 1]: a hash over the message digests."""
+def _chain(messages: Iterable[Message], root: int = 0) -> list[int]:
+    """chain[i] identifies messages[:i + 1] after `root`: a hash over the messages."""
     out: list[int] = []
-    prev = 0
+    prev = root
     for message in messages:
-        prev = _link(prev, _digest(message))
+        prev = _link(prev, hash(message))
         out.append(prev)
     return out
 
@@ -389,82 +502,3 @@ def _chain(messages: list) -> list[int]:
 # full index) could only misfile one request's hints.
 def _link(prev: int, digest: int) -> int:
     return hash((prev, digest))
-
-
-def _digest(message: Any) -> int:
-    """What survives a client's round trip of a message (see the module docstring)."""
-    if not isinstance(message, Mapping):
-        return hash(("?", repr(message)))
-    role = str(message.get("role", ""))
-    parts: tuple = (role, _text(message.get("content")))
-    if role == "assistant":
-        parts += tuple(_tool_call_triples(message))
-    elif role in ("tool", "function"):
-        parts += (str(message.get("tool_call_id") or ""), str(message.get("name") or ""))
-    return hash(parts)
-
-
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content.strip()
-    if isinstance(content, list):
-        pieces = []
-        for part in content:
-            if isinstance(part, Mapping) and part.get("type") in ("text", "input_text", "output_text"):
-                pieces.append(str(part.get("text", "")))
-            elif isinstance(part, str):
-                pieces.append(part)
-            else:
-                pieces.append(json.dumps(part, sort_keys=True, default=str))
-        return "\n".join(pieces).strip()
-    return json.dumps(content, sort_keys=True, default=str)
-
-
-def _tool_call_triples(message: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    triples = []
-    calls = message.get("tool_calls")
-    if isinstance(calls, list):
-        for call in calls:
-            if not isinstance(call, Mapping):
-                continue
-            fn = call.get("function") if isinstance(call.get("function"), Mapping) else {}
-            triples.append((str(call.get("id") or ""), str(fn.get("name") or ""), _args(fn.get("arguments"))))
-    legacy = message.get("function_call")
-    if isinstance(legacy, Mapping):
-        triples.append(("", str(legacy.get("name") or ""), _args(legacy.get("arguments"))))
-    return triples
-
-
-def _args(arguments: Any) -> str:
-    """Arguments as a JSON value, so a client that re-dumps them still matches."""
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return arguments.strip()
-    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def _tool_calls(answer: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(call id, tool name) of each tool call an answer asks for."""
-    out = []
-    for i, (call_id, tool, _) in enumerate(_tool_call_triples(answer)):
-        out.append((call_id or f"{tool}#{i}", tool or "unknown"))
-    return out
-
-
-def _tool_results(messages: Iterable[Any]) -> set[str]:
-    ids = set()
-    for message in messages:
-        if isinstance(message, Mapping) and message.get("role") == "tool" and message.get("tool_call_id"):
-            ids.add(str(message["tool_call_id"]))
-    return ids
-
-
-def _int(usage: Mapping[str, Any] | None, key: str) -> int:
-    if not isinstance(usage, Mapping):
-        return 0
-    value = usage.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

@@ -258,3 +258,60 @@ def test_after_the_tools_end_the_next_call_is_imminent() -> None:
     aeg.tool_end("s", 9.0, "pytest", call_id="a")
     p = aeg.predict("s", 9.5)
     assert p.resume_mean_s == p.resume_p90_s == 0.0 and p.p_continue > 0.5
+
+
+def _llm_only_step(core: WorkflowCore, clock: ManualClock, sid: str, *, hint_first: bool) -> None:
+    """One LLM call of a session whose hints mark LLM calls only (no tool hints),
+    served by the engine too; the end hint may come before or after the engine's."""
+    core.accept(LlmCallStart(sid, clock.t, node="llm"))
+    core.on_request_arrival(sid, 1000)
+    clock.t += 1.0
+    end = LlmCallEnd(sid, clock.t, node="llm", prompt_tokens=1000, output_tokens=20)
+    if hint_first:
+        core.accept(end)
+    core.on_request_finished(sid, 1000, 20)
+    if not hint_first:
+        core.accept(end)
+
+
+def test_llm_hints_without_tool_hints_keep_the_engine_inferred_gap() -> None:
+    """An agent whose proxy finds no tool calls sends LLM hints only; the pause
+    between its calls (3 s here) is still learnt, as it is with no hints at all."""
+    clock = ManualClock()
+    core = WorkflowCore(clock=clock)
+    for s in range(30):
+        sid = f"h{s}"
+        core.accept(SessionStart(sid, clock.t, workflow="llm-only"))
+        for step in range(4):
+            _llm_only_step(core, clock, sid, hint_first=bool(step % 2))
+            clock.t += 3.0
+        core.accept(SessionEnd(sid, clock.t))
+    core.accept(SessionStart("probe", clock.t, workflow="llm-only"))
+    _llm_only_step(core, clock, "probe", hint_first=False)
+    p = core.predict("probe")
+    assert p.resume_p50_s == pytest.approx(3.0, rel=0.2)
+    assert p.p_continue > 0.6
+    node = core.aeg._graphs["llm-only"].nodes["llm"]
+    # once per call (121 calls), though the engine and the hint both end each one
+    assert sum(n for key, n in node.tools.items() if key.startswith("~gap")) == 30 * 4 + 1
+
+
+def test_a_tool_hint_takes_the_inferred_gap_back() -> None:
+    """A session's first tool hint comes after its first call ended: the gap
+    inferred there was that tool, so the graph counts the tool, not a gap."""
+    clock = ManualClock()
+    core = WorkflowCore(clock=clock)
+    for s in range(20):
+        sid = f"t{s}"
+        core.accept(SessionStart(sid, clock.t, workflow="tools"))
+        for step in range(3):
+            _llm_only_step(core, clock, sid, hint_first=bool(s % 2))
+            core.accept(ToolCallStart(sid, clock.t, "pytest", call_id=str(step), category="test"))
+            clock.t += 8.0
+            core.accept(ToolCallEnd(sid, clock.t, "pytest", call_id=str(step)))
+        core.accept(SessionEnd(sid, clock.t))
+    g = core.aeg._graphs["tools"]
+    assert not [key for node in g.nodes.values() for key in node.tools if key.startswith("~gap")]
+    core.accept(SessionStart("probe", clock.t, workflow="tools"))
+    _llm_only_step(core, clock, "probe", hint_first=True)
+    assert core.predict("probe").next_tool_category == "test"

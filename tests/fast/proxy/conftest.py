@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from saga_sdk import HintClient
-from saga_server.proxy import ProxyConfig, SagaProxy, SessionTracker
+from saga_server.proxy import ProxyConfig, SagaProxy
 from saga_server.proxy.server import BackgroundServer
 
 _spec = importlib.util.spec_from_file_location("scripted_upstream", Path(__file__).with_name("scripted_upstream.py"))
@@ -36,8 +36,7 @@ def upstream(upstream_server):
 def start_proxy(upstream_url: str, hint_endpoint: str, **config) -> tuple[BackgroundServer, SagaProxy]:
     hints = HintClient(endpoint=hint_endpoint, rpc_timeout_s=0.2, flush_interval_s=0.001)
     proxy_config = ProxyConfig(upstream=upstream_url, **config)
-    app = SagaProxy(proxy_config, hints=hints, tracker=SessionTracker(max_sessions=proxy_config.max_sessions,
-                                                                      idle_ttl_s=proxy_config.idle_ttl_s))
+    app = SagaProxy(proxy_config, hints=hints)
     server = BackgroundServer(app).start()
     server.app = app
     return server, app

@@ -14,9 +14,9 @@ import pytest
 
 from saga_sdk import HintClient
 from saga_server.proxy import ProxyConfig, SagaProxy, SessionTracker
+from tests.fast.proxy.agents import SECRET, kinds, session_ids, tool_events
 
 
-SECRET = "sk-test-DO-NOT-LEAK-4242"
 TOOLS = [{"type": "function", "function": {"name": name, "description": f"{name} tool",
                                            "parameters": {"type": "object", "properties": {}}}}
          for name in ("get_user", "search", "book")]
@@ -65,18 +65,6 @@ def _streamed_message(stream) -> dict:
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
     return message
-
-
-def session_ids(upstream) -> list[str]:
-    return [r["headers"].get("x-session-id") for r in upstream.app.state.requests]
-
-
-def kinds(registry, sid) -> list[str]:
-    return [h.kind for h in registry.session(sid).history]
-
-
-def tool_events(registry, sid) -> list[tuple[str, str]]:
-    return [(h.kind, h.detail) for h in registry.session(sid).history if h.kind.startswith("tool")]
 
 
 AGENT_HISTORY = ["session_start",

@@ -8,7 +8,10 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from saga_server.proxy.sessions import SessionTracker, explicit_session_id
+from saga_server.proxy import SessionTracker, explicit_session_id
+from saga_server.proxy.chat import CHAT
+from saga_server.proxy.messages import MESSAGES, JsonMessages
+from saga_server.proxy.responses import RESPONSES, JsonResponses
 
 SYSTEM = {"role": "system", "content": "You are an airline agent. Tools: get_user, search, book."}
 
@@ -217,3 +220,183 @@ def test_junk_never_raises(body, answers):
     assert events[-1].kind == "llm_call_start"
     tracker.finish(turn, answers, {"prompt_tokens": "x"})
     tracker.begin(body)
+
+
+# -- the other APIs, text actions and session ends ----------------------------------------------
+
+def ends(events) -> list[tuple[str, str]]:
+    return [(e.args["call_id"], e.args["outcome"]) for e in events if e.kind == "tool_call_end"]
+
+
+def test_responses_histories_match_with_or_without_what_clients_drop():
+    """A resent history keeps or drops reasoning items, drops `id` and `status`
+    fields and re-dumps arguments; it still continues the answer, and its outputs
+    end the calls."""
+    tracker = SessionTracker()
+    body = {"model": "m", "instructions": "be brief", "input": [{"role": "user", "content": "book a flight"}]}
+    turn, _ = tracker.begin(RESPONSES.read(body, {}))
+    output = [{"type": "reasoning", "id": "rs_1", "summary": []},
+              {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+               "content": [{"type": "output_text", "text": "Looking.", "annotations": []}]},
+              {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "search", "arguments": '{"q":"x"}',
+               "status": "completed"},
+              {"type": "function_call", "id": "fc_2", "call_id": "c2", "name": "book", "arguments": "{}"}]
+    events = tracker.finish(turn, JsonResponses().read({"id": "resp_1", "output": output,
+                                                        "usage": {"input_tokens": 9, "output_tokens": 4}}))
+    assert [(e.kind, e.args.get("tool")) for e in events] == [
+        ("llm_call_end", None), ("tool_call_start", "search"), ("tool_call_start", "book")]
+    assert events[0].args["prompt_tokens"] == 9
+    resent = [{"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "e"},
+              {"role": "assistant", "content": "Looking."},
+              {"type": "function_call", "call_id": "c1", "name": "search", "arguments": '{ "q": "x" }'},
+              {"type": "function_call", "call_id": "c2", "name": "book", "arguments": "{}"},
+              {"type": "function_call_output", "call_id": "c2", "output": "booked"}]
+    turn2, events = tracker.begin(RESPONSES.read({**body, "input": body["input"] + resent}, {}))
+    assert (turn2.session_id, turn2.how) == (turn.session_id, "answer")
+    assert ends(events) == [("c1", "cancelled"), ("c2", "ok")]
+
+
+def test_previous_response_ids_chain_and_an_unknown_one_starts_a_session():
+    tracker = SessionTracker()
+    turn, _ = tracker.begin(RESPONSES.read({"model": "m", "input": "hi"}, {}))
+    tracker.finish(turn, JsonResponses().read({"id": "resp_a", "output": [
+        {"type": "function_call", "call_id": "c1", "name": "search", "arguments": "{}"}]}))
+    follow = {"model": "m", "previous_response_id": "resp_a",
+              "input": [{"type": "function_call_output", "call_id": "c1", "output": "ok"}]}
+    turn2, events = tracker.begin(RESPONSES.read(follow, {}))
+    assert (turn2.session_id, turn2.how) == (turn.session_id, "previous")
+    assert ends(events) == [("c1", "ok")]
+    lost, events = tracker.begin(RESPONSES.read({**follow, "previous_response_id": "resp_gone"}, {}))
+    assert lost.how == "new" and events[0].kind == "session_start"
+
+
+def test_messages_histories_match_across_moved_cache_markers_and_dropped_thinking():
+    tracker = SessionTracker()
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"}}
+    first = [{"role": "user", "content": [{**image, "cache_control": {"type": "ephemeral"}},
+                                          {"type": "text", "text": "fix the bug", "cache_control": {"type": "ephemeral"}}]}]
+    body = {"model": "m", "max_tokens": 9, "system": [{"type": "text", "text": "You code."}], "messages": first}
+    turn, _ = tracker.begin(MESSAGES.read(body, {}))
+    content = [{"type": "thinking", "thinking": "hm", "signature": "s"}, {"type": "text", "text": "Reading."},
+               {"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "a.py"}},
+               {"type": "tool_use", "id": "t2", "name": "grep", "input": {}}]
+    events = tracker.finish(turn, JsonMessages().read({"id": "msg_1", "content": content, "stop_reason": "tool_use",
+                                                       "usage": {"input_tokens": 3, "cache_read_input_tokens": 7,
+                                                                 "output_tokens": 2}}))
+    assert events[0].args["prompt_tokens"] == 10
+    assert [e.args.get("tool") for e in events[1:]] == ["read", "grep"]
+    resent = [{"role": "user", "content": [image, {"type": "text", "text": "fix the bug"}]},  # the markers moved on
+              {"role": "assistant", "content": content[1:]},
+              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x = 1",
+                                            "cache_control": {"type": "ephemeral"}}]}]
+    turn2, events = tracker.begin(MESSAGES.read({**body, "messages": resent}, {}))
+    assert (turn2.session_id, turn2.how) == (turn.session_id, "answer")
+    assert ends(events) == [("t1", "ok"), ("t2", "cancelled")]
+
+
+def text_agent_turn(tracker, messages, answer, **finish):
+    turn, begun = tracker.begin({"model": "m", "messages": messages})
+    done = tracker.finish(turn, [{"role": "assistant", "content": answer}], **finish)
+    messages.append({"role": "assistant", "content": answer})
+    return turn, begun, done
+
+
+def test_text_actions_start_a_tool_per_block_and_end_on_an_observation():
+    tracker = SessionTracker()
+    messages = [SYSTEM, {"role": "user", "content": "Fix the failing test."}]
+    answer = "THOUGHT: look.\n\n```bash\ngrep -rn foo src\n```\nthen\n```sh\ncd repo && timeout 60 python -m pytest -x\n```"
+    turn, _, done = text_agent_turn(tracker, messages, answer)
+    starts = [(e.args["tool"], e.args["category"]) for e in done if e.kind == "tool_call_start"]
+    assert starts == [("grep", "search"), ("pytest", "test")]
+    messages.append({"role": "user", "content": "<returncode>1</returncode>\n<output>\n1 failed\n</output>"})
+    turn2, begun, done = text_agent_turn(tracker, messages, "THOUGHT: edit.\n```bash\nsed -i s/a/b/ f.py\n```")
+    assert turn2.session_id == turn.session_id
+    assert [o for _, o in ends(begun)] == ["ok", "ok"]
+    messages.append({"role": "user", "content": "Please always provide EXACTLY ONE action."})
+    _, begun, _ = text_agent_turn(tracker, messages, "THOUGHT: done.\n```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```")
+    assert [o for _, o in ends(begun)] == ["cancelled"]  # that reply was no observation: the command never ran
+
+
+def test_a_submit_marker_ends_the_session_and_a_continuation_revives_it():
+    tracker = SessionTracker()
+    messages = [SYSTEM, {"role": "user", "content": "Fix it."}]
+    turn, _, done = text_agent_turn(tracker, messages, "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff\n```")
+    assert [e.kind for e in done] == ["llm_call_end", "session_end"]
+    assert tracker.session_ids() == [] and tracker.stats().sessions_ended == {"submit": 1}
+    messages.append({"role": "user", "content": "<returncode>0</returncode>"})
+    again, begun = tracker.begin({"model": "m", "messages": messages})
+    assert again.session_id == turn.session_id and not again.new_session
+    assert [e.kind for e in begun] == ["session_start", "llm_call_start"]
+    assert tracker.stats().sessions_revived == 1 and tracker.stats().sessions_started == 1
+
+
+def test_the_idle_timeout_is_learnt_per_workflow_within_its_bounds():
+    now = [0.0]
+    tracker = SessionTracker(idle_ttl_s=600, idle_min_s=5, clock=lambda: now[0])
+    rng = random.Random(2)
+    for i in range(4):  # agents of one workflow, pausing 1-3 s between calls
+        agent = Agent(f"agent{i}", [["search"]] * 8, rng)
+        while not agent.done:
+            turn, _ = tracker.begin(agent.body())
+            answer = agent.answer()
+            tracker.finish(turn, [answer])
+            agent.take(answer)
+            now[0] += rng.uniform(1.0, 3.0)
+    learnt = tracker.pauses.idle_timeout(tracker._workflow(CHAT.read(agent.body(), {})))
+    assert 5.0 <= learnt <= 6.0  # 2 x the 99th percentile of 1-3 s gaps
+    fresh, _ = tracker.begin(Agent("late", [["search"]], rng).body())
+    other, _ = tracker.begin({"model": "other-model", "messages": [{"role": "user", "content": "hi"}]})
+    for turn in (fresh, other):
+        tracker.finish(turn, [{"role": "assistant", "content": "ok"}])
+    now[0] += learnt + 0.5
+    ended = {e.session_id for e in tracker.expire() if e.kind == "session_end"}
+    assert fresh.session_id in ended and other.session_id not in ended and len(ended) == 5  # the workflow's
+    now[0] += 600
+    assert [e.session_id for e in tracker.expire() if e.kind == "session_end"] == [other.session_id]
+    assert tracker.stats().sessions == 0 and tracker.stats().sessions_expired == 6
+
+
+def final_answer_session(tracker, now, words: str):
+    """A session that calls a tool, then answers with text."""
+    messages = [SYSTEM, {"role": "user", "content": words}]
+    turn, _ = tracker.begin({"model": "m", "messages": messages})
+    call = {"role": "assistant", "tool_calls": [{"id": f"c-{words}", "type": "function",
+                                                 "function": {"name": "search", "arguments": "{}"}}]}
+    tracker.finish(turn, [call])
+    messages += [call, {"role": "tool", "tool_call_id": f"c-{words}", "content": "found"}]
+    now[0] += 1
+    turn, _ = tracker.begin({"model": "m", "messages": messages})
+    return turn, messages, tracker.finish(turn, [{"role": "assistant", "content": "Here you are."}])
+
+
+def test_final_answers_end_sessions_once_the_workflow_shows_they_are_final():
+    now = [0.0]
+    tracker = SessionTracker(idle_ttl_s=600, idle_min_s=5, clock=lambda: now[0])
+    _, _, done = final_answer_session(tracker, now, "first")
+    assert "session_end" not in [e.kind for e in done]  # nothing known yet: the idle timeout decides
+    now[0] += 601
+    assert [e.kind for e in tracker.expire()] == ["session_end"]
+    turn, messages, done = final_answer_session(tracker, now, "second")
+    assert [e.kind for e in done] == ["llm_call_end", "session_end"]  # quiet after a final answer: it was final
+    assert tracker.stats().sessions_ended["final"] == 1
+    # This one does come back (its user replied): the same session, and the workflow learns it.
+    again, begun = tracker.begin({"model": "m", "messages": messages + [
+        {"role": "assistant", "content": "Here you are."}, {"role": "user", "content": "And a hotel?"}]})
+    assert again.session_id == turn.session_id and begun[0].kind == "session_start"
+    _, _, done = final_answer_session(tracker, now, "third")
+    assert "session_end" not in [e.kind for e in done]  # one quiet, one resumed: not final enough
+
+
+def test_an_abandoned_call_ends_its_session_after_the_grace_unless_retried():
+    now = [0.0]
+    tracker = SessionTracker(abandon_grace_s=5, clock=lambda: now[0])
+    body = {"messages": [SYSTEM, {"role": "user", "content": "slow one"}]}
+    turn, _ = tracker.begin(body)
+    tracker.fail(turn, abandoned=True)
+    now[0] += 3
+    retry, _ = tracker.begin(body)
+    assert (retry.session_id, retry.how) == (turn.session_id, "retry")
+    tracker.fail(retry, abandoned=True)
+    now[0] += 6
+    assert [(e.kind, e.args.get("outcome")) for e in tracker.expire()] == [("session_end", "cancelled")]
+    assert tracker.stats().sessions_ended == {"gone": 1}

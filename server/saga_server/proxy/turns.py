@@ -1,0 +1,163 @@
+"""Protocol-neutral turns: what `SessionTracker` matches, whichever API carried them.
+
+An agent's request is a history of messages, and its answer one more; the APIs
+differ only in how they spell them. Each API adapter (`chat`, `responses`,
+`messages`) reads a request into a `Request` and an answer into a `Reply`, both
+made of `Message`s, so that the rule that finds a request's session lives once,
+in `sessions`.
+
+A `Message` keeps what a client preserves when it sends an answer back (role,
+text, tool-call ids, names and arguments as JSON values, the call id a tool
+result answers), not the raw JSON: clients add `refusal: null`, reorder keys,
+re-dump arguments, move cache markers. Two messages that a client would
+consider the same compare (and hash) equal.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+__all__ = [
+    "Message",
+    "Reply",
+    "Request",
+    "SESSION_BODY_FIELDS",
+    "SESSION_HEADERS",
+    "ToolCall",
+    "canonical_args",
+    "count",
+    "explicit_session_id",
+    "text_of",
+]
+
+# Lower-case header names, in order of precedence.
+SESSION_HEADERS = (
+    "x-session-id",          # vLLM's own, and what this proxy forwards
+    "x-saga-session-id",
+    "helicone-session-id",   # Helicone gateway
+    "x-litellm-session-id",  # LiteLLM gateway
+    "x-dynamo-session-id",   # NVIDIA Dynamo
+)
+# Body paths, in order of precedence.
+SESSION_BODY_FIELDS = (
+    ("session_id",),
+    ("vllm_xargs", "session_id"),
+    ("litellm_session_id",),
+    ("metadata", "session_id"),
+    ("metadata", "litellm_session_id"),
+)
+MAX_SESSION_ID_CHARS = 256
+
+
+# Tuples, not dataclasses: a request builds one per history entry, and hashes them all.
+class ToolCall(NamedTuple):
+    call_id: str
+    name: str
+    arguments: str  # canonical JSON (`canonical_args`)
+
+
+class Message(NamedTuple):
+    """One history entry. `role`: "system", "user", "assistant", "tool" (a tool
+    result), or an API's own kind of item (kept so that histories stay distinct)."""
+
+    role: str
+    text: str = ""
+    calls: tuple[ToolCall, ...] = ()  # the tool calls an assistant message asks for
+    answers: str = ""                 # the call id a tool result answers
+    name: str = ""                    # a tool result's tool name, where the API has one
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request, read. `scope`: requests of different scopes never share a
+    session (e.g. the Messages API's `metadata.user_id`); `previous`: the id the
+    upstream gave the answer this request continues (`previous_response_id`)."""
+
+    messages: tuple[Message, ...] = ()
+    explicit: str | None = None  # the caller's own session id
+    model: str = ""
+    system: str = ""             # names the workflow, with the model
+    scope: str = ""
+    previous: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One answer, read: an assistant message per choice."""
+
+    messages: tuple[Message, ...] = ()
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    response_id: str = ""    # the id later requests may continue it by
+    truncated: bool = False  # stopped at the length limit, not by the model
+
+
+def explicit_session_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
+    """The caller's own session id, if it sent one (headers first, then the body)."""
+    for name in SESSION_HEADERS:
+        value = headers.get(name)
+        if value and value.strip():
+            return value.strip()[:MAX_SESSION_ID_CHARS]
+    if isinstance(body, Mapping):
+        for path in SESSION_BODY_FIELDS:
+            node: Any = body
+            for part in path:
+                node = node.get(part) if isinstance(node, Mapping) else None
+            if isinstance(node, (str, int)) and not isinstance(node, bool) and str(node).strip():
+                return str(node).strip()[:MAX_SESSION_ID_CHARS]
+    return None
+
+
+_TEXT_PARTS = ("text", "input_text", "output_text")
+_VOLATILE = ("cache_control", "id", "status", "annotations", "logprobs")  # not content: clients drop or move them
+
+
+def text_of(content: Any) -> str:
+    """A message's content as text: strings and text parts joined; any other part
+    as canonical JSON without what clients drop or move (`_VOLATILE`)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content.strip()
+    if isinstance(content, list):
+        pieces = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") in _TEXT_PARTS:
+                pieces.append(str(part.get("text", "")))
+            elif isinstance(part, str):
+                pieces.append(part)
+            else:
+                pieces.append(canonical(part))
+        return "\n".join(pieces).strip()
+    return canonical(content)
+
+
+def canonical(value: Any) -> str:
+    if isinstance(value, Mapping):
+        value = {k: v for k, v in value.items() if k not in _VOLATILE}
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def canonical_args(arguments: Any) -> str:
+    """Tool arguments as a JSON value, so a client that re-dumps them still matches."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return arguments.strip()
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def count(usage: Any, *keys: str) -> int:
+    """The sum of these non-negative integer fields of a usage object (0 if none)."""
+    if not isinstance(usage, Mapping):
+        return 0
+    total = 0
+    for key in keys:
+        value = usage.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            total += value
+    return total
