@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from openai import AsyncOpenAI
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, RunContextWrapper,
                     function_tool, handoff, set_tracing_disabled)
@@ -89,7 +89,16 @@ def search_flights(ctx: RunContextWrapper[Trip], origin: Annotated[str, Field(pa
                                     "date": date, "price": 120}]})
 
 
-def _handed_off(ctx: RunContextWrapper[Trip]) -> None:
+class Handover(BaseModel):
+    """What `booking` tells `writer`: the flight found. A handoff with no arguments
+    would leave guided decoding an empty object, which the small model pads with
+    whitespace up to `max_tokens`; one bounded field ends it."""
+
+    model_config = ConfigDict(extra="forbid")
+    flight: Annotated[str, Field(pattern="^[A-Z]{3}[0-9]{3}$")]
+
+
+def _handed_off(ctx: RunContextWrapper[Trip], handover: Handover) -> None:
     ctx.context.done.append("transfer_to_writer")
 
 
@@ -108,7 +117,7 @@ def build_agent(model, *, max_tokens: int = 96) -> Agent[Trip]:
         name="booking", model=model,
         instructions="You are an airline booking agent. Use the tools, then hand off to the writer.",
         tools=[get_user_details, search_flights],
-        handoffs=[handoff(writer, on_handoff=_handed_off, is_enabled=_at_turn("transfer_to_writer"))],
+        handoffs=[handoff(writer, on_handoff=_handed_off, input_type=Handover, is_enabled=_at_turn("transfer_to_writer"))],
         model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False, **settings),
         reset_tool_choice=False)
 

@@ -77,6 +77,11 @@ def responses_loop(url: str, model: str, customer: str) -> list:
     return responses
 
 
+# The anthropic SDK (2.x) no longer takes `temperature` as an argument; the Messages API
+# and vLLM still do, so it goes in the body.
+GREEDY = {"temperature": 0}
+
+
 def messages_loop(url: str, model: str, customer: str) -> list:
     """A Claude-Code-style agent's shape, streamed: content blocks back as they came,
     tool results in the next user message. Returns the answers."""
@@ -86,7 +91,7 @@ def messages_loop(url: str, model: str, customer: str) -> list:
     for tool in PLAN:
         kw = {"tool_choice": {"type": "tool", "name": tool}} if tool else {"tool_choice": {"type": "none"}}
         with client.messages.stream(model=model, system=INSTRUCTIONS, messages=messages, tools=MESSAGES_TOOLS,
-                                    max_tokens=64, temperature=0, **kw) as stream:
+                                    max_tokens=64, extra_body=GREEDY, **kw) as stream:
             answer = stream.get_final_message()
         answers.append(answer)
         uses = [b for b in answer.content if b.type == "tool_use"]
