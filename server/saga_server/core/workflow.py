@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 
 from .aeg import AEG
 from .eviction import EvictionConfig, wa_lru_key
-from .events import HintEvent, SessionSnapshot, SessionStart
+from .events import Caller, HintEvent, SessionSnapshot, SessionStart
 from .fairshare import FairShare, FairShareConfig, seniority, urgency
 from .graph import Prediction
 from .pinning import PinConfig, PinDecision, decide_pin
@@ -92,22 +92,31 @@ class WorkflowCore:
 
     # -- HintSink -----------------------------------------------------------------
 
-    def accept(self, event: HintEvent) -> None:
+    def accept(self, event: HintEvent, caller: Caller | None = None) -> None:
         with self._lock:
-            self.table.accept(event)  # validates (HintRejected changes nothing), records, and the AEG learns
-            if isinstance(event, SessionStart) and event.tenant:
-                self.fair.touch(event.tenant, event.time)
+            # validates and checks ownership (HintRejected changes nothing), records, and the AEG learns
+            self.table.accept(event, caller)
+            s = self._sessions.get(event.session_id) if isinstance(event, SessionStart) else None
+            if s is not None and s.tenant:  # the table's tenant: the caller's, not what the payload claims
+                self.fair.touch(s.tenant, event.time)
 
-    def session(self, session_id: str) -> SessionSnapshot | None:
+    def session(self, session_id: str, caller: Caller | None = None) -> SessionSnapshot | None:
         """Hinted sessions and sessions only the engine has seen (no history), with
         predictions in `metrics`."""
         with self._lock:
-            s = self._sessions.get(session_id)
+            s = self.table.readable(session_id, caller)
             return None if s is None else s.snapshot(self._metrics(s))
 
-    def sessions(self, limit: int = 100) -> Sequence[SessionSnapshot]:
+    def sessions(self, limit: int = 100, caller: Caller | None = None) -> Sequence[SessionSnapshot]:
         with self._lock:
-            return [s.snapshot(self._metrics(s)) for s in self.table.recent(limit)]
+            return [s.snapshot(self._metrics(s)) for s in self.table.recent(limit, caller)]
+
+    def tenant_of(self, session_id: str) -> str:
+        """The session's tenant ("" if unknown or none): its owner's, once a key
+        started or claimed it."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            return "" if s is None else s.tenant
 
     def stats(self) -> Mapping[str, float]:
         with self._lock:
@@ -148,11 +157,13 @@ class WorkflowCore:
             s.kv_moved = False
             self.aeg.expire(now)
 
-    def on_session_moved(self, session_id: str) -> None:
+    def on_session_moved(self, session_id: str, caller: Caller | None = None) -> None:
         """The session's KV left this engine (a cluster router moved it): the engine
         no longer holds its context (`kv_resident` = 0 until its next request here).
-        Its workflow state stays: it may come back. An unknown session holds nothing."""
+        Its workflow state stays: it may come back. An unknown session holds nothing.
+        An agent `caller` may do this to its own sessions only (`AccessDenied`)."""
         with self._lock:
+            self.table.releasable(session_id, caller)
             s = self._sessions.get(session_id)
             if s is not None:
                 s.kv_moved = True
