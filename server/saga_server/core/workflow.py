@@ -260,13 +260,12 @@ class WorkflowCore:
                     seniority(started, arrived_at, self.config.fairshare.seniority_window_s))
 
     def record_service(self, tenant: str, tokens: int, session_id: str = "") -> None:
-        """Service delivered (prefill + decode tokens); the tenant defaults to the session's."""
+        """Service delivered (prefill + decode tokens), counted for the session's
+        tenant (`_tenant_for`)."""
         _check_tokens(tokens=tokens)
         with self._lock:
-            if not tenant and session_id:
-                s = self._sessions.get(session_id)
-                tenant = s.tenant if s is not None else ""
-            self.fair.record_service(tenant, tokens, self._clock())
+            s = self._sessions.get(session_id) if session_id else None
+            self.fair.record_service(_tenant_for(s, tenant), tokens, self._clock())
 
     def record_peer_service(self, tokens: Mapping[str, float]) -> int:
         """Service the cluster's other engines delivered since the last call, per
@@ -290,8 +289,8 @@ class WorkflowCore:
         """`request_priority` of a session's record (None: unknown); lock held."""
         now = self._clock()
         u = 0.0
+        tenant = _tenant_for(s, tenant)
         if s is not None:
-            tenant = tenant or s.tenant
             if s.deadline_at is not None:
                 _, rem_s = self.aeg.remaining(s)
                 u = urgency(rem_s, s.deadline_at, now, self.config.fairshare.urgency_cap)
@@ -314,6 +313,15 @@ class WorkflowCore:
                 "remaining_steps": p.remaining_steps, "remaining_time_s": p.remaining_time_s,
                 "context_tokens": float(s.context_tokens), "owed_service_tokens": self.fair.owed(s.tenant),
                 "kv_resident": 0.0 if s.kv_moved or not s.context_tokens else 1.0}
+
+
+def _tenant_for(s: Session | None, label: str) -> str:
+    """Whose fair share a request of session `s` counts for: the tenant of the key
+    that owns the session, whatever the request's own `label` (unauthenticated,
+    e.g. `vllm_xargs`) says; for a session nobody owns the label, else its tenant."""
+    if s is not None and s.owner is not None:
+        return s.tenant
+    return label or (s.tenant if s is not None else "")
 
 
 def _zero(q: float) -> float:

@@ -169,3 +169,17 @@ def test_a_start_that_replaces_the_tenants_own_live_record_needs_no_extra_room()
     assert table.by_id["e"].hinted and table.stats()["sessions_live"] == 1
     with pytest.raises(AccessDenied):
         table.accept(SessionStart("f", 1.0), capped)
+
+
+def test_a_request_cannot_move_an_owned_sessions_work_to_another_tenants_share():
+    """A request's own tenant label (vllm_xargs, unauthenticated) counts only for
+    sessions no key owns: a's session is ranked and charged as a's."""
+    clock = ManualClock(0.0)
+    core = WorkflowCore(clock=clock)
+    core.accept(SessionStart("owned", 0.0), A)
+    core.on_request_arrival("anonymous", 10)
+    core.record_service("b", 500, session_id="owned")
+    core.record_service("b", 70, session_id="anonymous")
+    assert core.served_by_tenant() == {"a": 500.0, "b": 70.0}
+    assert core.request_rank("owned", "b", 0.0)[0] == core.request_rank("owned", "", 0.0)[0] \
+        == core.request_priority("", "a")
