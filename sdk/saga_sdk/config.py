@@ -4,7 +4,7 @@
 |---|---|---|
 | `SAGA_ENABLED` | `1` | `0`/`false`/`off` turns every hint into a no-op |
 | `SAGA_ENDPOINT` | `127.0.0.1:50051` | host:port of the hint service (`saga serve` prints it) |
-| `SAGA_API_KEY` | unset | shared token, sent as `authorization: Bearer ...` |
+| `SAGA_API_KEY` | unset | this agent's API key (shared, or its tenant's from the server's keys file), sent as `authorization: Bearer ...` |
 | `SAGA_TENANT` | empty | tenant for sessions that do not name one |
 | `SAGA_QUEUE_SIZE` | `10000` | events buffered before new ones are dropped (and counted) |
 | `SAGA_BATCH_SIZE` | `512` | most events per RPC |

@@ -68,14 +68,18 @@ def render(stats, sessions, metrics=None, served=None, limit: int | None = None)
     lines = [f"hint service: {live} live sessions, "
              f"{int(stats.get('open_tool_calls', 0))} open tool calls, "
              f"{int(stats.get('hints_events_accepted', 0))} events accepted, "
-             f"{int(stats.get('hints_events_invalid', 0) + stats.get('hints_events_refused', 0))} refused"]
+             f"{int(sum(stats.get(f'hints_{k}', 0) for k in _NOT_ACCEPTED))} refused"]
     if "engine_admission_active" in stats:
         lines.append(f"admission: {int(stats['engine_admission_active'])} active, "
                      f"{int(stats.get('engine_admission_parked', 0))} parked, "
                      f"{int(stats.get('engine_admission_waiting', 0))} waiting sessions; limit "
                      f"{_num(stats.get('engine_admission_limit_tokens', 0))} tokens, "
                      f"{_num(stats.get('engine_admission_wait_s', 0))} s waited in all")
-    other = {k: v for k, v in sorted(stats.items()) if not k.startswith(("hints_", "engine_admission_"))}
+    tenancy = _tenancy(stats)
+    if tenancy:
+        lines.append(tenancy)
+    other = {k: v for k, v in sorted(stats.items())
+             if not k.startswith(("hints_", "engine_admission_")) and k not in _TENANCY}
     if other:
         lines.append("  " + "  ".join(f"{k}={_num(v)}" for k, v in other.items()))
     if served:
@@ -93,6 +97,22 @@ def render(stats, sessions, metrics=None, served=None, limit: int | None = None)
             lines.append(f"{s.session_id[:28]:<28} {s.tenant[:10]:<10} {s.state:<6} {s.steps:>5} "
                          f"{s.tool_calls:>5} {s.idle_s:>7.1f}  {s.current_node}{' / ' + open_tools if open_tools else ''}")
     return "\n".join(lines)
+
+
+_NOT_ACCEPTED = ("events_invalid", "events_refused", "events_denied", "rate_dropped")
+# What callers were refused, by the rule that refused them (stats name -> shown as).
+_TENANCY = {"denied_tenant_claim": "claimed another tenant", "denied_foreign_session": "another's session",
+            "denied_read": "read another's", "denied_release": "released another's",
+            "denied_session_limit": "over session limit", "hints_denied_admin_only": "admin-only call",
+            "hints_rate_dropped": "over hint rate", "fanout_rate_dropped": "over hint rate (router)",
+            "deadline_clamped": "deadline clamped", "hints_auth_failures": "bad key",
+            "fanout_auth_failures": "bad key (router)"}
+
+
+def _tenancy(stats) -> str:
+    """One line of refused cross-tenant actions, rate drops and key failures ("" if none)."""
+    seen = [f"{label} {_num(stats[k])}" for k, label in _TENANCY.items() if stats.get(k)]
+    return "tenancy: " + ", ".join(seen) if seen else ""
 
 
 def _num(v: float) -> str:

@@ -80,3 +80,37 @@ def test_status_has_an_admission_line_when_the_engine_reports_it():
     out = render(stats, [])
     assert "admission: 3 active, 1 parked, 1 waiting sessions; limit 5530 tokens, 12.5 s waited" in out
     assert "engine_admission_active=" not in out  # not repeated in the raw stats line
+
+
+def test_status_has_a_tenancy_line_of_what_callers_were_refused():
+    from saga_server.status import render
+
+    stats = {"denied_tenant_claim": 2, "denied_read": 1, "hints_rate_dropped": 40, "deadline_clamped": 3,
+             "denied_release": 0, "hints_auth_failures": 1}
+    out = render(stats, [])
+    assert ("tenancy: claimed another tenant 2, read another's 1, over hint rate 40, deadline clamped 3, "
+            "bad key 1") in out
+    assert "denied_read=" not in out  # not repeated in the raw stats line
+    assert "tenancy" not in render({"sessions_live": 1, "denied_read": 0}, [])
+
+
+def test_status_reads_with_the_api_key_of_the_environment(tmp_path, monkeypatch, capsys):
+    from saga_server.core import WorkflowCore
+    from saga_server.rpc import HintServer, KeyRing
+
+    keys = tmp_path / "keys"
+    keys.write_text("key-ops-000001 ops admin\n")
+    with HintServer(WorkflowCore(), "127.0.0.1:0", keys=KeyRing(str(keys))) as server:
+        monkeypatch.setenv("SAGA_API_KEY", "key-ops-000001")
+        assert cli.main(["status", "--hints", server.endpoint]) == 0
+        monkeypatch.setenv("SAGA_API_KEY", "key-wrong-0001")
+        assert cli.main(["status", "--hints", server.endpoint]) == 1
+    out = capsys.readouterr()
+    assert "hint service: 0 live sessions" in out.out and "UNAUTHENTICATED" in out.err
+
+
+def test_saga_hints_refuses_a_malformed_keys_file_naming_the_line(tmp_path, capsys):
+    keys = tmp_path / "keys"
+    keys.write_text("key-team-a-0001 team-a agent\nkey-team-b-0001 team-b agent max_sessions=-2\n")
+    assert cli.main(["hints", "--api-keys", str(keys), "--listen", "127.0.0.1:0"]) == 2
+    assert f"{keys}:2: max_sessions='-2'" in capsys.readouterr().err

@@ -18,8 +18,8 @@ class RecordingRegistry(SessionTable):
         super().__init__(max_sessions=1000)
         self.events: list = []
 
-    def accept(self, event) -> None:
-        super().accept(event)
+    def accept(self, event, caller=None) -> None:
+        super().accept(event, caller)
         self.events.append(event)
 
     def of(self, session_id: str) -> list:

@@ -14,6 +14,10 @@ from .cluster_share import PeerServiceLedger
 from .clock import ManualClock
 from .eviction import EvictionConfig, wa_lru_key
 from .events import (
+    ADMIN,
+    AGENT,
+    AccessDenied,
+    Caller,
     HintEvent,
     HintRejected,
     HintSink,
@@ -27,6 +31,7 @@ from .events import (
     SessionOutcome,
     SessionSnapshot,
     SessionStart,
+    TenantLimits,
     ToolCallEnd,
     ToolCallStart,
     ToolOutcome,
@@ -50,6 +55,8 @@ __all__ = [
     "ResidentSession", "SessionSnapshot", "SessionStart", "SessionEnd",
     "LlmCallStart", "LlmCallEnd", "ToolCallStart", "ToolCallEnd", "ToolOutcome", "SessionOutcome",
     "WorkflowNode", "WorkflowStructure", "SessionTable",
+    # who sends hints (tenancy)
+    "Caller", "TenantLimits", "AccessDenied", "AGENT", "ADMIN",
     # building blocks
     "AEG", "END", "LogHistogram", "CATEGORIES", "guess_category",
     "EvictionConfig", "wa_lru_key",

@@ -4,6 +4,10 @@ The wire format (protobuf, `proto/saga/v1/hints.proto`) is translated into these
 plain dataclasses by the hint service, so nothing below the transport knows about
 gRPC. Times are seconds on the *server's* clock (the sink's injected clock), taken
 when the event was received: client clocks are not trusted for scheduling.
+
+Who sent a hint is a `Caller`, as the hint service's credentials say (never as
+the payload declares): the sink's session table applies the ownership rule
+(`sessions`), and the tenant's `TenantLimits` travel with the caller.
 """
 
 from __future__ import annotations
@@ -104,6 +108,38 @@ class HintRejected(ValueError):
     session). The sink's state is unchanged when this is raised."""
 
 
+class AccessDenied(HintRejected):
+    """The caller may not do this: another tenant's session, a tenant it is not,
+    or over its tenant's session limit. Nothing changed; the refusal is counted."""
+
+
+AGENT, ADMIN = "agent", "admin"
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """What one tenant may claim (set per tenant in the keys file); None: no limit."""
+
+    min_deadline_s: float = 0.0  # a shorter declared deadline is raised to this (no deadline stays none)
+    max_sessions: int | None = None  # live sessions it may have at once; a new one beyond is refused
+    max_pinned_blocks: int | None = None  # KV blocks its sessions may hold under TTL pins (engines)
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who makes a call, as its API key says. An `AGENT` acts as its `tenant` only,
+    on its tenant's sessions; an `ADMIN` (the cluster router, an operator, the
+    single shared key) may name any tenant and act on any session."""
+
+    tenant: str
+    role: str = AGENT
+    limits: TenantLimits = field(default_factory=TenantLimits)
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == ADMIN
+
+
 @dataclass(frozen=True, slots=True)
 class OpenTool:
     tool: str
@@ -146,13 +182,22 @@ class HintSink(Protocol):
 
     `accept` either applies the whole event or raises `HintRejected` and changes
     nothing; any other exception is a bug in the sink. Reads return copies.
+
+    `caller` is who sent the call (None: a service without keys, or the engine
+    itself: no checks, every session open to every call). With a caller, the
+    session table's ownership rule applies (`sessions`): a session belongs to the
+    tenant whose key started it; an agent's hint for another tenant's session, a
+    `SessionStart` naming another tenant or over its tenant's session limit raise
+    `AccessDenied`; `session` raises `AccessDenied` for another tenant's session
+    (None stays "unknown"), and `sessions` lists the caller's own only. Admins
+    pass every check. Each refusal is counted in `stats()` (`denied_*`).
     """
 
-    def accept(self, event: HintEvent) -> None: ...
+    def accept(self, event: HintEvent, caller: Caller | None = None) -> None: ...
 
-    def session(self, session_id: str) -> SessionSnapshot | None: ...
+    def session(self, session_id: str, caller: Caller | None = None) -> SessionSnapshot | None: ...
 
-    def sessions(self, limit: int = 100) -> Sequence[SessionSnapshot]: ...
+    def sessions(self, limit: int = 100, caller: Caller | None = None) -> Sequence[SessionSnapshot]: ...
 
     def stats(self) -> Mapping[str, float]: ...
 
@@ -190,6 +235,7 @@ class KvReleaseSink(Protocol):
     """A sink in front of an engine that holds KV for sessions: `release_session`
     makes the engine drop its holds and pins for the session (it moved to another
     engine) while the session's workflow state stays. Returns whether a release was
-    queued; never raises for an unknown session."""
+    queued; never raises for an unknown session. An agent `caller` may release only
+    its tenant's sessions (`AccessDenied` otherwise, counted `denied_release`)."""
 
-    def release_session(self, session_id: str) -> bool: ...
+    def release_session(self, session_id: str, caller: Caller | None = None) -> bool: ...

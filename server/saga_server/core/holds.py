@@ -11,8 +11,10 @@ Tiers, lowest given back first:
   memory is short.
 - `PINNED`: a TTL pin (the core's `pin_decision`: its tool is worth waiting for).
   Pinned blocks never exceed `max_pin_fraction` of the pool: a pin that would cross
-  it is held `SOFT` (reason "+over_budget"). When the TTL ends the pin becomes SOFT
-  (`expire`).
+  it is held `SOFT` (reason "+over_budget"). Nor do the pinned blocks of one owner
+  (a hold's `owner`: its session's tenant) exceed `owner_pin_cap(owner)` (None: no
+  cap; reason "+over_owner_cap"), so one tenant cannot pin the whole budget. When
+  the TTL ends the pin becomes SOFT (`expire`).
 - `PROTECTED`: the session's next request is already queued, so its KV is about to
   be used (the caller keys these by arrival, latest first: Belady for a FIFO).
 
@@ -68,6 +70,8 @@ class Hold:
     expires_at: float = math.inf  # pins only
     reason: str = ""
     seq: int = 0  # the heap item that is current
+    owner: str = ""  # whose pin cap its pinned blocks count against
+    refused: str = ""  # why its last pin was refused: "over_budget", "over_owner_cap" ("" once pinned)
 
     @property
     def pinned(self) -> bool:
@@ -85,9 +89,12 @@ class Release:
 
 class HoldLedger:
     def __init__(self, pool: BlockPool, capacity_blocks: int, *, max_pin_fraction: float = 0.5,
-                 on_release: Callable[[Release], None] | None = None) -> None:
+                 on_release: Callable[[Release], None] | None = None,
+                 owner_pin_cap: Callable[[str], int | None] = lambda owner: None) -> None:
         """`on_release` is told of every release (reasons: "arrival", "ttl", "wa_lru",
-        "pressure", "session_end", "moved", "replaced", "reset", or the caller's)."""
+        "pressure", "session_end", "moved", "replaced", "reset", or the caller's).
+        `owner_pin_cap(owner)`: the most blocks one owner's holds may pin (None: no cap),
+        asked at every pin, so a cap that changes applies to the next pin."""
         if not 0.0 <= max_pin_fraction <= 1.0:
             raise ValueError("max_pin_fraction must be in [0, 1]")
         self.pool = pool
@@ -98,8 +105,10 @@ class HoldLedger:
         self._expiry: list[tuple[float, str]] = []
         self._seq = 0
         self._on_release = on_release
+        self._owner_pin_cap = owner_pin_cap
         self.held_blocks = 0
         self.pinned_blocks = 0
+        self._pinned_by_owner: dict[str, int] = {}
 
     # -- reads ---------------------------------------------------------------------
 
@@ -119,6 +128,10 @@ class HoldLedger:
     def sessions(self) -> list[str]:
         return list(self._holds)
 
+    def pinned_of(self, owner: str) -> int:
+        """Blocks the holds of `owner` pin now."""
+        return self._pinned_by_owner.get(owner, 0)
+
     def pressure(self) -> float:
         """Share of the pool not free to allocate now (0..1)."""
         return min(1.0, max(0.0, 1.0 - self.pool.num_free() / self.capacity_blocks))
@@ -126,18 +139,19 @@ class HoldLedger:
     # -- changes -------------------------------------------------------------------
 
     def hold(self, session_id: str, blocks: Sequence, *, key: float, now: float, pin_ttl_s: float = 0.0,
-             tier: int = SOFT, reason: str = "") -> Hold | None:
+             tier: int = SOFT, reason: str = "", owner: str = "") -> Hold | None:
         """Hold `blocks` for the session, replacing its previous hold (the new
         references are taken before the old ones are dropped, so shared blocks never
         pass through the free queue). `pin_ttl_s > 0` asks for a pin (within the
-        budget); otherwise `tier` is SOFT or PROTECTED. No blocks: just the release."""
+        budget and `owner`'s cap); otherwise `tier` is SOFT or PROTECTED. No blocks:
+        just the release."""
         old = self._holds.pop(session_id, None)
         if old is not None:
             self._account(old, -1)
         hold = None
         if len(blocks):
             self.pool.touch(session_id, blocks)
-            hold = Hold(session_id, blocks, SOFT, key, now, reason=reason)
+            hold = Hold(session_id, blocks, SOFT, key, now, reason=reason, owner=owner)
             self._holds[session_id] = hold
             self._account(hold, +1)
             if not (pin_ttl_s > 0 and self._pin(hold, pin_ttl_s, now)):
@@ -162,7 +176,7 @@ class HoldLedger:
     def pin(self, session_id: str, ttl_s: float, now: float, key: float | None = None) -> bool:
         """Pin the session's hold for `ttl_s` from `now` (a pin already there gets the
         new TTL). False, leaving the hold as it was, when it has none, `ttl_s <= 0`,
-        or the budget would be crossed."""
+        or the budget or its owner's cap would be crossed."""
         hold = self._holds.get(session_id)
         if hold is None or not ttl_s > 0:
             return False
@@ -269,7 +283,7 @@ class HoldLedger:
             if account:
                 self.held_blocks -= k
                 if hold.tier == PINNED:
-                    self.pinned_blocks -= k
+                    self._add_pinned(hold, -k)
         if not hold.blocks and self._holds.get(hold.session_id) is hold:
             del self._holds[hold.session_id]
         if notify and dropped and self._on_release is not None:
@@ -277,10 +291,17 @@ class HoldLedger:
         return freed
 
     def _pin(self, hold: Hold, ttl_s: float, now: float) -> bool:
-        others = self.pinned_blocks - (len(hold.blocks) if hold.tier == PINNED else 0)
-        if others + len(hold.blocks) > self.max_pin_blocks:
+        mine = len(hold.blocks) if hold.tier == PINNED else 0
+        cap = self._owner_pin_cap(hold.owner)
+        if self.pinned_blocks - mine + len(hold.blocks) > self.max_pin_blocks:
+            hold.refused = "over_budget"
+        elif cap is not None and self.pinned_of(hold.owner) - mine + len(hold.blocks) > cap:
+            hold.refused = "over_owner_cap"
+        else:
+            hold.refused = ""
+        if hold.refused:
             if hold.tier != PINNED:
-                hold.reason += "+over_budget"
+                hold.reason += "+" + hold.refused
             return False
         hold.expires_at = now + ttl_s
         self._set(hold, hold.key, PINNED)
@@ -292,7 +313,7 @@ class HoldLedger:
             raise ValueError(f"NaN key for session {hold.session_id!r}")
         if tier != hold.tier:
             n = len(hold.blocks)
-            self.pinned_blocks += n if tier == PINNED else -n if hold.tier == PINNED else 0
+            self._add_pinned(hold, n if tier == PINNED else -n if hold.tier == PINNED else 0)
             if tier != PINNED:
                 hold.expires_at = math.inf
         hold.key, hold.tier = key, tier
@@ -305,7 +326,15 @@ class HoldLedger:
         n = sign * len(hold.blocks)
         self.held_blocks += n
         if hold.tier == PINNED:
-            self.pinned_blocks += n
+            self._add_pinned(hold, n)
+
+    def _add_pinned(self, hold: Hold, n: int) -> None:
+        self.pinned_blocks += n
+        left = self._pinned_by_owner.get(hold.owner, 0) + n
+        if left:
+            self._pinned_by_owner[hold.owner] = left
+        else:
+            self._pinned_by_owner.pop(hold.owner, None)
 
     def _maybe_compact(self) -> None:
         if len(self._heap) > 4 * len(self._holds) + 256:

@@ -16,6 +16,24 @@ starts a new run, and a session only the engine has seen is replaced by it (its
 hints begin now). A tool call key (call id, else tool name) is open at most once,
 and a tool end must match an open call.
 
+Ownership (only for calls that come with a `Caller`; the engine's own calls and a
+service without keys come without one and pass): a session belongs to the tenant
+whose key started it (`Session.owner`; an admin's session to the tenant it names,
+else its own). An agent acts as its key's tenant: a `SessionStart` naming
+another tenant is refused (an empty tenant becomes the caller's); any hint, read
+or release of a session another tenant owns is refused, ended or not, until the
+record expires; a session nobody owns yet (only the engine has seen it, or it was
+started without a key) becomes the caller's with its first hint, unless it
+already names another tenant, and until then only an admin reads or releases it.
+`sessions` lists the caller's own. Limits of the
+caller's tenant: a new session (or a claim) beyond `max_sessions` live ones is
+refused, and a declared deadline shorter than `min_deadline_s` is raised to it
+(clamped, not refused: the session keeps its hints, it just cannot jump the
+queue). Admins pass the ownership checks. Each refusal raises `AccessDenied`
+(nothing changes) and is counted: `denied_tenant_claim`, `denied_foreign_session`,
+`denied_session_limit`, `denied_read`, `denied_release`; `deadline_clamped` and
+`list_withheld` (listings that left sessions out) count the rest.
+
 Memory is bounded once, for both: at most `max_sessions` records and
 `history_limit` history entries each. A session expires `idle_ttl_s` after its
 last event; an ended one is kept `ended_ttl_s` so late readers still see how it
@@ -35,9 +53,11 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Callable, Mapping, NoReturn, Protocol, Sequence
 
 from .events import (
+    AccessDenied,
+    Caller,
     HintEvent,
     HintRejected,
     HistoryEntry,
@@ -70,6 +90,7 @@ class Session:
     graph: str = "default"  # the learned graph it runs in: its workflow, else its tenant's, else "default"
     deadline_at: float | None = None
     hinted: bool = True  # hints drive its steps (False: only the engine has seen it)
+    owner: str | None = None  # the tenant whose key started it (None: nobody's yet)
     ended: bool = False
     in_llm: bool = False
     steps: int = 0
@@ -181,7 +202,15 @@ class SessionTable:
             "sessions_started": 0,
             "sessions_ended": 0,
             "sessions_expired": 0,
+            "denied_tenant_claim": 0,
+            "denied_foreign_session": 0,
+            "denied_session_limit": 0,
+            "denied_read": 0,
+            "denied_release": 0,
+            "deadline_clamped": 0,
+            "list_withheld": 0,
         }
+        self._live_owned: dict[str, int] = {}  # owner -> its live (not ended) sessions
 
     def attach(self, tracker: Tracker) -> None:
         """Hand the tracked part of every record to `tracker`, once, before use."""
@@ -194,14 +223,14 @@ class SessionTable:
 
     # -- HintSink ---------------------------------------------------------------
 
-    def accept(self, event: HintEvent) -> None:
+    def accept(self, event: HintEvent, caller: Caller | None = None) -> None:
         with self.lock:
             try:
-                session = self._take(event)
+                session = self._take(event, caller)
             except HintRejected:
                 self.counters["events_rejected"] += 1
                 raise
-            self._announce(session, event)
+            self._announce(session, event, caller)
             self._tracker.on_hint(session, event)
             if isinstance(event, SessionEnd):
                 self.end(session)
@@ -209,14 +238,14 @@ class SessionTable:
             self.counters["events_accepted"] += 1
             self.expire(event.time, _SWEEP)
 
-    def session(self, session_id: str) -> SessionSnapshot | None:
+    def session(self, session_id: str, caller: Caller | None = None) -> SessionSnapshot | None:
         with self.lock:
-            session = self.by_id.get(session_id)
+            session = self.readable(session_id, caller)
             return None if session is None else session.snapshot()
 
-    def sessions(self, limit: int = 100) -> Sequence[SessionSnapshot]:
+    def sessions(self, limit: int = 100, caller: Caller | None = None) -> Sequence[SessionSnapshot]:
         with self.lock:
-            return [s.snapshot() for s in self.recent(limit)]
+            return [s.snapshot() for s in self.recent(limit, caller)]
 
     def stats(self) -> Mapping[str, float]:
         with self.lock:
@@ -231,14 +260,34 @@ class SessionTable:
 
     # -- for the tracker and the core (lock held) -----------------------------------
 
-    def recent(self, limit: int) -> list[Session]:
-        """Up to `limit` records, most recently active first, after a full expiry."""
+    def recent(self, limit: int, caller: Caller | None = None) -> list[Session]:
+        """Up to `limit` records, most recently active first, after a full expiry;
+        with an agent `caller`, only its tenant's (ownership: module docstring)."""
         with self.lock:
             self.expire()
-            return list(islice(reversed(self.by_id.values()), max(0, limit)))
+            records = reversed(self.by_id.values())
+            if caller is None or caller.is_admin:
+                return list(islice(records, max(0, limit)))
+            mine = [s for s in records if s.owner == caller.tenant]
+            if len(mine) < len(self.by_id):
+                self.counters["list_withheld"] += 1
+            return mine[:max(0, limit)]
+
+    def readable(self, session_id: str, caller: Caller | None = None) -> Session | None:
+        """The record of `session_id` (None: unknown) if `caller` may read it;
+        `AccessDenied` (counted `denied_read`) for a session it does not own."""
+        session = self.by_id.get(session_id)
+        self._owned(session, caller, "denied_read")
+        return session
+
+    def releasable(self, session_id: str, caller: Caller | None = None) -> None:
+        """Whether `caller` may make an engine drop the session's KV: only its
+        owner or an admin (`AccessDenied`, counted `denied_release`); an unknown
+        session holds nothing and passes."""
+        self._owned(self.by_id.get(session_id), caller, "denied_release")
 
     def admit(self, session_id: str, t: float, *, tenant: str = "", workflow: str = "",
-              hinted: bool = True, evict: bool = True) -> Session:
+              hinted: bool = True, evict: bool = True, owner: str | None = None) -> Session:
         """A new record for `session_id` at time `t`, replacing any old one. In a
         full table `evict` lets it take the least recently active session's place;
         without it the table refuses (`HintRejected`)."""
@@ -251,6 +300,7 @@ class SessionTable:
                           graph=workflow or tenant or "default", hinted=hinted,
                           history=deque(maxlen=self.history_limit))
         self.by_id[session_id] = session
+        self._own(session, owner)
         self.counters["sessions_started"] += 1
         return session
 
@@ -262,6 +312,8 @@ class SessionTable:
 
     def end(self, session: Session) -> None:
         """`session` ended: no call runs and no tool is open; kept `ended_ttl_s`."""
+        if not session.ended:
+            self._disown(session)
         session.ended = True
         session.in_llm = False
         session.open_tools.clear()
@@ -291,26 +343,82 @@ class SessionTable:
 
     # -- internals --------------------------------------------------------------
 
-    def _take(self, event: HintEvent) -> Session:
-        """The record `event` applies to (admitted if new); raises `HintRejected`
-        before changing anything but expiry."""
+    def _take(self, event: HintEvent, caller: Caller | None) -> Session:
+        """The record `event` applies to (admitted if new, claimed if nobody's);
+        raises `HintRejected` before changing anything but expiry."""
         sid = event.session_id
         session = self.by_id.get(sid)
+        claim = self._owned(session, caller, "denied_foreign_session", claimable=True)
+        owner = None if caller is None else caller.tenant
         if isinstance(event, SessionStart):
+            tenant = event.tenant
+            if caller is not None:
+                if tenant and tenant != caller.tenant and not caller.is_admin:
+                    self._deny("denied_tenant_claim", f"tenant {tenant!r} is not this key's ({caller.tenant!r})")
+                tenant = owner = tenant or caller.tenant
             if session is not None and session.hinted and not session.ended:
                 raise HintRejected(f"session {sid!r} already started")
-            return self.admit(sid, event.time, tenant=event.tenant, workflow=event.workflow, evict=False)
+            self._check_room(owner, caller, session)
+            return self.admit(sid, event.time, tenant=tenant, workflow=event.workflow, evict=False, owner=owner)
         if session is None or session.ended:
             if isinstance(event, (SessionEnd, ToolCallEnd)):
                 raise HintRejected(f"unknown session {sid!r}")
-            return self.admit(sid, event.time, evict=False)
+            self._check_room(owner, caller, session)
+            return self.admit(sid, event.time, tenant=owner or "", evict=False, owner=owner)
         if isinstance(event, ToolCallStart) and (event.call_id or event.tool) in session.open_tools:
             raise HintRejected(f"tool call {event.call_id or event.tool!r} already open in {sid!r}")
         if isinstance(event, ToolCallEnd) and (event.call_id or event.tool) not in session.open_tools:
             raise HintRejected(f"tool call {event.call_id or event.tool!r} was never started in {sid!r}")
+        if claim:
+            self._check_room(owner, caller, None)
+            session.tenant = session.tenant or owner
+            self._own(session, owner)
         return session
 
-    def _announce(self, session: Session, event: HintEvent) -> None:
+    def _owned(self, session: Session | None, caller: Caller | None, denied: str, *,
+               claimable: bool = False) -> bool:
+        """The ownership rule (module docstring): passes, or raises `AccessDenied`
+        counted as `denied`. With `claimable` (a hint), a session nobody owns that
+        names no other tenant passes too, and True says the caller takes it."""
+        if session is None or caller is None or caller.is_admin or session.owner == caller.tenant:
+            return False
+        if claimable and session.owner is None and session.tenant in ("", caller.tenant):
+            return True
+        self._deny(denied, f"session {session.session_id!r} belongs to another tenant")
+
+    def _check_room(self, owner: str | None, caller: Caller | None, replaced: Session | None) -> None:
+        """A new live session of `owner` fits its tenant's `max_sessions` (a record
+        it replaces frees its place)."""
+        limit = None if caller is None else caller.limits.max_sessions
+        if limit is None or owner is None:
+            return
+        live = self._live_owned.get(owner, 0)
+        if replaced is not None and replaced.owner == owner and not replaced.ended:
+            live -= 1
+        if live >= limit:
+            self._deny("denied_session_limit", f"tenant {owner!r} has {live} live sessions (limit {limit})")
+
+    def _deny(self, counter: str, reason: str) -> NoReturn:
+        self.counters[counter] += 1
+        raise AccessDenied(reason)
+
+    def _own(self, session: Session, owner: str | None) -> None:
+        session.owner = owner
+        if owner is not None and not session.ended:
+            self._live_owned[owner] = self._live_owned.get(owner, 0) + 1
+
+    def _disown(self, session: Session) -> None:
+        """`session` stops being live: its owner's live count drops."""
+        owner = session.owner
+        if owner is None:
+            return
+        left = self._live_owned.get(owner, 0) - 1
+        if left > 0:
+            self._live_owned[owner] = left
+        else:
+            self._live_owned.pop(owner, None)
+
+    def _announce(self, session: Session, event: HintEvent, caller: Caller | None) -> None:
         if isinstance(event, LlmCallStart):
             session.current_node = event.node or session.current_node
         elif isinstance(event, ToolCallStart):
@@ -319,7 +427,12 @@ class SessionTable:
         elif isinstance(event, ToolCallEnd):
             del session.open_tools[event.call_id or event.tool]
         elif isinstance(event, SessionStart) and event.deadline_s is not None:
-            session.deadline_at = event.time + event.deadline_s
+            deadline_s = event.deadline_s
+            floor = 0.0 if caller is None else caller.limits.min_deadline_s
+            if deadline_s < floor:
+                deadline_s = floor
+                self.counters["deadline_clamped"] += 1
+            session.deadline_at = event.time + deadline_s
         session.history.append(HistoryEntry(event.time, _kind(event), _detail(event)))
 
     def _make_room(self, t: float, evict: bool) -> None:
@@ -337,6 +450,7 @@ class SessionTable:
 
     def _remove(self, session: Session, now: float) -> None:
         if not session.ended:
+            self._disown(session)
             self._tracker.on_drop(session, now)
         del self.by_id[session.session_id]
         self._ended.pop(session.session_id, None)

@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 
 from .aeg import AEG
 from .eviction import EvictionConfig, wa_lru_key
-from .events import HintEvent, SessionSnapshot, SessionStart
+from .events import Caller, HintEvent, SessionSnapshot, SessionStart
 from .fairshare import FairShare, FairShareConfig, seniority, urgency
 from .graph import Prediction
 from .pinning import PinConfig, PinDecision, decide_pin
@@ -92,22 +92,31 @@ class WorkflowCore:
 
     # -- HintSink -----------------------------------------------------------------
 
-    def accept(self, event: HintEvent) -> None:
+    def accept(self, event: HintEvent, caller: Caller | None = None) -> None:
         with self._lock:
-            self.table.accept(event)  # validates (HintRejected changes nothing), records, and the AEG learns
-            if isinstance(event, SessionStart) and event.tenant:
-                self.fair.touch(event.tenant, event.time)
+            # validates and checks ownership (HintRejected changes nothing), records, and the AEG learns
+            self.table.accept(event, caller)
+            s = self._sessions.get(event.session_id) if isinstance(event, SessionStart) else None
+            if s is not None and s.tenant:  # the table's tenant: the caller's, not what the payload claims
+                self.fair.touch(s.tenant, event.time)
 
-    def session(self, session_id: str) -> SessionSnapshot | None:
+    def session(self, session_id: str, caller: Caller | None = None) -> SessionSnapshot | None:
         """Hinted sessions and sessions only the engine has seen (no history), with
         predictions in `metrics`."""
         with self._lock:
-            s = self._sessions.get(session_id)
+            s = self.table.readable(session_id, caller)
             return None if s is None else s.snapshot(self._metrics(s))
 
-    def sessions(self, limit: int = 100) -> Sequence[SessionSnapshot]:
+    def sessions(self, limit: int = 100, caller: Caller | None = None) -> Sequence[SessionSnapshot]:
         with self._lock:
-            return [s.snapshot(self._metrics(s)) for s in self.table.recent(limit)]
+            return [s.snapshot(self._metrics(s)) for s in self.table.recent(limit, caller)]
+
+    def tenant_of(self, session_id: str) -> str:
+        """The session's tenant ("" if unknown or none): its owner's, once a key
+        started or claimed it."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            return "" if s is None else s.tenant
 
     def stats(self) -> Mapping[str, float]:
         with self._lock:
@@ -148,11 +157,13 @@ class WorkflowCore:
             s.kv_moved = False
             self.aeg.expire(now)
 
-    def on_session_moved(self, session_id: str) -> None:
+    def on_session_moved(self, session_id: str, caller: Caller | None = None) -> None:
         """The session's KV left this engine (a cluster router moved it): the engine
         no longer holds its context (`kv_resident` = 0 until its next request here).
-        Its workflow state stays: it may come back. An unknown session holds nothing."""
+        Its workflow state stays: it may come back. An unknown session holds nothing.
+        An agent `caller` may do this to its own sessions only (`AccessDenied`)."""
         with self._lock:
+            self.table.releasable(session_id, caller)
             s = self._sessions.get(session_id)
             if s is not None:
                 s.kv_moved = True
@@ -249,13 +260,12 @@ class WorkflowCore:
                     seniority(started, arrived_at, self.config.fairshare.seniority_window_s))
 
     def record_service(self, tenant: str, tokens: int, session_id: str = "") -> None:
-        """Service delivered (prefill + decode tokens); the tenant defaults to the session's."""
+        """Service delivered (prefill + decode tokens), counted for the session's
+        tenant (`_tenant_for`)."""
         _check_tokens(tokens=tokens)
         with self._lock:
-            if not tenant and session_id:
-                s = self._sessions.get(session_id)
-                tenant = s.tenant if s is not None else ""
-            self.fair.record_service(tenant, tokens, self._clock())
+            s = self._sessions.get(session_id) if session_id else None
+            self.fair.record_service(_tenant_for(s, tenant), tokens, self._clock())
 
     def record_peer_service(self, tokens: Mapping[str, float]) -> int:
         """Service the cluster's other engines delivered since the last call, per
@@ -279,8 +289,8 @@ class WorkflowCore:
         """`request_priority` of a session's record (None: unknown); lock held."""
         now = self._clock()
         u = 0.0
+        tenant = _tenant_for(s, tenant)
         if s is not None:
-            tenant = tenant or s.tenant
             if s.deadline_at is not None:
                 _, rem_s = self.aeg.remaining(s)
                 u = urgency(rem_s, s.deadline_at, now, self.config.fairshare.urgency_cap)
@@ -303,6 +313,15 @@ class WorkflowCore:
                 "remaining_steps": p.remaining_steps, "remaining_time_s": p.remaining_time_s,
                 "context_tokens": float(s.context_tokens), "owed_service_tokens": self.fair.owed(s.tenant),
                 "kv_resident": 0.0 if s.kv_moved or not s.context_tokens else 1.0}
+
+
+def _tenant_for(s: Session | None, label: str) -> str:
+    """Whose fair share a request of session `s` counts for: the tenant of the key
+    that owns the session, whatever the request's own `label` (unauthenticated,
+    e.g. `vllm_xargs`) says; for a session nobody owns the label, else its tenant."""
+    if s is not None and s.owner is not None:
+        return s.tenant
+    return label or (s.tenant if s is not None else "")
 
 
 def _zero(q: float) -> float:

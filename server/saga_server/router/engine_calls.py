@@ -8,30 +8,47 @@ service's `ReportPeerService`, what the others served since the last round.
 Sends run off the router's event loop, one in flight per engine; a failed send
 is kept for the next round, so a slow or restarting engine loses nothing but
 time and never delays routing.
+
+Both are admin calls: they present `engine_key()`, the first admin key of the
+keys file `saga router` was given (`$SAGA_API_KEYS`), else the shared key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import os
 from typing import Mapping
 
 from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
-from saga_sdk import SagaConfig
 from saga_sdk.channel import hint_channel
 
 from saga_server.core.cluster_share import PeerServiceLedger
+from saga_server.rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing
 
 from .report import ReplicaReport
 
 log = logging.getLogger("ray.serve")
 
-__all__ = ["PeerServiceRelay", "send_peer_service", "release_session"]
+__all__ = ["PeerServiceRelay", "send_peer_service", "release_session", "engine_key"]
+
+
+def engine_key() -> str | None:
+    """The key this process presents to engines' hint services (None: no keys).
+    Raises `KeysFileError` for a keys file that cannot be used."""
+    return _admin_key(os.environ.get(KEYS_FILE_ENV) or None, os.environ.get(SHARED_KEY_ENV) or None)
+
+
+@functools.lru_cache(maxsize=4)
+def _admin_key(path: str | None, shared: str | None) -> str | None:
+    # Read once per process: these calls run every routing round.
+    return KeyRing(path, shared_key=shared).admin_key() if path or shared else None
 
 
 def _channel(hint_addr: str):
-    return hint_channel(hint_addr, SagaConfig.from_env().api_key)
+    return hint_channel(hint_addr, engine_key())
 
 
 def release_session(hint_addr: str, session_id: str, *, timeout: float = 2.0) -> bool:

@@ -20,9 +20,13 @@ hosts); an endpoint that stops answering is skipped until it answers again.
 An unreachable cluster answers UNAVAILABLE: the SDK client drops or retries,
 and the agent never waits on it.
 
-API key (`api_key`, `saga router` passes `SAGA_API_KEY`): the fan-out refuses
-calls without it, as an engine's hint service does, and presents it to every
-engine it forwards to.
+Keys (`keys`, a `KeyRing`: `saga router --api-keys FILE`, or the shared
+`SAGA_API_KEY`): the fan-out authenticates callers as an engine's hint service
+does and applies each key's hint rate here (events over it are dropped before
+forwarding, so every engine sees the same events). It forwards with the ring's
+admin key, adding the caller's tenant (`rpc.on_behalf_of`) for an agent's calls:
+each engine then applies the ownership rule and the tenant's limits as if the
+agent had called it, and answers reads with that tenant's sessions only.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
 from saga_sdk.channel import hint_channel
 
-from saga_server.rpc import HintServer
+from saga_server.rpc import Authenticator, HintServer, KeyRing, on_behalf_of
+from saga_server.rpc.service import credentials_of, reject_over_rate
 
 log = logging.getLogger("saga.router")
 
@@ -59,18 +64,19 @@ def _holder_rank(state: "pb.SessionState") -> tuple[float, float]:
 class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
     def __init__(self, discover: Callable[[], Sequence[str]], *, timeout: float = 2.0,
                  refresh_s: float = 2.0, extra_stats: Callable[[], Mapping[str, float]] = dict,
-                 api_key: str | None = None) -> None:
+                 keys: KeyRing | None = None) -> None:
         self._discover = discover
         self._extra_stats = extra_stats
-        self._api_key = api_key
+        self.auth = None if keys is None else Authenticator(keys)
         self._timeout = timeout
         self._refresh_s = refresh_s
         self._endpoints: list[str] = []
         self._refreshed_at = -1e18
-        self._stubs: dict[str, hints_pb2_grpc.WorkflowHintsStub] = {}
+        self._stubs: dict[tuple[str, str | None], hints_pb2_grpc.WorkflowHintsStub] = {}
         self._lock = threading.Lock()
         self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="saga-fanout")
-        self.counters = dict.fromkeys(("batches", "forwarded", "forward_errors", "no_replica", "auth_failures"), 0)
+        self.counters = dict.fromkeys(("batches", "forwarded", "forward_errors", "no_replica", "auth_failures",
+                                       "rate_dropped"), 0)
 
     def count(self, counter: str, n: int = 1) -> None:
         with self._lock:
@@ -88,51 +94,81 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
             return list(self._endpoints)
 
     def _stub(self, endpoint: str) -> hints_pb2_grpc.WorkflowHintsStub:
+        key = None if self.auth is None else self.auth.keys.admin_key()  # may change on a reload
         with self._lock:
-            stub = self._stubs.get(endpoint)
+            stub = self._stubs.get((endpoint, key))
             if stub is None:
-                stub = self._stubs[endpoint] = hints_pb2_grpc.WorkflowHintsStub(
-                    hint_channel(endpoint, self._api_key))
+                stub = self._stubs[(endpoint, key)] = hints_pb2_grpc.WorkflowHintsStub(hint_channel(endpoint, key))
             return stub
 
+    def _on_behalf(self, context) -> tuple[tuple[str, str], ...]:
+        """Metadata that makes an engine treat the forwarded call as the caller's."""
+        found = credentials_of(self, context)
+        return () if found is None or found.caller.is_admin else on_behalf_of(found.caller.tenant)
+
     def _each(self, call: Callable[[hints_pb2_grpc.WorkflowHintsStub], object]) -> list[tuple[str, object]]:
-        """(endpoint, reply) for every endpoint that answered."""
+        """(endpoint, reply) for every endpoint that answered. An engine's
+        PERMISSION_DENIED is raised: it is the answer, not a failure."""
         eps = self.endpoints()
         futs = {ep: self._pool.submit(call, self._stub(ep)) for ep in eps}
-        out = []
+        out, denied = [], None
         for ep, fut in futs.items():
             try:
                 out.append((ep, fut.result()))
             except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.NOT_FOUND:
+                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    denied = exc
+                elif exc.code() != grpc.StatusCode.NOT_FOUND:
                     self.count("forward_errors")
+        if denied is not None:
+            raise denied
         return out
 
     # -- RPCs -----------------------------------------------------------------------------
 
     def SendHints(self, request, context):
         self.count("batches")
-        replies = self._each(lambda s: s.SendHints(request, timeout=self._timeout))
-        if not replies:
-            self.count("no_replica")
-            context.abort(grpc.StatusCode.UNAVAILABLE, "no SAGA engine replica reachable")
-        self.count("forwarded", len(replies))
-        # every engine validates the same way: the first answer stands for all
-        return replies[0][1]
+        found = credentials_of(self, context)
+        n = len(request.events)
+        allowed = n if found is None else self.auth.allow(found, n)
+        if allowed == 0 and n:
+            ack = pb.HintAck(sequence=request.sequence)
+        else:
+            if allowed < n:
+                request = pb.HintBatch(client_id=request.client_id, sequence=request.sequence,
+                                       events=request.events[:allowed])
+            metadata = self._on_behalf(context)
+            replies = self._each(lambda s: s.SendHints(request, timeout=self._timeout, metadata=metadata))
+            if not replies:
+                self.count("no_replica")
+                context.abort(grpc.StatusCode.UNAVAILABLE, "no SAGA engine replica reachable")
+            self.count("forwarded", len(replies))
+            ack = replies[0][1]  # every engine validates the same way: the first answer stands for all
+        if allowed < n:
+            self.count("rate_dropped", n - allowed)
+            reject_over_rate(ack, allowed, n)
+            ack.rejected += n - allowed
+        return ack
 
     def StreamHints(self, request_iterator, context):
         for batch in request_iterator:
             yield self.SendHints(batch, context)
 
     def GetSession(self, request, context):
-        found = [r for _, r in self._each(lambda s: s.GetSession(request, timeout=self._timeout))]
+        metadata = self._on_behalf(context)
+        try:
+            found = [r for _, r in self._each(lambda s: s.GetSession(request, timeout=self._timeout,
+                                                                        metadata=metadata))]
+        except grpc.RpcError as exc:  # another tenant's: the engines' own answer
+            context.abort(exc.code(), exc.details())
         if not found:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown session {request.session_id!r}")
         return max(found, key=_holder_rank)
 
     def ListSessions(self, request, context):
         merged: dict[str, pb.SessionState] = {}
-        for _, lst in self._each(lambda s: s.ListSessions(request, timeout=self._timeout)):
+        metadata = self._on_behalf(context)
+        for _, lst in self._each(lambda s: s.ListSessions(request, timeout=self._timeout, metadata=metadata)):
             for st in lst.sessions:
                 cur = merged.get(st.session_id)
                 if cur is None or _holder_rank(st) > _holder_rank(cur):
@@ -140,13 +176,15 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
         limit = request.limit or 100
         return pb.SessionList(sessions=list(merged.values())[:limit])
 
-    def engine_stats(self) -> dict[str, "pb.ServerStats"]:
-        """endpoint -> that engine's own GetStats reply, for engines that answered."""
-        return dict(self._each(lambda s: s.GetStats(pb.GetStatsRequest(), timeout=self._timeout)))
+    def engine_stats(self, metadata: tuple[tuple[str, str], ...] = ()) -> dict[str, "pb.ServerStats"]:
+        """endpoint -> that engine's own GetStats reply, for engines that answered
+        (`metadata`: on whose behalf; none: the router's own view)."""
+        return dict(self._each(lambda s: s.GetStats(pb.GetStatsRequest(), timeout=self._timeout,
+                                                    metadata=metadata)))
 
     def GetStats(self, request, context):
         out = pb.ServerStats()
-        replies = self.engine_stats()
+        replies = self.engine_stats(self._on_behalf(context))
         for ep, reply in replies.items():
             _add(out.stats, reply.stats)
             _add(out.served_tokens_by_tenant, reply.served_tokens_by_tenant)
@@ -172,9 +210,12 @@ def _add(into, values: Mapping[str, float]) -> None:
 
 def start_fanout(discover: Callable[[], Sequence[str]], address: str,
                  extra_stats: Callable[[], Mapping[str, float]] = dict, *,
-                 api_key: str | None = None) -> tuple[HintServer, FanOutHints, int]:
-    """Serve a `FanOutHints` on `address` (with `api_key`: required from callers,
-    presented to engines); returns (server, servicer, port)."""
-    servicer = FanOutHints(discover, extra_stats=extra_stats, api_key=api_key)
-    server = HintServer.for_service(servicer, address, api_key=api_key).start()
+                 keys: KeyRing | None = None, api_key: str | None = None) -> tuple[HintServer, FanOutHints, int]:
+    """Serve a `FanOutHints` on `address` (with `keys`, or just the shared
+    `api_key`: required from callers, the admin key presented to engines);
+    returns (server, servicer, port)."""
+    if keys is None and api_key:
+        keys = KeyRing(shared_key=api_key)
+    servicer = FanOutHints(discover, extra_stats=extra_stats, keys=keys)
+    server = HintServer.for_service(servicer, address).start()
     return server, servicer, server.port

@@ -68,7 +68,9 @@ def read_report(hint_addr: str, timeout: float = 2.0) -> ReplicaReport:
     (raises `saga_sdk.SagaUnavailable` when it does not answer)."""
     from saga_sdk import HintReader  # noqa: PLC0415
 
-    with HintReader(hint_addr, timeout=timeout) as reader:
+    from .engine_calls import engine_key  # noqa: PLC0415  (ListResident is an admin call)
+
+    with HintReader(hint_addr, api_key=engine_key(), timeout=timeout) as reader:
         resident = reader.resident(MAX_REPORTED_SESSIONS)
         reply = reader.server_stats()
     blocks = reply.stats.get("engine_kv_blocks", 0.0)

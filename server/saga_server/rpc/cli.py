@@ -1,7 +1,9 @@
 """`saga hints`: run the hint service on its own (no engine).
 
 Useful in front of any OpenAI-compatible server (the proxy and integrations send
-it hints), and as the lightest way to see what an agent tells SAGA.
+it hints), and as the lightest way to see what an agent tells SAGA. With
+`--api-keys FILE` (format: `saga_server.rpc.keys`) each key acts as its tenant;
+SIGHUP reloads the file (a bad one is logged and the old keys kept).
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
 
 from ..core import WorkflowCore
+from .keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError
+from .reload import reload_on_sighup
 from .service import HintServer
 
 __all__ = ["main"]
@@ -21,14 +26,23 @@ __all__ = ["main"]
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="saga hints", description=__doc__.splitlines()[0])
     parser.add_argument("--listen", default="127.0.0.1:50051", help="host:port (port 0: any free port)")
-    parser.add_argument("--api-key", default=os.environ.get("SAGA_API_KEY"),
-                        help="shared token clients must send (default: $SAGA_API_KEY; none: no auth)")
+    parser.add_argument("--api-key", default=os.environ.get(SHARED_KEY_ENV),
+                        help="shared token clients must send, one tenant, admin (default: $SAGA_API_KEY)")
+    parser.add_argument("--api-keys", default=os.environ.get(KEYS_FILE_ENV), metavar="FILE",
+                        help="keys file: one `key tenant role [limits]` per line (default: $SAGA_API_KEYS)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        keys = KeyRing(args.api_keys, shared_key=args.api_key) if args.api_keys or args.api_key else None
+    except KeysFileError as exc:
+        print(f"saga hints: {exc}", file=sys.stderr)
+        return 2
     sink = WorkflowCore()
-    server = HintServer(sink, args.listen, api_key=args.api_key).start()
+    server = HintServer(sink, args.listen, keys=keys).start()
+    if keys is not None and keys.path is not None:
+        reload_on_sighup(keys)
     print(f"SAGA hint service ({type(sink).__name__}) listening on {server.endpoint}"
-          f"{' (API key required)' if args.api_key else ''}", flush=True)
+          f"{f' ({len(keys)} API keys required)' if keys is not None else ''}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

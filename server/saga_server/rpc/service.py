@@ -4,11 +4,20 @@ Nothing a client sends can crash the service or touch another session: each even
 is validated on its own (`convert.from_wire`), refused events are counted and
 reported back in the ack, and an exception inside the sink is logged, counted and
 turned into a rejection of that one event.
+
+With keys (`keys.KeyRing`: a keys file and/or the shared key) every call must
+present one (else UNAUTHENTICATED, counted `auth_failures`), and the service
+passes the key's `Caller` to the sink, whose session table applies the
+ownership rule (`HintSink`). The service itself applies what is not about a
+session: a key's hint rate (events over it are refused in the ack, counted
+`rate_dropped`), and admin-only calls (`ReportPeerService`, `ListResident`: an
+agent gets PERMISSION_DENIED, counted `denied_admin_only`). An agent's `GetStats`
+shows the service per tenant of its own tenant only. Without keys every call is
+open, as it always was.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -21,10 +30,12 @@ import grpc
 from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
 
-from ..core.events import HintRejected, HintSink
+from ..core.events import AccessDenied, Caller, HintRejected, HintSink
+from .access import Authenticator, Credentials
 from .convert import InvalidHint, Limits, from_wire, snapshot_to_wire
+from .keys import KeyRing
 
-__all__ = ["HintServer", "WorkflowHintsService"]
+__all__ = ["HintServer", "WorkflowHintsService", "credentials_of", "reject_over_rate"]
 
 log = logging.getLogger("saga.rpc")
 
@@ -36,22 +47,26 @@ _DEFAULT_RESIDENT = 4096
 
 
 class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
-    """`clock` must be the sink's clock: events are stamped with it on arrival."""
+    """`clock` must be the sink's clock: events are stamped with it on arrival.
+    `auth` (None: no keys, every call open) resolves each call's key."""
 
-    def __init__(self, sink: HintSink, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, sink: HintSink, clock: Callable[[], float] = time.monotonic,
+                 auth: Authenticator | None = None) -> None:
         self.sink = sink
         self.clock = clock
+        self.auth = auth
         self._lock = threading.Lock()
         self._last_sequence: OrderedDict[str, int] = OrderedDict()
         self.counters = dict.fromkeys(
             ("batches", "duplicate_batches", "events_received", "events_accepted", "events_invalid",
-             "events_refused", "sink_errors", "auth_failures", "peer_reports", "peer_reports_invalid",
-             "releases"), 0)
+             "events_refused", "events_denied", "rate_dropped", "sink_errors", "auth_failures",
+             "denied_admin_only", "peer_reports", "peer_reports_invalid", "releases"), 0)
 
     # -- ingestion ------------------------------------------------------------------
 
-    def ingest(self, batch: "pb.HintBatch") -> "pb.HintAck":
-        """Apply one batch; the same (client_id, sequence) is applied at most once."""
+    def ingest(self, batch: "pb.HintBatch", credentials: Credentials | None = None) -> "pb.HintAck":
+        """Apply one batch for `credentials` (None: no keys); the same (client_id,
+        sequence) is applied at most once."""
         ack = pb.HintAck(sequence=batch.sequence)
         if len(batch.events) > Limits.max_events_per_batch:
             self.count("events_invalid", len(batch.events))
@@ -61,15 +76,20 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
         if self._seen_before(batch):
             ack.duplicate = True
             return ack
-        accepted = invalid = refused = errors = 0
-        for index, wire_event in enumerate(batch.events):
+        caller = None if credentials is None else credentials.caller
+        allowed = len(batch.events) if credentials is None else self.auth.allow(credentials, len(batch.events))
+        accepted = invalid = refused = denied = errors = 0
+        for index, wire_event in enumerate(batch.events[:allowed]):
             try:
-                self.sink.accept(from_wire(wire_event, self.clock()))
+                self.sink.accept(from_wire(wire_event, self.clock()), caller=caller)
                 accepted += 1
                 continue
             except InvalidHint as exc:
                 invalid += 1
                 reason = f"invalid: {exc}"
+            except AccessDenied as exc:
+                denied += 1
+                reason = f"denied: {exc}"
             except HintRejected as exc:
                 refused += 1
                 reason = f"refused: {exc}"
@@ -77,9 +97,10 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
                 errors += 1
                 reason = "internal error"
                 log.exception("hint sink failed on %s", type(exc).__name__)
-            if len(ack.rejections) < 32:  # enough to debug, bounded
-                ack.rejections.add(index=index, reason=reason)
-        ack.accepted, ack.rejected = accepted, invalid + refused + errors
+            _reject(ack, index, reason)
+        dropped = len(batch.events) - allowed
+        reject_over_rate(ack, allowed, len(batch.events))
+        ack.accepted, ack.rejected = accepted, invalid + refused + denied + errors + dropped
         with self._lock:
             c = self.counters
             c["batches"] += 1
@@ -87,6 +108,8 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
             c["events_accepted"] += accepted
             c["events_invalid"] += invalid
             c["events_refused"] += refused
+            c["events_denied"] += denied
+            c["rate_dropped"] += dropped
             c["sink_errors"] += errors
         return ack
 
@@ -108,27 +131,46 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
                 self._last_sequence.popitem(last=False)
             return False
 
+    def credentials(self, context) -> Credentials | None:
+        return credentials_of(self, context)
+
+    def caller(self, context) -> Caller | None:
+        found = self.credentials(context)
+        return None if found is None else found.caller
+
+    def _admin_only(self, context, what: str) -> None:
+        caller = self.caller(context)
+        if caller is not None and not caller.is_admin:
+            self.count("denied_admin_only")
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{what} needs an admin key")
+
     # -- RPCs -----------------------------------------------------------------------
 
     def SendHints(self, request, context):
-        return self.ingest(request)
+        return self.ingest(request, self.credentials(context))
 
     def StreamHints(self, request_iterator, context) -> Iterator["pb.HintAck"]:
+        credentials = self.credentials(context)
         for batch in request_iterator:
-            yield self.ingest(batch)
+            yield self.ingest(batch, credentials)
 
     def GetSession(self, request, context):
-        snap = self.sink.session(request.session_id)
+        try:
+            snap = self.sink.session(request.session_id, caller=self.caller(context))
+        except AccessDenied as exc:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         if snap is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown session {request.session_id!r}")
         return snapshot_to_wire(snap, self.clock())
 
     def ListSessions(self, request, context):
+        caller = self.caller(context)
         now = self.clock()
         limit = min(request.limit or 100, _MAX_LISTED)
-        return pb.SessionList(sessions=[snapshot_to_wire(s, now) for s in self.sink.sessions(limit)])
+        return pb.SessionList(sessions=[snapshot_to_wire(s, now) for s in self.sink.sessions(limit, caller=caller)])
 
     def GetStats(self, request, context):
+        caller = self.caller(context)
         stats = pb.ServerStats()
         with self._lock:
             for key, value in self.counters.items():
@@ -138,11 +180,12 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
         served = getattr(self.sink, "served_by_tenant", None)  # PeerServiceSink
         if served is not None:
             for tenant, tokens in served().items():
-                stats.served_tokens_by_tenant[tenant] = float(tokens)
+                if caller is None or caller.is_admin or tenant == caller.tenant:
+                    stats.served_tokens_by_tenant[tenant] = float(tokens)
         return stats
 
-
     def ReportPeerService(self, request, context):
+        self._admin_only(context, "ReportPeerService")
         apply = getattr(self.sink, "record_peer_service", None)  # PeerServiceSink
         if apply is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this hint service does no fair share")
@@ -158,6 +201,7 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
 
 
     def ListResident(self, request, context):
+        self._admin_only(context, "ListResident")
         resident = getattr(self.sink, "resident_sessions", None)  # KvResidencySink
         if resident is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this hint service holds no KV")
@@ -173,29 +217,58 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
         if not sid or len(sid) > Limits.max_id_chars:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"session_id must be 1..{Limits.max_id_chars} characters")
-        queued = bool(release(sid))
+        try:
+            queued = bool(release(sid, caller=self.caller(context)))
+        except AccessDenied as exc:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         self.count("releases")
         return pb.ReleaseSessionAck(queued=queued)
 
 
-class _ApiKeyInterceptor(grpc.ServerInterceptor):
-    """Refuses calls without `authorization: Bearer <key>` (or `x-saga-api-key`),
-    counted as the service's `auth_failures`."""
+_NO_KEY = "missing or wrong SAGA API key"
 
-    def __init__(self, api_key: str, service) -> None:
-        self._key = api_key.encode()
+
+def credentials_of(service, context) -> Credentials | None:
+    """The credentials of a call to `service` (one with `auth` and `count`; None:
+    no keys). A key unknown by now (the keys were reloaded since the interceptor
+    passed it) ends the call, counted as `auth_failures`."""
+    if service.auth is None:
+        return None
+    found = service.auth.resolve(context.invocation_metadata())
+    if found is None:
+        service.count("auth_failures")
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, _NO_KEY)
+    return found
+
+
+def _reject(ack: "pb.HintAck", index: int, reason: str) -> None:
+    if len(ack.rejections) < 32:  # enough to debug, bounded
+        ack.rejections.add(index=index, reason=reason)
+
+
+def reject_over_rate(ack: "pb.HintAck", first: int, end: int) -> None:
+    """Report events `first..end-1` of a batch as dropped by the key's hint rate."""
+    for index in range(first, min(end, first + 32)):
+        _reject(ack, index, "refused: over this key's hint rate")
+
+
+class _ApiKeyInterceptor(grpc.ServerInterceptor):
+    """Refuses calls that present no key the service's `auth` knows (as
+    `authorization: Bearer <key>` or `x-saga-api-key`), counted as the service's
+    `auth_failures`."""
+
+    def __init__(self, auth: Authenticator, service) -> None:
+        self._auth = auth
         self._service = service
 
         def deny(request, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong SAGA API key")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, _NO_KEY)
 
         self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
         self._deny_stream = grpc.stream_stream_rpc_method_handler(deny)
 
     def intercept_service(self, continuation, handler_call_details):
-        metadata = dict(handler_call_details.invocation_metadata or ())
-        offered = metadata.get("x-saga-api-key") or metadata.get("authorization", "").removeprefix("Bearer ")
-        if hmac.compare_digest(offered.encode(), self._key):
+        if self._auth.resolve(handler_call_details.invocation_metadata) is not None:
             return continuation(handler_call_details)
         self._service.count("auth_failures")
         return self._deny_stream if handler_call_details.method.endswith("StreamHints") else self._deny_unary
@@ -204,31 +277,38 @@ class _ApiKeyInterceptor(grpc.ServerInterceptor):
 class HintServer:
     """A running hint service: `HintServer(sink, "127.0.0.1:50051").start()`.
 
-    Port 0 picks a free port (see `.port` after `start()`). `api_key` (or None for
-    no auth) must be presented by every client. `close()` stops it; `with
-    HintServer(...) as server:` starts it (unless started) and closes it.
-    `for_service` serves another `WorkflowHints` servicer (the cluster fan-out)
-    with the same auth and limits.
+    Port 0 picks a free port (see `.port` after `start()`). `keys` (a `KeyRing`)
+    or `api_key` (the single shared key, admin) must be presented by every client;
+    neither: no auth. `.keys` is the ring (None: no auth), for reloads and for
+    the engine's per-tenant limits. `close()` stops it; `with HintServer(...) as
+    server:` starts it (unless started) and closes it. `for_service` serves
+    another `WorkflowHints` servicer (the cluster fan-out) with its own `auth`.
     """
 
     def __init__(self, sink: HintSink, address: str = "127.0.0.1:50051", *, api_key: str | None = None,
-                 clock: Callable[[], float] = time.monotonic, max_workers: int = 8) -> None:
-        self._serve(WorkflowHintsService(sink, clock), address, api_key, max_workers)
+                 keys: KeyRing | None = None, clock: Callable[[], float] = time.monotonic,
+                 max_workers: int = 8) -> None:
+        if keys is None and api_key:
+            keys = KeyRing(shared_key=api_key)
+        auth = None if keys is None else Authenticator(keys, clock)
+        self._serve(WorkflowHintsService(sink, clock, auth), address, max_workers)
 
     @classmethod
-    def for_service(cls, service, address: str, *, api_key: str | None = None,
-                    max_workers: int = 8) -> "HintServer":
-        """`service`: a `WorkflowHintsServicer` with a `count(counter)` method
-        (refused calls are counted as `auth_failures`)."""
+    def for_service(cls, service, address: str, *, max_workers: int = 8) -> "HintServer":
+        """`service`: a `WorkflowHintsServicer` with an `auth` (an `Authenticator`,
+        or None: no keys) and a `count(counter)` method (refused calls are counted
+        as `auth_failures`)."""
         server = cls.__new__(cls)
-        server._serve(service, address, api_key, max_workers)
+        server._serve(service, address, max_workers)
         return server
 
-    def _serve(self, service, address: str, api_key: str | None, max_workers: int) -> None:
+    def _serve(self, service, address: str, max_workers: int) -> None:
         self.service = service
         self.address = address
         self.port: int | None = None
-        interceptors = [_ApiKeyInterceptor(api_key, self.service)] if api_key else []
+        auth = service.auth
+        self.keys = None if auth is None else auth.keys
+        interceptors = [_ApiKeyInterceptor(auth, self.service)] if auth is not None else []
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="saga-hints"),
             interceptors=interceptors,

@@ -22,6 +22,12 @@ shows prefix hits), `VLLM_CPU_KVCACHE_SPACE=1` GiB, `VLLM_USE_AOT_COMPILE=0`
 (reuse the compile cache across restarts). `--fast-start` adds
 `--enforce-eager` (starts in ~30 s instead of ~2 min, decodes 10-20% slower).
 Any default is overridden by passing the vLLM flag yourself.
+
+`--api-keys FILE` (format: `saga_server.rpc.keys`) is checked here before vLLM
+starts and read by the hint service in the EngineCore process
+(`$SAGA_API_KEYS`). A SIGHUP to `saga serve` checks the file again and passes
+the signal on to the engine processes (`saga_server.rpc.reload`), which reload
+it; a bad file is reported and the old keys kept.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ import tempfile
 import time
 import urllib.request
 
+from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError
+from ..rpc.reload import RELOAD_DIR_ENV, forward_reload
 from .model import ModelPrepError, resolve_model_dir
 
 __all__ = ["main", "build_command", "ServeConfig"]
@@ -68,7 +76,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pin-max-fraction", type=float, default=None,
                    help="most of the KV pool hard pins may hold (default 0.5)")
     p.add_argument("--hint-api-key", default=None,
-                   help="shared token the hint service requires (default: $SAGA_API_KEY; unset: no auth)")
+                   help="shared token the hint service requires, one tenant, admin "
+                        "(default: $SAGA_API_KEY; unset: no auth)")
+    p.add_argument("--api-keys", default=None, metavar="FILE",
+                   help="keys file: one `key tenant role [limits]` per line, SIGHUP reloads it "
+                        "(default: $SAGA_API_KEYS)")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for readiness")
     p.add_argument("--dry-run", action="store_true", help="print the vLLM command and env, start nothing")
     return p
@@ -135,7 +147,9 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
         hint_addr = f"{opts.hint_host or opts.host}:{opts.hint_port}"
         env["SAGA_HINT_ADDR"] = hint_addr
         if opts.hint_api_key:
-            env["SAGA_API_KEY"] = opts.hint_api_key
+            env[SHARED_KEY_ENV] = opts.hint_api_key
+        if opts.api_keys:
+            env[KEYS_FILE_ENV] = os.path.abspath(opts.api_keys)
         if opts.pin_max_fraction is not None:
             env["SAGA_PIN_MAX_FRACTION"] = str(opts.pin_max_fraction)
         if _has_flag(passthrough, "--kv-offloading-size") and not _has_flag(passthrough, "--kv-transfer-config"):
@@ -202,6 +216,17 @@ def _stop(proc: subprocess.Popen, grace: float = 15.0) -> int:
     return proc.wait()
 
 
+def _check_keys(path: str | None) -> str | None:
+    """Why the keys file at `path` cannot be used (None: it can, or there is none)."""
+    if not path:
+        return None
+    try:
+        KeyRing(path)
+    except KeysFileError as exc:
+        return str(exc)
+    return None
+
+
 def main(argv: list[str]) -> int:
     opts, passthrough = _parser().parse_known_args(argv)
     if passthrough and passthrough[0] == "--":
@@ -213,6 +238,11 @@ def main(argv: list[str]) -> int:
         print(f"saga serve: {exc}", file=sys.stderr)
         return 2
     cfg = build_command(opts, passthrough, model_dir, default_model)
+    keys_file = cfg.env.get(KEYS_FILE_ENV) if cfg.saga else None
+    problem = _check_keys(keys_file)
+    if problem:
+        print(f"saga serve: {problem}", file=sys.stderr)
+        return 2
     if opts.dry_run:
         shown = {k: v for k, v in cfg.env.items() if k.startswith(("SAGA_", "VLLM_", "HF_", "PROMETHEUS"))}
         print(" ".join(cfg.argv))
@@ -225,6 +255,8 @@ def main(argv: list[str]) -> int:
         return 2
     metrics_dir = tempfile.mkdtemp(prefix="saga-prom-")
     cfg.env["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    pid_dir = tempfile.mkdtemp(prefix="saga-engines-")
+    cfg.env[RELOAD_DIR_ENV] = pid_dir
     mode = "SAGA scheduler" if cfg.saga else "stock vLLM scheduler (--no-saga)"
     print(f"[saga] starting vLLM ({mode}) with model {model_dir}", flush=True)
     print(f"[saga] OpenAI API : {cfg.api_url}/v1", flush=True)
@@ -237,7 +269,18 @@ def main(argv: list[str]) -> int:
     def forward(signum, frame):  # stop the whole vLLM group, then exit
         raise KeyboardInterrupt
 
+    def reload(signum, frame):
+        problem = _check_keys(keys_file)
+        if problem:
+            print(f"[saga] API keys NOT reloaded (the engines keep the old ones): {problem}",
+                  file=sys.stderr, flush=True)
+            return
+        print(f"[saga] reloading API keys from {keys_file} in engine(s) "
+              f"{forward_reload(pid_dir, proc.pid)}", flush=True)
+
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    if keys_file:
+        old[signal.SIGHUP] = signal.signal(signal.SIGHUP, reload)
     try:
         if _wait_ready(proc, cfg.api_url, cfg.hint_addr, opts.ready_timeout):
             print(f"[saga] ready in {time.monotonic() - started:.1f} s (pid {proc.pid})", flush=True)
@@ -258,6 +301,7 @@ def main(argv: list[str]) -> int:
         if proc.poll() is None:
             _stop(proc)
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        shutil.rmtree(pid_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

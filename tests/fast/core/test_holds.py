@@ -101,6 +101,25 @@ def test_a_pin_over_the_budget_is_held_soft_and_expiry_makes_a_pin_soft():
     assert ledger.pin("b", 5, now=10.0) and ledger.expire(15.0) == ["b"]
 
 
+def test_one_owner_pins_no_more_than_its_cap_and_other_owners_still_pin():
+    pool = RefPool(40)
+    caps = {"a": 8}
+    ledger = HoldLedger(pool, 40, max_pin_fraction=1.0, owner_pin_cap=caps.get)
+    for sid in ("a1", "a2"):
+        pool.touch(sid, [])
+        blocks = pool.allocate(5)
+        ledger.hold(sid, blocks, key=1.0, now=0.0, pin_ttl_s=10, owner="a")
+        pool.free(sid, blocks)
+    idle(pool, ledger, "b1", 5, key=1.0, ttl=10)  # no owner: no cap
+    assert [ledger.get(s).tier for s in ("a1", "a2", "b1")] == [PINNED, SOFT, PINNED]
+    assert ledger.get("a2").refused == "over_owner_cap" and "+over_owner_cap" in ledger.get("a2").reason
+    assert (ledger.pinned_of("a"), ledger.pinned_of(""), ledger.pinned_blocks) == (5, 5, 10)
+    assert not ledger.pin("a2", 10, now=1.0)  # still over the cap: the hold stays as it was
+    ledger.release("a1", "session_end")
+    assert ledger.pinned_of("a") == 0 and ledger.pin("a2", 10, now=1.0) and ledger.pinned_of("a") == 5
+    assert ledger.get("a2").refused == ""
+
+
 def test_the_session_being_allocated_for_is_released_last():
     pool = RefPool(8)
     ledger = HoldLedger(pool, 8)
@@ -163,7 +182,9 @@ class LedgerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.pool = RefPool(self.N)
-        self.ledger = HoldLedger(self.pool, self.N, max_pin_fraction=0.4)
+        # Even sessions belong to owner t0, which may pin 5 blocks; odd ones to t1 (no cap).
+        self.ledger = HoldLedger(self.pool, self.N, max_pin_fraction=0.4,
+                                 owner_pin_cap=lambda owner: 5 if owner == "t0" else None)
         self.now = 0.0
         self.head = self.pool.allocate(2)  # held by a long-lived request (the shared prefix)
         self.running: dict[str, list[Block]] = {}
@@ -180,7 +201,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self._allocate(n, spare=s)
         self.pool.touch(s, head)
         blocks = list(head) + self.pool.allocate(n)
-        self.ledger.hold(s, blocks, key=key, now=self.now, pin_ttl_s=ttl)
+        self.ledger.hold(s, blocks, key=key, now=self.now, pin_ttl_s=ttl, owner=f"t{sid % 2}")
         self.pool.free(s, blocks)
 
     @rule(sid=st.integers(0, 7), n=st.integers(1, 10))
@@ -245,6 +266,7 @@ class LedgerMachine(RuleBasedStateMachine):
         for b in self._request_blocks():
             refs[b.bid] += 1
         held = pinned = 0
+        by_owner = {"t0": 0, "t1": 0}
         for sid in self.ledger.sessions():
             hold = self.ledger.get(sid)
             assert hold.blocks
@@ -252,9 +274,11 @@ class LedgerMachine(RuleBasedStateMachine):
                 refs[b.bid] += 1
             held += len(hold.blocks)
             pinned += len(hold.blocks) if hold.tier == PINNED else 0
+            by_owner[hold.owner] += len(hold.blocks) if hold.tier == PINNED else 0
         assert all(b.ref_cnt == refs[b.bid] for b in self.pool.blocks)
         assert (self.ledger.held_blocks, self.ledger.pinned_blocks) == (held, pinned)
         assert pinned <= self.ledger.max_pin_blocks
+        assert {o: self.ledger.pinned_of(o) for o in by_owner} == by_owner and by_owner["t0"] <= 5
         assert all(self.ledger.get(s).expires_at == math.inf for s in self.ledger.sessions()
                    if self.ledger.get(s).tier != PINNED)
 

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from saga_server.router import cli
+from saga_server.rpc import KeysFileError
 
 
 def _opts(*argv):
@@ -82,3 +83,29 @@ def test_a_taken_port_fails_at_once_before_ray_starts(tmp_path, monkeypatch, cap
     assert "cannot listen" in err and "--metrics-port" in err
     with socket.socket() as again:  # the hint server was stopped, its port is free
         again.bind(("127.0.0.1", hint_port))
+
+
+KEY_A, KEY_ROUTER = "key-team-a-0001", "key-router-0001"
+KEYS = f"{KEY_A} team-a agent\n{KEY_ROUTER} ops admin\n"
+
+
+def test_saga_router_needs_an_admin_key_and_gives_the_file_to_its_engines(tmp_path, monkeypatch):
+    monkeypatch.delenv("SAGA_API_KEYS", raising=False)
+    monkeypatch.delenv("SAGA_API_KEY", raising=False)
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(KEYS)
+    opts = _opts("--api-keys", str(keys_file))
+    assert cli.load_keys(opts).admin_key() == KEY_ROUTER
+    env = cli.build_llm_config(opts, "/m", True)["runtime_env"]["env_vars"]
+    assert env["SAGA_API_KEYS"] == str(keys_file.resolve())
+    agents_only = tmp_path / "agents"
+    agents_only.write_text(f"{KEY_A} team-a agent\n")
+    with pytest.raises(KeysFileError, match="no admin key"):
+        cli.load_keys(_opts("--api-keys", str(agents_only)))
+
+
+def test_saga_router_refuses_a_malformed_keys_file_before_starting_anything(tmp_path, capsys):
+    bad = tmp_path / "keys"
+    bad.write_text(f"{KEY_A} team-a agent\n{KEY_ROUTER} ops boss\n")
+    assert cli.main(["--api-keys", str(bad), "--dry-run"]) == 2
+    assert f"{bad}:2: role" in capsys.readouterr().err

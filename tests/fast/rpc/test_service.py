@@ -124,10 +124,10 @@ def test_reads_report_sessions_and_stats(hint_server, stub):
 
 
 class ExplodingSink(SessionTable):
-    def accept(self, event):
+    def accept(self, event, caller=None):
         if event.session_id == "boom":
             raise ZeroDivisionError("sink bug")
-        super().accept(event)
+        super().accept(event, caller)
 
 
 def test_a_sink_bug_rejects_one_event_and_the_service_survives():

@@ -56,3 +56,15 @@ vllm:other 5
     assert m["saga_held_blocks"] == 12.0
     assert m["vllm:kv_cache_usage_perc"] == 0.25
     assert "vllm:other" not in m
+
+
+def test_the_keys_file_reaches_the_engine_and_a_bad_one_stops_saga_serve_first(tmp_path, capsys):
+    keys = tmp_path / "keys"
+    keys.write_text("key-team-a-0001 team-a agent\n")
+    cfg = build(["--api-keys", str(keys), "--hint-api-key", "shared-secret"])
+    assert cfg.env["SAGA_API_KEYS"] == str(keys.resolve()) and cfg.env["SAGA_API_KEY"] == "shared-secret"
+    assert "SAGA_API_KEYS" not in build(["--api-keys", str(keys), "--no-saga"]).env
+    keys.write_text("key-team-a-0001 team-a\n")
+    (tmp_path / "config.json").write_text("{}")  # a model directory, for --dry-run
+    assert cli.main(["--api-keys", str(keys), "--dry-run", "--model", str(tmp_path)]) == 2
+    assert f"{keys}:1: want `key tenant role" in capsys.readouterr().err

@@ -20,6 +20,7 @@ from saga_server.core import (
     PrefetchCandidate,
     SessionEnd,
     SessionStart,
+    TenantLimits,
     ToolCallStart,
     WorkflowCore,
 )
@@ -446,3 +447,26 @@ def test_an_idle_engine_prefetches_at_once_instead_of_just_before_the_predicted_
     nxt = R.make(hist + [7, 8, 9], session_id="A")
     s.add_request(nxt)
     assert hit_tokens(run_until_idle(s), nxt.request_id) == 64
+
+
+def test_a_tenants_pins_stay_under_its_cap_and_other_tenants_still_pin(tiny_model):
+    """`max_pinned_blocks` of the keys file: tenant a may pin 6 blocks; its second
+    4-block session is held soft instead (counted), tenant b pins as before."""
+    caps = {"a": 6}
+    s = saga(tiny_model, num_blocks=48, block_size=BS,
+             tenant_limits=lambda tenant: TenantLimits(max_pinned_blocks=caps.get(tenant)))
+    R = Requests(BS)
+    for i, (sid, tenant) in enumerate([("A1", "a"), ("A2", "a"), ("B1", "b")]):
+        s.saga.core.accept(SessionStart(sid, s.saga.clock(), tenant=tenant))
+        s.add_request(R.make(tokens(1000 * (i + 1), 64), session_id=sid))  # 4 blocks each
+        run_until_idle(s)
+    ledger = s.saga.ledger
+    assert [ledger.get(sid).pinned for sid in ("A1", "A2", "B1")] == [True, False, True]
+    assert ledger.pinned_of("a") == 4 and ledger.pinned_of("b") == 4 and "A2" in ledger  # A2 still held, soft
+    assert s.saga.counters["pins_over_tenant_cap"] == 1 and s.saga.counters["pins_refused"] == 1
+    assert s.saga.engine_stats()["engine_pins_over_tenant_cap"] == 1
+    caps["a"] = None  # the cap is asked at every pin: lifted, A2's next tool start pins it
+    s.saga.sink.accept(ToolCallStart("A2", s.saga.clock(), "bash", call_id="x"))
+    s.saga.before_schedule()  # the engine loop takes the hint
+    assert ledger.get("A2").pinned and ledger.pinned_of("a") == 8
+    pool_is_consistent(s)

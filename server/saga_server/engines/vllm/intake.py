@@ -15,6 +15,11 @@ A flood cannot grow memory: the queue drops its oldest entries beyond
 `max_queue` (counted in `saga_engine_hints_dropped`); the core bounds its own
 session table. Reads (GetSession/ListSessions/ListResident/GetStats) are served
 by the core, with the engine's own figures (held blocks, pins...) merged into `stats()`.
+
+Keys: `$SAGA_API_KEYS` (a keys file, `saga_server.rpc.keys`) and/or `$SAGA_API_KEY`
+(the shared key); the caller of each call goes to the core with the hint (the
+ownership rule is the core's). SIGHUP reloads the file in this process; `saga
+serve` passes its SIGHUP on here (`saga_server.rpc.reload`).
 """
 
 from __future__ import annotations
@@ -26,15 +31,22 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from saga_server.core import HintEvent, ResidentSession, SessionEnd, SessionSnapshot, ToolCallEnd, ToolCallStart
+from saga_server.core import (
+    Caller,
+    HintEvent,
+    ResidentSession,
+    SessionEnd,
+    SessionSnapshot,
+    ToolCallEnd,
+    ToolCallStart,
+)
 
 # Under "vllm." so vLLM's own log handler (and level) shows these lines.
 log = logging.getLogger("vllm.saga")
 
-__all__ = ["EngineHintSink", "ReleaseKv", "start_hint_service", "HINT_ADDR_ENV", "HINT_KEY_ENV"]
+__all__ = ["EngineHintSink", "ReleaseKv", "start_hint_service", "HINT_ADDR_ENV"]
 
 HINT_ADDR_ENV = "SAGA_HINT_ADDR"
-HINT_KEY_ENV = "SAGA_API_KEY"
 _ENGINE_EVENTS = (ToolCallStart, ToolCallEnd, SessionEnd)
 
 
@@ -60,8 +72,8 @@ class EngineHintSink:
         self._lock = threading.Lock()
         self.dropped = 0
 
-    def accept(self, event: HintEvent) -> None:
-        self.core.accept(event)  # raises HintRejected unchanged: the service reports it
+    def accept(self, event: HintEvent, caller: Caller | None = None) -> None:
+        self.core.accept(event, caller)  # raises HintRejected unchanged: the service reports it
         if isinstance(event, _ENGINE_EVENTS):
             self._enqueue(event)
         try:
@@ -85,10 +97,10 @@ class EngineHintSink:
             n = min(limit, len(self._queue))
             return [self._queue.popleft() for _ in range(n)]
 
-    def release_session(self, session_id: str) -> bool:
+    def release_session(self, session_id: str, caller: Caller | None = None) -> bool:
         """Queue a `ReleaseKv` for the engine loop (the session moved elsewhere); from
         now on this engine reports the session as not resident."""
-        self.core.on_session_moved(session_id)
+        self.core.on_session_moved(session_id, caller)  # AccessDenied: another tenant's
         self._enqueue(ReleaseKv(session_id))
         return True
 
@@ -103,11 +115,11 @@ class EngineHintSink:
     def served_by_tenant(self) -> Mapping[str, float]:
         return self.core.served_by_tenant()
 
-    def session(self, session_id: str) -> SessionSnapshot | None:
-        return self.core.session(session_id)
+    def session(self, session_id: str, caller: Caller | None = None) -> SessionSnapshot | None:
+        return self.core.session(session_id, caller)
 
-    def sessions(self, limit: int = 100) -> Sequence[SessionSnapshot]:
-        return self.core.sessions(limit)
+    def sessions(self, limit: int = 100, caller: Caller | None = None) -> Sequence[SessionSnapshot]:
+        return self.core.sessions(limit, caller)
 
     def stats(self) -> Mapping[str, float]:
         out = dict(self.core.stats())
@@ -120,18 +132,25 @@ class EngineHintSink:
 
 
 def start_hint_service(sink: EngineHintSink, address: str | None = None):
-    """Start the gRPC hint service for `sink` on `address` (default: $SAGA_HINT_ADDR).
-    Returns the server, or None when no address is configured. A port already in
-    use is logged and skipped: the engine keeps serving without hints."""
+    """Start the gRPC hint service for `sink` on `address` (default: $SAGA_HINT_ADDR),
+    with the keys of the environment. Returns the server, or None when no address is
+    configured. A port already in use, or a keys file that cannot be used, is logged
+    and skipped: the engine keeps serving without hints (never without the keys)."""
     address = address or os.environ.get(HINT_ADDR_ENV)
     if not address:
         return None
-    from saga_server.rpc import HintServer  # noqa: PLC0415  (grpc only when used)
+    from saga_server.rpc import HintServer, KeyRing  # noqa: PLC0415  (grpc only when used)
+    from saga_server.rpc.reload import register_for_reload, reload_on_sighup  # noqa: PLC0415
 
     try:
-        server = HintServer(sink, address, api_key=os.environ.get(HINT_KEY_ENV) or None).start()
+        keys = KeyRing.from_env()
+        server = HintServer(sink, address, keys=keys).start()
     except Exception:
-        log.exception("SAGA hint service could not listen on %s; serving without hints", address)
+        log.exception("SAGA hint service could not start on %s; serving without hints", address)
         return None
-    log.info("SAGA hint service (in EngineCore pid %d) listening on %s", os.getpid(), server.endpoint)
+    if keys is not None and keys.path is not None and reload_on_sighup(keys):
+        register_for_reload()  # `saga serve` passes its SIGHUP on to this process
+    log.info("SAGA hint service (in EngineCore pid %d) listening on %s%s", os.getpid(), server.endpoint,
+             f" ({len(keys)} API keys)" if keys is not None else "")
     return server
+

@@ -42,7 +42,8 @@ class SagaMetrics:
         self.pinned_blocks = Gauge("saga_pinned_blocks", "KV blocks under a hard TTL pin", **g)
         self.held_sessions = Gauge("saga_held_sessions", "Idle sessions whose KV SAGA holds", **g)
         self.pins = Counter("saga_pins", "Pin lifecycle events", ["event"])
-        # event: created, refused, expired (TTL), reclaimed (memory), used (next request came), ended
+        # event: created, refused (over_tenant_cap: of them, over the tenant's cap), expired (TTL),
+        # reclaimed (memory), used (next request came), ended
         self.evictions = Counter("saga_evicted_blocks", "Held KV blocks given back to vLLM's free queue, by reason",
                                  ["reason"])
         self.prefix_hit_tokens = Counter("saga_prefix_hit_tokens", "Prompt tokens of session requests served from cache")

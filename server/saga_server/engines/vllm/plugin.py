@@ -8,8 +8,10 @@ stock vLLM (everything else is vLLM's own code path):
 - **Holds, pins and WA-LRU** (`saga_server.core.holds`): when a request of a known
   session finishes, its cached prefix is held; the core's `pin_decision` makes the hold
   a TTL pin (a tool call worth waiting for) or a soft hold, keyed by the core's
-  `eviction_priority`. Keys are refreshed when the session changes state (tool start
-  or end, pin expiry); the session's next request, once queued, protects its KV. A
+  `eviction_priority`. A tenant's pins stay under its `max_pinned_blocks` (keys
+  file, `saga_server.rpc.keys`); beyond it the hold stays soft. Keys are refreshed
+  when the session changes state (tool start or end, pin expiry); the session's
+  next request, once queued, protects its KV. A
   hold goes back to vLLM when that request is scheduled (after its prefix hit), on
   session end, and whenever an allocation fails: then the ledger releases soft holds,
   pins, protected sessions in that order, each by key, tail first, until it fits. So
@@ -43,7 +45,7 @@ import logging
 import math
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 from vllm.v1.request import Request
 
@@ -53,12 +55,13 @@ from saga_server.core import (
     HintRejected,
     SessionEnd,
     SessionStart,
+    TenantLimits,
     ToolCallEnd,
     ToolCallStart,
     WorkflowCore,
 )
 from saga_server.core.admission import ACTIVE, PARKED, WAITING, SessionAdmission
-from saga_server.core.holds import PINNED, PROTECTED, SOFT, HoldLedger, Release
+from saga_server.core.holds import PINNED, PROTECTED, SOFT, Hold, HoldLedger, Release
 
 from .holds import VllmBlockPool, cached_prefix_blocks
 from .intake import EngineHintSink, ReleaseKv, start_hint_service
@@ -96,6 +99,10 @@ def env_float(name: str, default: float, lo: float, hi: float = math.inf) -> flo
     return value
 
 
+def _no_limits(tenant: str) -> TenantLimits:
+    return TenantLimits()
+
+
 def _guarded(where: str, default: Any = None):
     """Run a SAGA hook; on any exception log, count and return `default`."""
 
@@ -115,9 +122,11 @@ def _guarded(where: str, default: Any = None):
 
 
 class SagaPlugin:
-    def __init__(self, scheduler, *, core: WorkflowCore | None = None, clock=None, start_hints: bool = True) -> None:
-        """`core`, `clock` and `start_hints` are test seams; vLLM passes none of them
-        (then: a fresh `WorkflowCore`, `time.monotonic`, hint service per env)."""
+    def __init__(self, scheduler, *, core: WorkflowCore | None = None, clock=None, start_hints: bool = True,
+                 tenant_limits: Callable[[str], TenantLimits] | None = None) -> None:
+        """`core`, `clock`, `start_hints` and `tenant_limits` are test seams; vLLM
+        passes none of them (then: a fresh `WorkflowCore`, `time.monotonic`, hint
+        service per env, each tenant's limits from that service's keys file)."""
         self.scheduler = scheduler
         self.clock = clock or time.monotonic
         if core is None:
@@ -132,8 +141,10 @@ class SagaPlugin:
         pool = scheduler.kv_cache_manager.block_pool
         self.block_size = scheduler.block_size
         fraction = env_float(PIN_FRACTION_ENV, 0.5, 0.0, 1.0)
+        self.tenant_limits = tenant_limits or _no_limits  # the hint service's keys replace it below
         self.ledger = HoldLedger(VllmBlockPool(pool), pool.num_gpu_blocks - 1, max_pin_fraction=fraction,
-                                 on_release=self._released)
+                                 on_release=self._released,
+                                 owner_pin_cap=lambda tenant: self.tenant_limits(tenant).max_pinned_blocks)
         self.prefetcher = Prefetcher(scheduler, self.core, self.ledger, self.counters, self.clock)
         self.admission = None
         if self.enabled and env_float(ADMISSION_ENV, 1.0, 0.0, 1.0) > 0:
@@ -150,6 +161,8 @@ class SagaPlugin:
         self.sink = EngineHintSink(self.core, self.engine_stats, on_drop=self.metrics.hints_dropped.inc,
                                    on_accept=self._core_gauges)
         self.hint_server = start_hint_service(self.sink) if start_hints else None
+        if tenant_limits is None and self.hint_server is not None and self.hint_server.keys is not None:
+            self.tenant_limits = self.hint_server.keys.limits
         SagaMetrics.maybe_start_exporter()
         log.info("SAGA scheduler active: %d KV blocks of %d tokens, pin budget %.0f%%",
                  self.ledger.capacity_blocks, self.block_size, fraction * 100)
@@ -217,9 +230,10 @@ class SagaPlugin:
         kv_tokens = len(blocks) * self.block_size
         decision = self.core.pin_decision(sid, kv_tokens, self.ledger.pressure())
         hold = self.ledger.hold(sid, blocks, key=self.core.eviction_priority(sid, kv_tokens, now), now=now,
-                                pin_ttl_s=decision.ttl_s if decision.pin else 0.0, reason=decision.reason)
+                                pin_ttl_s=decision.ttl_s if decision.pin else 0.0, reason=decision.reason,
+                                owner=self.core.tenant_of(sid))
         if decision.pin:
-            self.counters.count("pins", "created" if hold.tier == PINNED else "refused")
+            self._count_pin(hold, hold.tier == PINNED)
         self._gauges()
 
     def allocate(self, allocate_slots, request: Request, num_new_tokens: int, *args, **kwargs):
@@ -351,7 +365,7 @@ class SagaPlugin:
                 decision = self.core.pin_decision(sid, kv_tokens, self.ledger.pressure())
                 if decision.pin:
                     pinned = self.ledger.pin(sid, decision.ttl_s, now, key)
-                    self.counters.count("pins", "created" if pinned else "refused")
+                    self._count_pin(hold, pinned)
                     if pinned:
                         return
             self.ledger.set_key(sid, key)
@@ -423,6 +437,12 @@ class SagaPlugin:
             self.counters.counts["afs_reorders"] += 1
         for tenant, prio in tenant_prio.items():
             self.metrics.set_afs(tenant, prio)
+
+    def _count_pin(self, hold: Hold, pinned: bool) -> None:
+        """A pin was asked for `hold`: created, or refused (the tenant's cap counted apart)."""
+        self.counters.count("pins", "created" if pinned else "refused")
+        if not pinned and hold.refused == "over_owner_cap":
+            self.counters.count("pins", "over_tenant_cap")
 
     def _released(self, r: Release) -> None:
         self.counters.count("released", r.reason, r.before - r.after)

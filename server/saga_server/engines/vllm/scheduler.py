@@ -34,10 +34,10 @@ class SagaSchedulerMixin:
     """The wiring; mixed in front of vLLM's `Scheduler` or `AsyncScheduler`."""
 
     def __init__(self, *args, core: WorkflowCore | None = None, clock=None, start_hints: bool = True,
-                 **kwargs) -> None:
-        """`core`, `clock` and `start_hints` are test seams (see `SagaPlugin`)."""
+                 tenant_limits=None, **kwargs) -> None:
+        """`core`, `clock`, `start_hints` and `tenant_limits` are test seams (see `SagaPlugin`)."""
         super().__init__(*args, **kwargs)
-        self.saga = SagaPlugin(self, core=core, clock=clock, start_hints=start_hints)
+        self.saga = SagaPlugin(self, core=core, clock=clock, start_hints=start_hints, tenant_limits=tenant_limits)
         self.kv_cache_manager = HoldingKVCacheManager(self.kv_cache_manager, self.saga)
         if self.policy == SchedulingPolicy.FCFS:
             self.waiting = RankedRequestQueue(self.saga.may_schedule)
