@@ -17,7 +17,7 @@ from tests.support.examples import EXAMPLES, load_example
 
 ROOT = EXAMPLES.parent
 
-ARGUMENTS = {"get_user_details": {"user_id": "mia_li_3668"}, "transfer_to_writer": {},
+ARGUMENTS = {"get_user_details": {"user_id": "mia_li_3668"}, "transfer_to_writer": {"flight": "HAT001"},
              "search_flights": {"origin": "JFK", "destination": "SFO", "date": "2024-05-20"}}
 
 
