@@ -34,8 +34,9 @@ the failed call continued.
 
 Memory is bounded: at most `max_sessions` open sessions (the longest quiet is
 ended first, `end_reason` "recorder_full"), `max_steps` steps each (the rest is
-counted, not kept), and a session silent for `idle_s` ends as "recorder_idle"
-(its end never arrived). Not thread-safe: one owner (the recorder's thread)
+counted, not kept; as many calls in flight), and a session silent for `idle_s`
+ends as "recorder_idle" (its end never arrived). A session that ends and comes
+back (the proxy revives one it ended too early) is a second task under its id. Not thread-safe: one owner (the recorder's thread)
 calls it. Times are seconds on one monotonic clock; `started_unix_s` comes from
 `wall`.
 """
@@ -92,7 +93,7 @@ class _Task:
     running: dict[int, _Step] = field(default_factory=dict)  # step number -> call in flight
     tools: dict[str, _Tool] = field(default_factory=dict)    # call id -> call not yet ended
     answered: list[_Tool] = field(default_factory=list)      # ended since the last step started
-    last_step: int = 0
+    last_step: int | None = None  # a revived session's steps number on from its earlier life
     failed_calls: int = 0
     failed_extends: str | None = None  # what the last failed call continued (a retry repeats it)
     dropped_steps: int = 0
@@ -129,9 +130,9 @@ class TraceBuilder:
     def llm_start(self, sid: str, t: float, *, step: int, extends: str = "", prompt_chars: int = 0,
                   model: str = "") -> None:
         task = self._task(sid, t)
-        if step != task.last_step + 1:
+        if task.last_step is not None and step != task.last_step + 1:
             task.incomplete = True
-        task.last_step = max(task.last_step, step)
+        task.last_step = step if task.last_step is None else max(task.last_step, step)
         task.model = task.model or model
         if extends == "request" and task.failed_extends is not None:
             extends = task.failed_extends  # a retry continues what the failed call did
@@ -141,6 +142,9 @@ class TraceBuilder:
         task.answered.clear()
         if task.steps and task.steps[-1].next_at is None:
             task.steps[-1].next_at = t
+        if len(task.running) >= self.max_steps:  # ends that never came
+            del task.running[next(iter(task.running))]
+            task.incomplete = True
         task.running[step] = _Step(step, t, extends, prompt_chars)
 
     def llm_end(self, sid: str, t: float, *, step: int, prompt_tokens: int = 0, output_tokens: int = 0,

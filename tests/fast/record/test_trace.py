@@ -176,3 +176,15 @@ def test_close_writes_every_open_session_and_sessions_without_steps_are_left_out
     b.close()
     [task] = b.take()
     assert (task["task_id"], task["end_reason"]) == ("open", "closed")
+
+
+def test_a_revived_session_is_a_second_task_and_not_incomplete():
+    b = TraceBuilder()
+    t = agent(b, "s", steps=2, end="final")
+    b.session_start("s", t + 5, workflow="wf")         # the proxy ended it too early: it came back
+    b.llm_start("s", t + 5, step=3, extends="answer")   # its steps number on
+    b.llm_end("s", t + 6, step=3, prompt_tokens=4000, output_tokens=9)
+    b.session_end("s", t + 6, reason="submit")
+    first, second = b.take()
+    assert (len(first["steps"]), len(second["steps"])) == (2, 1)
+    assert "incomplete" not in second and second["steps"][0]["reused_prefix_tokens"] == 0
