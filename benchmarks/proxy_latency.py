@@ -12,13 +12,16 @@ with tool calls and results, the session inferred by the proxy on every call.
      latency (proxy minus direct, paired per step);
   2. sequential, streaming: time to first chunk and to the end of the stream, same way;
   3. N concurrent agents (default 50) for a fixed time, directly and through the proxy,
-     JSON and streaming answers: requests/s, errors, and the proxy's CPU per request.
+     JSON and streaming answers: requests/s, errors, and the proxy's CPU per request;
+  4. with `--record`: a second proxy, the same but for `--record FILE`, against the
+     first, paired per step as in 1 and 2: what recording adds, median and p99.
 
 The machine's load average is printed first: on a shared machine, latencies measure
 the neighbours too; the proxy's CPU time per request is the steadier figure.
 
     PYTHONPATH=sdk:server .venv/bin/python benchmarks/proxy_latency.py
     PYTHONPATH=sdk:server .venv/bin/python benchmarks/proxy_latency.py --steps 400 --agents 50 --seconds 10
+    PYTHONPATH=sdk:server .venv/bin/python benchmarks/proxy_latency.py --record
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -239,11 +243,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def record_phase(args, env: dict, direct_url: str, hint_endpoint: str, proxy_url: str) -> subprocess.Popen:
+    """Phase 4: the same proxy with `--record` against `proxy_url`; returns its process."""
+    path = Path(tempfile.mkdtemp()) / "recorded.jsonl"
+    port = free_port()
+    recording = subprocess.Popen([sys.executable, "-m", "saga_server.cli", "proxy", "--upstream", direct_url + "/v1",
+                                  "--port", str(port), "--hint-endpoint", hint_endpoint, "--record", str(path)],
+                                 env=env, stdout=subprocess.DEVNULL)
+    record_url = f"http://127.0.0.1:{port}"
+    wait_ready(record_url)
+    sequential(proxy_url, record_url, 30, False)  # warm
+    for stream in (False, True):
+        r = sequential(proxy_url, record_url, args.steps, stream)
+        first = (f"   first chunk p50 {r['added_first_p50_ms']:.3f} ms  p99 {r['added_first_p99_ms']:.3f} ms"
+                 if stream else "")
+        print(f"recording, {'streaming' if stream else 'non-streaming'}, {r['steps']} sequential steps "
+              f"(proxy with --record minus without, paired per step):")
+        print(f"  without p50 {r['direct_p50_ms']:.2f} ms  p99 {r['direct_p99_ms']:.2f} ms   "
+              f"with p50 {r['proxy_p50_ms']:.2f} ms  p99 {r['proxy_p99_ms']:.2f} ms")
+        print(f"  added   p50 {r['added_p50_ms']:.3f} ms  p99 {r['added_p99_ms']:.3f} ms{first}")
+    recording.terminate()
+    recording.wait(10)
+    tasks = len(path.read_text().splitlines()) if path.exists() else 0
+    print(f"  {tasks} sessions recorded to {path} ({path.stat().st_size if path.exists() else 0} bytes)")
+    return recording
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=300, help="sequential requests per mode")
     p.add_argument("--agents", type=int, default=50, help="concurrent agents in the load phase")
     p.add_argument("--seconds", type=float, default=8.0, help="length of each load run")
+    p.add_argument("--record", action="store_true",
+                   help="also measure what saga proxy --record adds (a second proxy, recording, against the first)")
     p.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve_upstream:
@@ -251,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "sdk"), str(ROOT / "server")]))
     upstream = subprocess.Popen([sys.executable, __file__, "--serve-upstream"], stdout=subprocess.PIPE, text=True,
                                 env=env)
-    proxy = None
+    proxy = recording = None
     try:
         ready = upstream.stdout.readline().split()
         if not ready or ready[0] != "READY":
@@ -294,8 +326,10 @@ def main(argv: list[str] | None = None) -> int:
                 if name.startswith("proxy") else ""
             print(f"  {name:<17}  {lr['rps']:.0f} req/s  {lr['requests']} ok  {lr['errors']} errors {lr['error_kinds'] or ''}"
                   f"  latency p50 {lr['p50_ms']:.1f} ms  p99 {lr['p99_ms']:.1f} ms{note}")
+        if args.record:
+            recording = record_phase(args, env, direct_url, hint_endpoint, proxy_url)
     finally:
-        for proc in (proxy, upstream):
+        for proc in (recording, proxy, upstream):
             if proc is not None:
                 proc.terminate()
                 try:

@@ -83,6 +83,14 @@ def test_simulator_imports_no_engine_or_transport(package):
     assert offenders(folder, lambda m: not m.startswith(banned)) == []
 
 
+def test_the_recorder_imports_only_the_core_and_sdk_plumbing():
+    """So that every front door can record (the proxy now, the engine side later)."""
+    folder = ROOT / "server" / "saga_server" / "record"
+    assert list(folder.glob("*.py")), "record package not found"
+    assert offenders(folder, lambda m: m.split(".")[0] in STDLIB or m.startswith(
+        ("saga_server.core", "saga_server.record", "saga_sdk.logs"))) == []
+
+
 def test_the_checker_catches_a_bad_import(tmp_path):
     (tmp_path / "bad.py").write_text("import vllm\nfrom saga_server.rpc import HintServer\n")
     found = [name for _, name in imported_modules(tmp_path)]

@@ -21,6 +21,7 @@ def test_the_sdk_exports_exactly_its_documented_api():
 @pytest.mark.parametrize("module", [
     "saga_sdk", "saga_sdk.integrations.openai", "saga_sdk.integrations.langchain",
     "saga_sdk.integrations.autogen", "saga_sdk.integrations.openai_agents", "saga_server.core", "saga_server.rpc",
+    "saga_server.record",
     # public SDK modules the server and other clients share
     "saga_sdk.channel", "saga_sdk.logs", "saga_sdk.outcomes",
 ])

@@ -2,7 +2,8 @@
 
 Workload from `saga-trace/1` files (`workload`), a scenario from flags or TOML
 (`scenario`), policies by name (`policies`), runs side by side (`runner`), metrics
-(`metrics`) and a JSON + Markdown + PNG report (`report`). The engine is
+(`metrics`) and a JSON + Markdown + PNG report (`report`); `whatif` answers
+"what would SAGA do for this recorded workload". The engine is
 `saga_server.engines.sim`.
 """
 

@@ -6,6 +6,8 @@ Examples:
         --concurrency 1152 --ablations --out bench-out/swe64
     saga bench --config scenario.toml --sweep-load 32,64,96
     saga bench --tenant swe=TRACE:1:4 --tenant tau=TRACE2:3:2 ...   # name=trace:weight:deadline
+    saga bench --what-if agents.jsonl --gpu h100-80gb --model llama3-8b --workers 4
+                                                 # a recorded workload: stock vLLM, vLLM + CPU tier, SAGA
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .policies import ABLATIONS, policy_names
 from .report import format_table, write_report
 from .runner import run_scenario
 from .scenario import Scenario, load_scenario
+from .whatif import answer, what_if_scenario
 from .workload import TenantSpec
 
 __all__ = ["main", "build_parser"]
@@ -44,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="scenario TOML file; flags override it")
     p.add_argument("--name")
     p.add_argument("--trace", help="one saga-trace/1 file as a single tenant")
+    p.add_argument("--what-if", metavar="FILE",
+                   help="a recorded workload (saga proxy --record): stock vLLM, vLLM + CPU tier and SAGA at its "
+                        "own load, a short answer first, KV pool and host tier swept")
     p.add_argument("--tenant", action="append", type=_tenant, default=None,
                    help="name=trace[:weight[:deadline_factor]] (repeatable)")
     p.add_argument("--deadline-factor", type=float, help="deadline multiple for --trace")
@@ -63,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ablations", action="store_true", help="add saga-only-*/saga-no-* runs")
     p.add_argument("--sweep-load", type=_floats, help="concurrencies (or rates with --rate)")
     p.add_argument("--sweep-kv", type=_floats, help="KV pool sizes per worker, tokens")
+    p.add_argument("--sweep-host", type=_floats, help="host tier sizes, multiples of the KV pool")
     p.add_argument("--sweep-policies", help="policies in sweeps (comma list)")
     p.add_argument("--out", default="bench-out", help="folder for bench.json, report.md, plots")
     p.add_argument("--no-plots", action="store_true")
@@ -98,6 +105,8 @@ def scenario_from_args(a: argparse.Namespace) -> Scenario:
         changes["sweep_load"] = a.sweep_load
     if a.sweep_kv is not None:
         changes["sweep_kv"] = tuple(int(x) for x in a.sweep_kv)
+    if a.sweep_host is not None:
+        changes["sweep_host"] = a.sweep_host
     if a.sweep_policies:
         changes["sweep_policies"] = tuple(x for x in a.sweep_policies.split(",") if x)
     return replace(sc, **changes)
@@ -108,17 +117,30 @@ def main(argv: list[str]) -> int:
     if a.list_policies:
         print("\n".join(policy_names()))
         return 0
+    short = ""
     try:
         sc = scenario_from_args(a)
+        if a.what_if:
+            if a.trace or a.tenant:
+                raise ValueError("--what-if takes the workload from its file: drop --trace / --tenant")
+            sc, load = what_if_scenario(sc, a.what_if, tasks=a.tasks is None,
+                                        concurrency=a.concurrency is None and a.rate is None,
+                                        policies=a.policies is None, sweep_kv=a.sweep_kv is None,
+                                        sweep_host=a.sweep_host is None)
+            if a.ablations:
+                sc = replace(sc, policies=sc.policies + tuple(x for x in ABLATIONS if x not in sc.policies))
         unknown = [p for p in sc.policies + sc.sweep_policies if p not in policy_names()]
         if unknown:
             raise ValueError(f"unknown policies: {', '.join(unknown)}")
         res = run_scenario(sc, progress=not a.quiet)
+        if a.what_if:
+            short = answer(res, load, a.what_if)
+            print(short + "\n", flush=True)
     except (OSError, ValueError) as exc:
         print(f"saga bench: {exc}", file=sys.stderr)
         return 2
     cmd = "saga bench " + " ".join(shlex.quote(x) for x in argv)
-    path = write_report(res, a.out, plots=not a.no_plots, command=cmd)
+    path = write_report(res, a.out, plots=not a.no_plots, command=cmd, preface=short)
     print(format_table(res.to_json()))
     print(f"\nreport: {path}")
     return 0

@@ -109,7 +109,9 @@ def _plots(res: BenchResult, out: Path) -> list[str]:
 
     for rows, axis, fname, label in ((res.load_sweep, "load", "tct_vs_load.png", "load"),
                                      (res.kv_sweep, "kv_tokens", "tct_vs_kv.png",
-                                      "KV pool per worker (tokens)")):
+                                      "KV pool per worker (tokens)"),
+                                     (res.host_sweep, "host_tier_factor", "tct_vs_host.png",
+                                      "host tier (multiple of the KV pool)")):
         if not rows:
             continue
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -139,7 +141,8 @@ def _sweep_table(rows: list[dict[str, Any]], axis: str) -> str:
 
 
 def write_report(res: BenchResult, out_dir: str | Path, plots: bool = True,
-                 command: str = "") -> Path:
+                 command: str = "", preface: str = "") -> Path:
+    """`bench.json`, `report.md` (opening with `preface`, as preformatted text) and plots."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = res.to_json()
@@ -149,6 +152,8 @@ def write_report(res: BenchResult, out_dir: str | Path, plots: bool = True,
     md = [f"# saga bench: {sc['name']}", ""]
     if command:
         md += ["Command:", "", f"    {command}", ""]
+    if preface:
+        md += ["```", preface, "```", ""]
     md += [f"{sc['tasks']} tasks on {sc['workers']} workers ({sc['model']} on {sc['gpu']}, TP={sc['tp']}, "
            f"KV pool {sc['kv_capacity_tokens_per_worker']} tokens per worker), "
            + (f"Poisson {sc['rate']} tasks/s" if sc["rate"] is not None else f"concurrency {sc['concurrency']}")
@@ -159,6 +164,8 @@ def write_report(res: BenchResult, out_dir: str | Path, plots: bool = True,
         md += ["## Load sweep", "", _sweep_table(res.load_sweep, "load"), ""]
     if res.kv_sweep:
         md += ["## KV pool sweep", "", _sweep_table(res.kv_sweep, "kv_tokens"), ""]
+    if res.host_sweep:
+        md += ["## Host tier sweep", "", _sweep_table(res.host_sweep, "host_tier_factor"), ""]
     for name in made:
         md += [f"![{name}]({name})", ""]
     path = out / "report.md"

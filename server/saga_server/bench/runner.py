@@ -1,4 +1,5 @@
-"""Runs a scenario: every policy on the same sessions and capacity, then the sweeps.
+"""Runs a scenario: every policy on the same sessions and capacity, then the sweeps
+(load, KV pool, host tier), with a progress bar per run and one over the sweep.
 
 The workload (sessions, tool-duration draws, arrival times) is built once per load
 from the scenario seed, so policies differ only in what they decide.
@@ -7,7 +8,7 @@ from the scenario seed, so policies differ only in what they decide.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from saga_server.engines.sim import Simulator
@@ -34,6 +35,7 @@ class BenchResult:
     runs: dict[str, PolicyRun] = field(default_factory=dict)
     load_sweep: list[dict[str, Any]] = field(default_factory=list)
     kv_sweep: list[dict[str, Any]] = field(default_factory=list)
+    host_sweep: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -41,13 +43,14 @@ class BenchResult:
             "policies": {k: dict(r.summary, wall_s=r.wall_s) for k, r in self.runs.items()},
             "load_sweep": self.load_sweep,
             "kv_sweep": self.kv_sweep,
+            "host_sweep": self.host_sweep,
         }
 
 
 class _Bar:
     """tqdm when available and wanted, else nothing."""
 
-    def __init__(self, total: int, desc: str, enabled: bool) -> None:
+    def __init__(self, total: int, desc: str, enabled: bool, unit: str = "task") -> None:
         self._bar = None
         if enabled:
             try:
@@ -55,7 +58,7 @@ class _Bar:
             except ImportError:  # tqdm is in the server extra; the bar is optional
                 tqdm = None
             if tqdm is not None:
-                self._bar = tqdm(total=total, desc=desc, unit="task", leave=False)
+                self._bar = tqdm(total=total, desc=desc, unit=unit, leave=False)
 
     def update(self, n: int = 1) -> None:
         if self._bar is not None:
@@ -110,12 +113,24 @@ def run_scenario(sc: Scenario, progress: bool = True) -> BenchResult:
     traces: dict = {}
     out = BenchResult(sc)
     out.runs = run_policies(sc, sc.policies, progress, traces)
-    for load in sc.sweep_load:
-        s2 = sc.with_load(load)
-        runs = run_policies(s2, sc.sweep_policies, progress, traces, desc=f"load {load:g}")
-        out.load_sweep += _sweep_rows("load", load, runs)
-    for kv in sc.sweep_kv:
-        runs = run_policies(sc, sc.sweep_policies, progress, traces, kv_tokens=int(kv),
-                            desc=f"kv {int(kv)}")
-        out.kv_sweep += _sweep_rows("kv_tokens", int(kv), runs)
+    points = len(sc.sweep_load) + len(sc.sweep_kv) + len(sc.sweep_host)
+    sweep = _Bar(points, "sweep", progress and points > 0, unit="point")
+    try:
+        for load in sc.sweep_load:
+            s2 = sc.with_load(load)
+            runs = run_policies(s2, sc.sweep_policies, progress, traces, desc=f"load {load:g}")
+            out.load_sweep += _sweep_rows("load", load, runs)
+            sweep.update()
+        for kv in sc.sweep_kv:
+            runs = run_policies(sc, sc.sweep_policies, progress, traces, kv_tokens=int(kv),
+                                desc=f"kv {int(kv)}")
+            out.kv_sweep += _sweep_rows("kv_tokens", int(kv), runs)
+            sweep.update()
+        for host in sc.sweep_host:
+            runs = run_policies(replace(sc, host_tier_factor=float(host)), sc.sweep_policies, progress, traces,
+                                desc=f"host {host:g}x")
+            out.host_sweep += _sweep_rows("host_tier_factor", float(host), runs)
+            sweep.update()
+    finally:
+        sweep.close()
     return out

@@ -16,6 +16,7 @@ bw_eff = 0.8
 policies = ["apc-lru", "saga"]
 sweep_load = [64, 128, 192]  # concurrency (or rates when `rate` is set)
 sweep_kv = [150000, 300000]
+sweep_host = [0, 1, 4]     # host (CPU) tier sizes, multiples of the GPU pool
 
 [[tenant]]
 name = "swe"
@@ -67,6 +68,7 @@ class Scenario:
     policies: tuple[str, ...] = DEFAULT_POLICIES
     sweep_load: tuple[float, ...] = ()
     sweep_kv: tuple[int, ...] = ()
+    sweep_host: tuple[float, ...] = ()
     sweep_policies: tuple[str, ...] = ("vanilla", "apc-lru", "kvflow", "saga", "infinite")
 
     def cost_model(self, kv_tokens: int | None = None) -> CostModel:
@@ -109,7 +111,7 @@ def from_mapping(data: Mapping[str, Any], base: Scenario = Scenario()) -> Scenar
     unknown = set(sc) - known
     if unknown:
         raise ValueError(f"unknown scenario keys: {sorted(unknown)}")
-    for k in ("policies", "sweep_load", "sweep_kv", "sweep_policies"):
+    for k in ("policies", "sweep_load", "sweep_kv", "sweep_host", "sweep_policies"):
         if k in sc:
             sc[k] = _tuple(sc[k])
     if "tenant" in data:

@@ -4,8 +4,11 @@
   reused from the previous step, and the tools run after each step.
 - Tool durations come from the trace. Where the trace has none (tau-bench), they are
   drawn per replayed task from a log-normal *fallback* for the tool's category
-  (median, sigma); a step with no tool before the next step (a simulated user's turn)
-  waits a draw from the `user` fallback.
+  (median, sigma); a step with no tool before the next step (a user's turn) waits its
+  `idle_s` where the trace has one (recordings, `saga_server.record`), else a draw
+  from the `user` fallback.
+- A last line without its newline (a recorder that died mid-line) is skipped; any
+  other line that is not a `saga-trace/1` task is an error.
 - A replayed task is a distinct session: tasks are drawn from the trace in seeded
   shuffled rounds (each task once per round), so >= 1,000 sessions can come from 99
   tasks.
@@ -61,7 +64,12 @@ def load_trace(path: str | Path) -> list[dict[str, Any]]:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            t = json.loads(line)
+            try:
+                t = json.loads(line)
+            except ValueError:
+                if not line.endswith("\n") and not f.read(1):
+                    break  # the line in flight when a recorder stopped
+                raise
             if t.get("format") != "saga-trace/1":
                 raise ValueError(f"{path}:{n}: not a saga-trace/1 task")
             if t["steps"]:
@@ -92,7 +100,7 @@ def materialize(raw: Mapping[str, Any], rng: random.Random,
                 tools.append(ToolSpec(tool["name"], cat, float(d)))
         idle = 0.0
         if not tools and i + 1 < len(raw_steps):
-            idle = _draw("user", rng, fallback)
+            idle = float(st["idle_s"]) if st.get("idle_s") is not None else _draw("user", rng, fallback)
         prompt = int(st["prompt_tokens"])
         steps.append(StepSpec(prompt, max(int(st["output_tokens"]), 1),
                               min(int(st.get("reused_prefix_tokens") or 0), prompt),

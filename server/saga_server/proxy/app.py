@@ -26,6 +26,8 @@ the upstream cuts short is cut short for the client too (never ended as if whole
 a client that goes away closes the upstream request; an internal error answers 500
 naming the proxy. Headers are never logged, and only
 session ids, tool names and call ids ever reach hints, never the caller's key.
+A `recorder` (`saga proxy --record`, `saga_server.proxy.record`) is handed the same
+events; it only enqueues them, and never blocks or fails a request.
 """
 
 from __future__ import annotations
@@ -88,9 +90,10 @@ class SagaProxy:
     """ASGI app; see the module docstring for the contract."""
 
     def __init__(self, config: ProxyConfig, *, hints: HintClient | None = None,
-                 tracker: SessionTracker | None = None) -> None:
+                 tracker: SessionTracker | None = None, recorder=None) -> None:
         self.config = config
         self.hints = hints if hints is not None else HintClient()
+        self.recorder = recorder  # a `saga_server.record.Recorder`; the caller's, like `hints`
         self.tracker = tracker or SessionTracker(max_sessions=config.max_sessions, idle_ttl_s=config.idle_ttl_s,
                                                  idle_min_s=config.idle_min_s, abandon_grace_s=config.abandon_grace_s,
                                                  text_actions=config.text_actions)
@@ -316,6 +319,8 @@ class SagaProxy:
             return []
 
     def _emit(self, events: list[HintEvent]) -> None:
+        if events and self.recorder is not None:
+            self.recorder.submit(events)
         for event in events:
             try:
                 event.send(self.hints)

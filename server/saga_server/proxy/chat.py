@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .answers import JsonAnswer, SseAnswer
-from .turns import Message, Reply, Request, ToolCall, canonical_args, count, explicit_session_id, text_of
+from .turns import Message, Reply, Request, ToolCall, canonical_args, count, detail, explicit_session_id, text_of
 
 __all__ = ["CHAT"]
 
@@ -41,7 +41,8 @@ class ChatApi:
     def reply(self, answers, usage: Mapping[str, Any] | None = None, truncated: bool = False) -> Reply:
         """Assistant messages (one per choice) and their usage, as a `Reply`."""
         return Reply(tuple(message(a) for a in answers if isinstance(a, Mapping)),
-                     count(usage, "prompt_tokens"), count(usage, "completion_tokens"), truncated=truncated)
+                     count(usage, "prompt_tokens"), count(usage, "completion_tokens"), truncated=truncated,
+                     cached_tokens=detail(usage, "prompt_tokens_details", "cached_tokens"))
 
 
 CHAT = ChatApi()

@@ -5,7 +5,8 @@
     export ANTHROPIC_BASE_URL=http://127.0.0.1:8100   # a Messages-API agent, likewise
 
 The upstream and the hint endpoint may also come from `SAGA_UPSTREAM` and
-`SAGA_ENDPOINT`. See `saga_server.proxy.app` for what is forwarded and how.
+`SAGA_ENDPOINT`. See `saga_server.proxy.app` for what is forwarded and how, and
+`saga_server.proxy.record` for `--record`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import re
 import sys
 
+from . import record
 from .actions import TextActions
 
 __all__ = ["main", "build_parser"]
@@ -46,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--submit-marker", action="append", metavar="REGEX",
                    help="a text action matching this ends its session (repeatable; default: "
                         "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT and kin)")
+    record.add_arguments(p)
     p.add_argument("--read-timeout-s", type=float, default=600.0)
     p.add_argument("--log-level", default="warning")
     return p
@@ -70,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         config = ProxyConfig(upstream=args.upstream, inject_body_session_id=not args.no_body_session_id,
                              max_sessions=args.max_sessions, idle_ttl_s=args.idle_ttl_s, idle_min_s=args.idle_min_s,
                              text_actions=actions, read_timeout_s=args.read_timeout_s)
-    except (ValueError, re.error) as exc:
+        recorder = record.from_args(args)
+    except (OSError, ValueError, re.error) as exc:
         print(f"saga proxy: {exc}", file=sys.stderr)
         return 2
     overrides = {"enabled": False} if args.no_hints else {}
@@ -81,12 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as exc:
         print(f"saga proxy: bad hint settings: {exc}", file=sys.stderr)
         return 2
-    app = SagaProxy(config, hints=hints)
+    app = SagaProxy(config, hints=hints, recorder=recorder)
     hint_note = "off" if args.no_hints else hints.config.endpoint
     print(f"saga proxy: OpenAI base URL http://{args.host}:{args.port}/v1 -> {app._origin} "
           f"(hints: {hint_note})", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                 lifespan="on", http="auto")
+    if recorder is not None:
+        recorder.close()
     hints.close()
     return 0
 

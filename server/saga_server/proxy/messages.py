@@ -12,7 +12,7 @@ never share one (coding agents put a per-session id there).
 An answer is the message's `content` (a JSON body, or a stream's blocks rebuilt
 from `content_block_*` events up to `message_stop`; an `error` event fails the
 call). Its prompt is `input_tokens` plus the cached ones, which this API counts
-apart. The session id goes upstream as the `X-Session-ID` header only: vLLM's
+apart (`cache_read_input_tokens` are the ones served from the cache). The session id goes upstream as the `X-Session-ID` header only: vLLM's
 `AnthropicMessagesRequest` has no session field (it drops unknown ones), and its
 Messages server runs the request through the chat path, which reads the header.
 """
@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .answers import JsonAnswer, SseAnswer
-from .turns import Message, Reply, Request, ToolCall, canonical, canonical_args, count, explicit_session_id, text_of
+from .turns import (Message, Reply, Request, ToolCall, canonical, canonical_args, count, detail, explicit_session_id,
+                    text_of)
 
 __all__ = ["MESSAGES"]
 
@@ -91,7 +92,7 @@ def _user(content: Any) -> list[Message]:
 
 def _reply(content: Any, usage: Any, stop_reason: Any, message_id: Any) -> Reply:
     return Reply((_assistant(content),), count(usage, *_PROMPT), count(usage, "output_tokens"),
-                 str(message_id or ""), stop_reason == "max_tokens")
+                 str(message_id or ""), stop_reason == "max_tokens", detail(usage, "cache_read_input_tokens"))
 
 
 class JsonMessages(JsonAnswer):

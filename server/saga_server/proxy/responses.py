@@ -24,7 +24,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .answers import JsonAnswer, SseAnswer
-from .turns import Message, Reply, Request, ToolCall, canonical, canonical_args, count, explicit_session_id, text_of
+from .turns import (Message, Reply, Request, ToolCall, canonical, canonical_args, count, detail, explicit_session_id,
+                    text_of)
 
 __all__ = ["RESPONSES"]
 
@@ -98,7 +99,8 @@ def _reply(response: Mapping[str, Any]) -> Reply | None:
     answer = [m for m in items_to_messages(output) if m.role == "assistant"] if isinstance(output, list) else []
     usage = response.get("usage")
     return Reply(tuple(answer[:1]), count(usage, "input_tokens"), count(usage, "output_tokens"),
-                 str(response.get("id") or ""), response.get("status") == "incomplete")
+                 str(response.get("id") or ""), response.get("status") == "incomplete",
+                 detail(usage, "input_tokens_details", "cached_tokens"))
 
 
 class JsonResponses(JsonAnswer):

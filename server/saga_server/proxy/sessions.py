@@ -84,11 +84,20 @@ _RULES = ("explicit", "previous", "answer", "request", "retry", "new")
 
 @dataclass(frozen=True, slots=True)
 class HintEvent:
-    """One hint to send: `getattr(hint_client, kind)(session_id, **args)`."""
+    """One hint to send: `getattr(hint_client, kind)(session_id, **args)`.
+
+    `facts` are what an observer (the recorder, `saga_server.proxy.record`) may
+    learn beyond the hint; never text, only sizes and labels: on `llm_call_start`,
+    `extends` (what the request's history continues: "answer" for the session's
+    previous request plus its answer, "request" for that request alone, "" for
+    neither), `prompt_chars` and `model`; on `llm_call_end`, `cached_tokens` (None
+    where the upstream did not say), `output_chars`, or `failed`; on
+    `session_end`, `reason` (submit, final, idle, gone, evicted, closed)."""
 
     kind: str
     session_id: str
     args: Mapping[str, Any] = field(default_factory=dict)
+    facts: Mapping[str, Any] = field(default_factory=dict)
 
     def send(self, client) -> None:
         getattr(client, self.kind)(self.session_id, **self.args)
@@ -205,6 +214,7 @@ class SessionTracker:
             elif session.ended:
                 self._revive(session, events)
             self._counts[how] += 1
+            extends = self._extends(session, request, how, chain[matched - 1] if matched else None)
             self._sessions.move_to_end(session.session_id)
             self._resume(session, now)
             if session.open_tools:
@@ -216,7 +226,9 @@ class SessionTracker:
                 self._index_request(session, chain[-1])
             events.append(HintEvent("llm_call_start", session.session_id,
                                     {"step": session.steps, "node": "llm",
-                                     "request_id": f"{session.session_id}:{session.steps}"}))
+                                     "request_id": f"{session.session_id}:{session.steps}"},
+                                    {"extends": extends, "prompt_chars": _chars(request.messages),
+                                     "model": request.model[:64]}))
             return Turn(session.session_id, session.steps, how, new, chain, root), events
 
     def finish(self, turn: Turn, reply: Reply | Iterable[Mapping[str, Any]] = (),
@@ -229,7 +241,8 @@ class SessionTracker:
             reply = CHAT.reply(reply, usage)
         events = [HintEvent("llm_call_end", turn.session_id,
                             {"step": turn.step, "node": "llm", "request_id": f"{turn.session_id}:{turn.step}",
-                             "prompt_tokens": reply.prompt_tokens, "output_tokens": reply.output_tokens})]
+                             "prompt_tokens": reply.prompt_tokens, "output_tokens": reply.output_tokens},
+                            {"cached_tokens": reply.cached_tokens, "output_chars": _chars(reply.messages[:1])})]
         with self._lock:
             session = self._sessions.get(turn.session_id)
             if session is None:  # forgotten while the request ran
@@ -266,7 +279,8 @@ class SessionTracker:
                 session.last_seen = session.answered_at = self._clock()
                 self._sessions.move_to_end(turn.session_id)
         return [HintEvent("llm_call_end", turn.session_id,
-                          {"step": turn.step, "node": "llm", "request_id": f"{turn.session_id}:{turn.step}"})]
+                          {"step": turn.step, "node": "llm", "request_id": f"{turn.session_id}:{turn.step}"},
+                          {"failed": True})]
 
     # -- housekeeping -------------------------------------------------------------------
 
@@ -351,6 +365,20 @@ class SessionTracker:
                 if session.last_failed and not session.in_flight:
                     return session, "retry", i
         return None, "new", 0
+
+    def _extends(self, session: _Session, request: Request, how: str, known: int | None) -> str:
+        """What the request's history continues (`HintEvent.facts`); `known`: the
+        chain key of its longest known prefix, if any."""
+        if how in ("answer", "previous"):
+            return "answer"
+        if how in ("request", "retry"):
+            return "request"
+        if how == "explicit":
+            if known is not None:
+                return "answer" if known in session.points else "request"
+            if request.previous and request.previous in self._aliases:
+                return "answer"
+        return ""
 
     def _known_prefix(self, sid: str, chain: list[int]) -> int:
         session = self._sessions.get(sid)
@@ -467,7 +495,7 @@ class SessionTracker:
             events.append(HintEvent("tool_call_end", session.session_id,
                                     {"tool": tool.tool, "call_id": call_id, "outcome": "cancelled"}))
         session.open_tools.clear()
-        events.append(HintEvent("session_end", session.session_id, {"outcome": outcome}))
+        events.append(HintEvent("session_end", session.session_id, {"outcome": outcome}, {"reason": reason}))
         session.ended = True
         self._ended[reason] += 1
 
@@ -485,6 +513,12 @@ class SessionTracker:
 
 
 # -- pure helpers --------------------------------------------------------------------------
+
+def _chars(messages: Iterable[Message]) -> int:
+    """Characters of text and tool arguments: a size to estimate tokens from where
+    the upstream reports no usage."""
+    return sum(len(m.text) + sum(len(c.name) + len(c.arguments) for c in m.calls) for m in messages)
+
 
 def _chain(messages: Iterable[Message], root: int = 0) -> list[int]:
     """chain[i] identifies messages[:i + 1] after `root`: a hash over the messages."""

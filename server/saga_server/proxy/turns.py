@@ -29,6 +29,7 @@ __all__ = [
     "ToolCall",
     "canonical_args",
     "count",
+    "detail",
     "explicit_session_id",
     "text_of",
 ]
@@ -93,6 +94,7 @@ class Reply:
     output_tokens: int = 0
     response_id: str = ""    # the id later requests may continue it by
     truncated: bool = False  # stopped at the length limit, not by the model
+    cached_tokens: int | None = None  # prompt tokens the upstream served from its cache; None: not reported
 
 
 def explicit_session_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
@@ -161,3 +163,12 @@ def count(usage: Any, *keys: str) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             total += value
     return total
+
+
+def detail(usage: Any, *path: str) -> int | None:
+    """A non-negative integer nested in a usage object (`detail(u, "prompt_tokens_details",
+    "cached_tokens")`), or None where the upstream did not report it."""
+    node = usage
+    for key in path:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node if isinstance(node, int) and not isinstance(node, bool) and node >= 0 else None

@@ -22,7 +22,8 @@ def test_bench_writes_json_report_and_plots(tmp_path, capsys):
     out = tmp_path / "out"
     rc = main(["--trace", trace(tmp_path), "--deadline-factor", "3", "--tasks", "8", "--workers", "2",
                "--concurrency", "8", "--kv-tokens", "12000", "--policies", "apc-lru,saga,belady",
-               "--sweep-load", "4,8", "--sweep-kv", "9000,20000", "--sweep-policies", "apc-lru,saga",
+               "--sweep-load", "4,8", "--sweep-kv", "9000,20000", "--sweep-host", "0,2",
+               "--sweep-policies", "apc-lru,saga",
                "--out", str(out), "--quiet"])
     assert rc == 0
     data = json.loads((out / "bench.json").read_text())
@@ -33,11 +34,13 @@ def test_bench_writes_json_report_and_plots(tmp_path, capsys):
     kv = {(r["kv_tokens"], r["policy"]): r for r in data["kv_sweep"]}
     assert set(kv) == {(9000, "apc-lru"), (9000, "saga"), (20000, "apc-lru"), (20000, "saga")}
     assert kv[(9000, "apc-lru")]["recompute_share"] >= kv[(20000, "apc-lru")]["recompute_share"]
+    assert {(r["host_tier_factor"], r["policy"]) for r in data["host_sweep"]} == {
+        (0.0, "apc-lru"), (0.0, "saga"), (2.0, "apc-lru"), (2.0, "saga")}
     for png in ("tct_cdf.png", "regen_share.png", "mem_util.png", "slo.png", "tct_vs_load.png",
-                "tct_vs_kv.png"):
+                "tct_vs_kv.png", "tct_vs_host.png"):
         assert (out / png).stat().st_size > 1000
     md = (out / "report.md").read_text()
-    assert "| saga |" in md and "![tct_cdf.png](tct_cdf.png)" in md
+    assert "| saga |" in md and "![tct_cdf.png](tct_cdf.png)" in md and "## Host tier sweep" in md
     assert "| apc-lru |" in capsys.readouterr().out
 
 

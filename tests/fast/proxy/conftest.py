@@ -33,10 +33,11 @@ def upstream(upstream_server):
     return upstream_server
 
 
-def start_proxy(upstream_url: str, hint_endpoint: str, **config) -> tuple[BackgroundServer, SagaProxy]:
+def start_proxy(upstream_url: str, hint_endpoint: str, *, recorder=None,
+                **config) -> tuple[BackgroundServer, SagaProxy]:
     hints = HintClient(endpoint=hint_endpoint, rpc_timeout_s=0.2, flush_interval_s=0.001)
     proxy_config = ProxyConfig(upstream=upstream_url, **config)
-    app = SagaProxy(proxy_config, hints=hints)
+    app = SagaProxy(proxy_config, hints=hints, recorder=recorder)
     server = BackgroundServer(app).start()
     server.app = app
     return server, app
@@ -44,8 +45,8 @@ def start_proxy(upstream_url: str, hint_endpoint: str, **config) -> tuple[Backgr
 
 @pytest.fixture
 def make_proxy():
-    """Factory: make_proxy(upstream_url, hint_endpoint, **ProxyConfig fields) -> server
-    (with `.app`); every proxy it made is stopped after the test."""
+    """Factory: make_proxy(upstream_url, hint_endpoint, recorder=None, **ProxyConfig
+    fields) -> server (with `.app`); every proxy it made is stopped after the test."""
     made = []
 
     def make(upstream_url: str, hint_endpoint: str, **config) -> BackgroundServer:

@@ -19,7 +19,9 @@ bash block (an agent whose tool calls are text), `error 500` (any status) fails
 with the API's JSON error, `break` sends two stream chunks and then drops the
 connection, `gate` sends the first stream chunk and waits (up to 30 s) for the
 `threading.Event` `app.state.gate` to be set; a trailing `linger` (e.g.
-`tools a linger`) keeps the stream open for a second after its end.
+`tools a linger`) keeps the stream open for a second after its end. Chat usage
+counts a message's characters / 4 + 1 tokens and reports all but the newest
+message as cached (`prompt_tokens_details.cached_tokens`), as a prefix cache would.
 Without a plan it acts like a real server's guided decoding: a named
 `tool_choice` calls that function, `"required"` (Messages: `any`) calls the
 first tool, anything else gets a text answer. Ids and timestamps derive from
@@ -85,10 +87,13 @@ def build_app(*, record: bool = True) -> Starlette:
         calls = [{"id": f"call_{key}_{i}", "type": "function",
                   "function": {"name": name, "arguments": json.dumps({"step": step, "n": i})}}
                  for i, name in enumerate(tools)]
-        prompt_tokens = sum(len(str(m.get("content") or "")) // 4 + 1 for m in messages if isinstance(m, dict))
+        sizes = [len(str(m.get("content") or "")) // 4 + 1 for m in messages if isinstance(m, dict)]
+        # As a prefix cache would: all but the newest message was seen before.
+        usage = {"prompt_tokens": sum(sizes), "completion_tokens": 7, "total_tokens": sum(sizes) + 7,
+                 "prompt_tokens_details": {"cached_tokens": sum(sizes[:-1])}}
         if body.get("stream"):
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(_stream(key, text, calls, action, prompt_tokens, usage, linger),
+            with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(_stream(key, text, calls, action, usage if with_usage else None, linger),
                                      media_type="text/event-stream")
         message = {"role": "assistant", "content": text, "refusal": None}
         if calls:
@@ -97,7 +102,7 @@ def build_app(*, record: bool = True) -> Starlette:
             "id": f"chatcmpl-{key}", "object": "chat.completion", "created": CREATED, "model": MODEL,
             "choices": [{"index": 0, "message": message, "logprobs": None,
                          "finish_reason": "tool_calls" if calls else "stop"}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 7, "total_tokens": prompt_tokens + 7}})
+            "usage": usage})
 
     async def completions(request: Request) -> Response:
         body = await recorded(request)
@@ -107,7 +112,7 @@ def build_app(*, record: bool = True) -> Starlette:
                              "choices": [{"index": 0, "text": " world", "finish_reason": "stop", "logprobs": None}],
                              "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}})
 
-    async def _stream(key, text, calls, action, prompt_tokens, usage, linger=False):
+    async def _stream(key, text, calls, action, usage, linger=False):
         def event(delta, finish=None):
             chunk = {"id": f"chatcmpl-{key}", "object": "chat.completion.chunk", "created": CREATED, "model": MODEL,
                      "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
@@ -132,8 +137,7 @@ def build_app(*, record: bool = True) -> Starlette:
         yield event({}, "tool_calls" if calls else "stop")
         if usage:
             tail = {"id": f"chatcmpl-{key}", "object": "chat.completion.chunk", "created": CREATED, "model": MODEL,
-                    "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 7,
-                                             "total_tokens": prompt_tokens + 7}}
+                    "choices": [], "usage": usage}
             yield f"data: {json.dumps(tail)}\n\n".encode()
         yield b"data: [DONE]\n\n"
         if linger:

@@ -400,3 +400,54 @@ def test_an_abandoned_call_ends_its_session_after_the_grace_unless_retried():
     now[0] += 6
     assert [(e.kind, e.args.get("outcome")) for e in tracker.expire()] == [("session_end", "cancelled")]
     assert tracker.stats().sessions_ended == {"gone": 1}
+
+
+# -- what an observer (the recorder) learns beyond the hints -------------------------------------
+
+def facts(events, kind):
+    return [e.facts for e in events if e.kind == kind]
+
+
+def test_facts_say_what_each_request_continues_its_sizes_and_why_a_session_ended():
+    tracker = SessionTracker(idle_ttl_s=1.0, idle_min_s=1.0)
+    first = [SYSTEM, {"role": "user", "content": "hello"}]
+    turn, events = tracker.begin({"model": "gpt-4o", "messages": first})
+    [start] = facts(events, "llm_call_start")
+    assert start == {"extends": "", "prompt_chars": len(SYSTEM["content"]) + 5, "model": "gpt-4o"}
+    answer = {"role": "assistant", "content": None,
+              "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{}"}}]}
+    events = tracker.finish(turn, [answer], {"prompt_tokens": 30, "completion_tokens": 4,
+                                             "prompt_tokens_details": {"cached_tokens": 16}})
+    assert facts(events, "llm_call_end") == [{"cached_tokens": 16, "output_chars": len("search{}")}]
+    extended = first + [answer, {"role": "tool", "tool_call_id": "c1", "content": "r"}]
+    turn, events = tracker.begin({"model": "gpt-4o", "messages": extended})
+    assert facts(events, "llm_call_start")[0]["extends"] == "answer"
+    assert facts(tracker.fail(turn), "llm_call_end") == [{"failed": True}]
+    turn, events = tracker.begin({"model": "gpt-4o", "messages": extended})  # the retry
+    assert (turn.how, facts(events, "llm_call_start")[0]["extends"]) == ("retry", "request")
+    rewritten = extended + [{"role": "assistant", "content": "DONE"}, {"role": "user", "content": "more"}]
+    tracker.finish(turn, [{"role": "assistant", "content": "done"}], {"prompt_tokens": 40})
+    turn, events = tracker.begin({"model": "gpt-4o", "messages": rewritten})
+    assert (turn.how, facts(events, "llm_call_start")[0]["extends"]) == ("request", "request")
+    tracker.finish(turn, [{"role": "assistant", "content": "ok"}])
+    explicit, events = tracker.begin({"model": "m", "messages": first}, {"x-session-id": "mine"})
+    tracker.finish(explicit, [{"role": "assistant", "content": "ok"}])
+    _, events = tracker.begin({"model": "m", "messages": first + [{"role": "assistant", "content": "ok"},
+                                                                {"role": "user", "content": "and?"}]},
+                              {"x-session-id": "mine"})
+    assert facts(events, "llm_call_start")[0]["extends"] == "answer"
+    assert [f["reason"] for f in facts(tracker.close(), "session_end")] == ["closed", "closed"]
+
+
+def test_cached_tokens_are_read_from_each_apis_usage_and_none_when_not_reported():
+    chat = CHAT.reply([{"role": "assistant", "content": "x"}], {"prompt_tokens": 9,
+                                                                "prompt_tokens_details": {"cached_tokens": 5}})
+    assert (chat.cached_tokens, CHAT.reply([{"role": "assistant", "content": "x"}], {"prompt_tokens": 9}).cached_tokens
+            ) == (5, None)
+    responses = JsonResponses().read({"id": "r", "output": [], "usage": {
+        "input_tokens": 9, "input_tokens_details": {"cached_tokens": 6}}})
+    assert responses.cached_tokens == 6
+    messages = JsonMessages().read({"id": "m", "content": [], "usage": {
+        "input_tokens": 3, "cache_read_input_tokens": 7, "output_tokens": 1}})
+    assert (messages.prompt_tokens, messages.cached_tokens) == (10, 7)
+    assert JsonMessages().read({"id": "m", "content": [], "usage": {"input_tokens": 3}}).cached_tokens is None

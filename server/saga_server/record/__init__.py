@@ -1,0 +1,16 @@
+"""Recording agent traffic as `saga-trace/1`, the workload format `saga bench` replays.
+
+`TraceBuilder` (pure, `trace`) turns one session's facts (LLM calls, tool calls,
+its end; sizes and names, never text) into one task line; `JsonlSink` (`sink`)
+appends lines crash-safely and rotates by size; `Recorder` (`recorder`) runs both
+on a background thread behind a bounded queue, so the request path only enqueues.
+A front door supplies the feed that reads its own events into facts
+(`saga_server.proxy.record` for `saga proxy`).
+"""
+
+from .recorder import RecordConfig, Recorder, RecorderStats, tool_hasher
+from .sink import JsonlSink
+from .trace import CHARS_PER_TOKEN, TraceBuilder
+
+__all__ = ["CHARS_PER_TOKEN", "JsonlSink", "RecordConfig", "Recorder", "RecorderStats", "TraceBuilder",
+           "tool_hasher"]
