@@ -18,6 +18,13 @@ stream back, so an agent that fires its next step at once still finds its sessio
 and its tool calls. A client that goes away before its streamed answer is whole
 leaves its session to end unless it comes back (`SessionTracker.fail`).
 
+Tenants (`tenants`): given a `Tenants` (`saga proxy --api-keys FILE`), every
+request but `GET /health` must carry a key of its ring, else it gets 401
+(`invalid_api_key`) and nothing is forwarded; an agent request of tenant T then
+goes upstream with T's session ids (`<T>/<id>`), T's `cache_salt`, and its new
+sessions start as T's. Without one every caller is tenant "" and requests go as
+described above.
+
 Failure rules: the agent must not notice SAGA. Anything that goes wrong in
 session inference or hinting is logged once and the request is forwarded as is.
 An upstream error response is returned unchanged; an unreachable or timed-out
@@ -35,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -51,6 +58,7 @@ from .chat import CHAT
 from .messages import MESSAGES
 from .responses import RESPONSES
 from .sessions import HintEvent, SessionTracker, Turn
+from .tenants import Tenants
 
 __all__ = ["ProxyConfig", "SagaProxy"]
 
@@ -90,10 +98,11 @@ class SagaProxy:
     """ASGI app; see the module docstring for the contract."""
 
     def __init__(self, config: ProxyConfig, *, hints: HintClient | None = None,
-                 tracker: SessionTracker | None = None, recorder=None) -> None:
+                 tracker: SessionTracker | None = None, recorder=None, tenants: Tenants | None = None) -> None:
         self.config = config
         self.hints = hints if hints is not None else HintClient()
         self.recorder = recorder  # a `saga_server.record.Recorder`; the caller's, like `hints`
+        self.tenants = tenants
         self.tracker = tracker or SessionTracker(max_sessions=config.max_sessions, idle_ttl_s=config.idle_ttl_s,
                                                  idle_min_s=config.idle_min_s, abandon_grace_s=config.abandon_grace_s,
                                                  text_actions=config.text_actions)
@@ -174,16 +183,23 @@ class SagaProxy:
                 scope, receive, send)
 
     async def _forward(self, scope, receive, send) -> None:
+        method, path = scope["method"], scope["path"]
+        tenant = ""
+        if self.tenants is not None and (method, path) != ("GET", "/health"):
+            tenant = self.tenants.tenant_of(scope["headers"])
+            if tenant is None:
+                self._log_once("invalid_api_key", "refusing requests without a known API key (counted)")
+                await _error(401, "saga proxy: missing or unknown API key", "invalid_api_key")(scope, receive, send)
+                return
         body = await self._read_body(receive)
         if body is None:
             await _error(413, f"saga proxy: request body over {self.config.max_body_bytes} bytes",
                          "request_too_large")(scope, receive, send)
             return
-        method, path = scope["method"], scope["path"]
         headers = [(k, v) for k, v in scope["headers"] if k not in _REQUEST_DROP]
         turn, api = None, _api(method, path)
         if api is not None:
-            body, headers, turn = self._observe_request(api, path, body, headers)
+            body, headers, turn = self._observe_request(api, path, body, headers, tenant)
         target = self._base + scope.get("raw_path", path.encode()).decode("latin-1")
         if scope.get("query_string"):
             target += "?" + scope["query_string"].decode("latin-1")
@@ -264,30 +280,42 @@ class SagaProxy:
 
     # -- session inference around the request ------------------------------------------
 
-    def _observe_request(self, api, path: str, body: bytes, headers: list) -> tuple[bytes, list, Turn | None]:
+    def _observe_request(self, api, path: str, body: bytes, headers: list,
+                         tenant: str) -> tuple[bytes, list, Turn | None]:
         try:
             parsed = json.loads(body) if body else None
         except ValueError:
             return body, headers, None  # the upstream answers bad JSON with its own error
         if not isinstance(parsed, dict):
             return body, headers, None
+        turn = self._begin(api, path, parsed, headers, tenant)
+        if turn is not None:
+            sid = turn.session_id.encode("latin-1", "replace")
+            headers = [(k, v) for k, v in headers if k.lower() not in (b"x-session-id", b"accept-encoding")]
+            headers += [(b"x-session-id", sid), (b"accept-encoding", b"identity")]
+        elif tenant:  # no session: none of the caller's own ids may reach the upstream
+            headers = [(k, v) for k, v in headers if k.lower() != b"x-session-id"]
+        add_session_id = api.body_session_field and self.config.inject_body_session_id
+        if tenant:
+            body = self.tenants.isolate(parsed, tenant, turn and turn.session_id, add_session_id=add_session_id)
+        elif turn is not None and add_session_id and "session_id" not in parsed:
+            body = _with_field(body, "session_id", turn.session_id)
+        return body, headers, turn
+
+    def _begin(self, api, path: str, parsed: dict, headers: list, tenant: str) -> Turn | None:
+        """The request's turn, its hints sent; None when it is not tracked."""
         try:
             lower = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers}
             request = api.read(parsed, lower)
             if path.endswith("/completions") and not path.endswith("chat/completions") and request.explicit is None:
-                return body, headers, None
-            turn, events = self.tracker.begin(request)
+                return None
+            turn, events = self.tracker.begin(replace(request, tenant=tenant) if tenant else request)
         except Exception:
             self.errors["internal"] += 1
             self._log_once("begin", "session inference failed; forwarding without a session", exc_info=True)
-            return body, headers, None
+            return None
         self._emit(events)
-        sid = turn.session_id.encode("latin-1", "replace")
-        headers = [(k, v) for k, v in headers if k.lower() not in (b"x-session-id", b"accept-encoding")]
-        headers += [(b"x-session-id", sid), (b"accept-encoding", b"identity")]
-        if api.body_session_field and self.config.inject_body_session_id and "session_id" not in parsed:
-            body = _with_field(body, "session_id", turn.session_id)
-        return body, headers, turn
+        return turn
 
     def _finish(self, turn: Turn, reader, data: bytes | None, ok: bool) -> None:
         if not ok or reader is None:

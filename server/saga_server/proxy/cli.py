@@ -7,6 +7,10 @@
 The upstream and the hint endpoint may also come from `SAGA_UPSTREAM` and
 `SAGA_ENDPOINT`. See `saga_server.proxy.app` for what is forwarded and how, and
 `saga_server.proxy.record` for `--record`.
+With `--api-keys FILE` (or `$SAGA_API_KEYS`; the hint service's keys file) every
+caller needs a key of the file and acts as its tenant (`saga_server.proxy.tenants`);
+SIGHUP reloads the file (a bad one is logged and the old keys kept). The proxy's
+hints then go with `SAGA_API_KEY` if set, else the file's first admin key.
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ import os
 import re
 import sys
 
+from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing
+from ..rpc.reload import reload_on_sighup
 from . import record
 from .actions import TextActions
+from .tenants import SALT_SECRET_ENV, Tenants
 
 __all__ = ["main", "build_parser"]
 
@@ -33,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hint-endpoint", default=None,
                    help="host:port of the hint service (default: SAGA_ENDPOINT or 127.0.0.1:50051)")
     p.add_argument("--no-hints", action="store_true", help="infer and tag sessions but send no hints")
+    p.add_argument("--api-keys", default=os.environ.get(KEYS_FILE_ENV), metavar="FILE",
+                   help="keys file: one `key tenant role [limits]` per line; callers must present a key "
+                        "and act as its tenant (default: $SAGA_API_KEYS)")
     p.add_argument("--no-body-session-id", action="store_true",
                    help="only add the X-Session-ID header, not the body field session_id "
                         "(for upstreams that reject unknown fields)")
@@ -73,28 +83,50 @@ def main(argv: list[str] | None = None) -> int:
         config = ProxyConfig(upstream=args.upstream, inject_body_session_id=not args.no_body_session_id,
                              max_sessions=args.max_sessions, idle_ttl_s=args.idle_ttl_s, idle_min_s=args.idle_min_s,
                              text_actions=actions, read_timeout_s=args.read_timeout_s)
+        keys = KeyRing(args.api_keys) if args.api_keys else None
         recorder = record.from_args(args)
-    except (OSError, ValueError, re.error) as exc:
+    except (OSError, ValueError, re.error) as exc:  # KeysFileError is a ValueError
         print(f"saga proxy: {exc}", file=sys.stderr)
         return 2
     overrides = {"enabled": False} if args.no_hints else {}
     if args.hint_endpoint:
         overrides["endpoint"] = args.hint_endpoint
+    if keys is not None and not os.environ.get(SHARED_KEY_ENV) and keys.admin_key():
+        overrides["api_key"] = keys.admin_key()
     try:
         hints = HintClient(**overrides)
     except (TypeError, ValueError) as exc:
         print(f"saga proxy: bad hint settings: {exc}", file=sys.stderr)
         return 2
-    app = SagaProxy(config, hints=hints, recorder=recorder)
+    tenants = None
+    if keys is not None:
+        _check_hint_key(keys, hints)
+        tenants = Tenants(keys, salt_secret=os.environ.get(SALT_SECRET_ENV, "").encode())
+        reload_on_sighup(keys)
+    app = SagaProxy(config, hints=hints, recorder=recorder, tenants=tenants)
     hint_note = "off" if args.no_hints else hints.config.endpoint
+    key_note = f", {len(keys)} API keys required" if keys is not None else ""
     print(f"saga proxy: OpenAI base URL http://{args.host}:{args.port}/v1 -> {app._origin} "
-          f"(hints: {hint_note})", flush=True)
+          f"(hints: {hint_note}{key_note})", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                 lifespan="on", http="auto")
     if recorder is not None:
         recorder.close()
     hints.close()
     return 0
+
+
+def _check_hint_key(keys: KeyRing, hints) -> None:
+    """Warn when the proxy's hints, sent for every tenant, would be refused."""
+    if not hints.config.enabled:
+        return
+    key = hints.config.api_key
+    if not key:
+        print(f"saga proxy: warning: {keys.path} has no admin key and SAGA_API_KEY is unset: hints go without "
+              "a key, and a hint service with keys refuses them", file=sys.stderr)
+    elif (entry := keys.lookup(key)) is not None and not entry.caller.is_admin:
+        print(f"saga proxy: warning: SAGA_API_KEY is an agent key of tenant {entry.tenant!r}: the hint service "
+              "refuses its hints for other tenants' sessions; use an admin key", file=sys.stderr)
 
 
 if __name__ == "__main__":

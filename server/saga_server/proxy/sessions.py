@@ -23,8 +23,11 @@ How a request finds its session, first rule that applies:
      after it failed (a retry);
   5. otherwise it starts a new session.
 Messages are compared as `turns.Message`s (what a client preserves when it sends an
-answer back). A request's `scope` (the Messages API's `metadata.user_id`) seeds its
-history: requests of different scopes never match. Two agents whose histories are
+answer back). A request's `scope` (the Messages API's `metadata.user_id`) and its
+`tenant` seed its history: requests of different scopes or tenants never match. A
+tenant's session ids, explicit or inferred, are namespaced (`tenants.namespaced`)
+and its response ids are its own, so no rule above ever crosses tenants; its
+sessions start with it as their tenant. Two agents whose histories are
 identical so far (same prompt and same answers) are indistinguishable; they share a
 session until they diverge. That is the one documented inaccuracy.
 
@@ -61,12 +64,13 @@ import itertools
 import threading
 import time
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
 from .actions import TextActions
 from .chat import CHAT
 from .pauses import WorkflowPauses
+from .tenants import namespaced
 from .turns import SESSION_BODY_FIELDS, SESSION_HEADERS, Message, Reply, Request, explicit_session_id
 
 __all__ = [
@@ -140,6 +144,7 @@ class _Session:
     explicit: bool
     workflow: str
     last_seen: float
+    tenant: str = ""
     steps: int = 0
     in_flight: int = 0
     last_failed: bool = False
@@ -177,7 +182,8 @@ class SessionTracker:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
         self._answers: dict[int, str] = {}   # chain hash of request + answer -> session id
         self._requests: dict[int, str] = {}  # chain hash of a session's last request -> session id
-        self._aliases: dict[str, tuple[str, int]] = {}  # response id -> (session id, its answer point)
+        # (tenant, response id) -> (session id, its answer point)
+        self._aliases: dict[tuple[str, str], tuple[str, int]] = {}
         self._ids = (f"{id_prefix}{n:x}" for n in itertools.count(1))
         self._id_salt = hashlib.blake2b(repr(time.time_ns()).encode(), digest_size=4).hexdigest()
         self._counts = dict.fromkeys(("requests", *_RULES, "started", "evicted", "expired", "unparsed",
@@ -199,6 +205,8 @@ class SessionTracker:
         tool calls this request answers or abandons, and `llm_call_start`."""
         if not isinstance(request, Request):
             request = CHAT.read(request if isinstance(request, Mapping) else {}, headers or {})
+        if request.tenant and request.explicit is not None:
+            request = replace(request, explicit=namespaced(request.tenant, request.explicit))
         now = self._clock()
         events: list[HintEvent] = []
         with self._lock:
@@ -339,16 +347,16 @@ class SessionTracker:
 
     def _root(self, request: Request) -> int:
         if request.previous:
-            alias = self._aliases.get(request.previous)
-            return alias[1] if alias is not None else hash(("previous", request.previous))
-        return hash(("scope", request.scope)) if request.scope else 0
+            alias = self._aliases.get((request.tenant, request.previous))
+            return alias[1] if alias is not None else hash(("previous", request.tenant, request.previous))
+        return hash(("scope", request.tenant, request.scope)) if request.scope or request.tenant else 0
 
     def _find(self, request: Request, chain: list[int]) -> tuple[_Session | None, str, int]:
         """(session or None, rule, number of leading messages already known)."""
         if request.explicit is not None:
             return (self._sessions.get(request.explicit), "explicit",
                     self._known_prefix(request.explicit, chain))
-        alias = self._aliases.get(request.previous) if request.previous else None
+        alias = self._aliases.get((request.tenant, request.previous)) if request.previous else None
         if alias is not None:
             return self._sessions[alias[0]], "previous", 0
         k = len(chain)
@@ -400,17 +408,17 @@ class SessionTracker:
                 self._counts["evicted"] += 1
             self._forget(oldest)
         explicit = request.explicit
-        sid = explicit if explicit is not None else f"{next(self._ids)}-{self._id_salt}"
-        session = _Session(sid, explicit is not None, self._workflow(request), now)
+        sid = explicit if explicit is not None else namespaced(request.tenant, f"{next(self._ids)}-{self._id_salt}")
+        session = _Session(sid, explicit is not None, self._workflow(request), now, request.tenant)
         self._sessions[sid] = session
         self._counts["started"] += 1
-        events.append(HintEvent("session_start", sid, {"workflow": session.workflow}))
+        events.append(_session_start(session))
         return session
 
     def _revive(self, session: _Session, events: list[HintEvent]) -> None:
         session.ended = False
         self._counts["revived"] += 1
-        events.append(HintEvent("session_start", session.session_id, {"workflow": session.workflow}))
+        events.append(_session_start(session))
 
     def _resume(self, session: _Session, now: float) -> None:
         """A request of `session` arrives: what its pause was."""
@@ -483,10 +491,10 @@ class SessionTracker:
                 del self._answers[old]
 
     def _alias(self, session: _Session, response_id: str, point: int) -> None:
-        self._aliases[response_id] = (session.session_id, point)
+        self._aliases[(session.tenant, response_id)] = (session.session_id, point)
         session.aliases.append(response_id)
         while len(session.aliases) > self.points_per_session:
-            old = session.aliases.pop(0)
+            old = (session.tenant, session.aliases.pop(0))
             if self._aliases.get(old, ("",))[0] == session.session_id:
                 del self._aliases[old]
 
@@ -507,12 +515,19 @@ class SessionTracker:
         if session.request_key is not None and self._requests.get(session.request_key) == sid:
             del self._requests[session.request_key]
         for response_id in session.aliases:
-            if self._aliases.get(response_id, ("",))[0] == sid:
-                del self._aliases[response_id]
+            if self._aliases.get((session.tenant, response_id), ("",))[0] == sid:
+                del self._aliases[(session.tenant, response_id)]
         del self._sessions[sid]
 
 
 # -- pure helpers --------------------------------------------------------------------------
+
+def _session_start(session: _Session) -> HintEvent:
+    args = {"workflow": session.workflow}
+    if session.tenant:
+        args["tenant"] = session.tenant
+    return HintEvent("session_start", session.session_id, args)
+
 
 def _chars(messages: Iterable[Message]) -> int:
     """Characters of text and tool arguments: a size to estimate tokens from where

@@ -75,7 +75,9 @@ class Message(NamedTuple):
 class Request:
     """One request, read. `scope`: requests of different scopes never share a
     session (e.g. the Messages API's `metadata.user_id`); `previous`: the id the
-    upstream gave the answer this request continues (`previous_response_id`)."""
+    upstream gave the answer this request continues (`previous_response_id`);
+    `tenant`: whose request it is (the caller's API key says; "" without keys):
+    requests of different tenants never share a session (`tenants.namespaced`)."""
 
     messages: tuple[Message, ...] = ()
     explicit: str | None = None  # the caller's own session id
@@ -83,6 +85,7 @@ class Request:
     system: str = ""             # names the workflow, with the model
     scope: str = ""
     previous: str = ""
+    tenant: str = ""
 
 
 @dataclass(frozen=True, slots=True)
