@@ -61,11 +61,17 @@ def _served_model(openai_url: str) -> str:
         return json.loads(resp.read())["data"][0]["id"]
 
 
-def _wait(url: str, proc: subprocess.Popen | None, timeout: float) -> None:
+def _wait(url: str, proc: subprocess.Popen | None, timeout: float, log_path: Path | None = None) -> None:
+    """Until `url` is healthy and, for a server started here, its log says it is ready:
+    a free port picked here may meanwhile have been taken by another process that
+    answers /health too."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"saga serve exited with {proc.returncode} before it was ready")
+        if log_path is not None and b"[saga] ready in" not in log_path.read_bytes():
+            time.sleep(1)
+            continue
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as resp:
                 if resp.status == 200:
@@ -98,7 +104,7 @@ def saga_server(tmp_path_factory):
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait(base, proc, float(os.environ.get("SAGA_TEST_READY_S", "600")))
+        _wait(base, proc, float(os.environ.get("SAGA_TEST_READY_S", "600")), log_path)
         # the hint service comes up with the engine; give the socket a moment
         for _ in range(60):
             try:

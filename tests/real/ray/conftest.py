@@ -128,7 +128,10 @@ def ray_cluster(tmp_path_factory):
                 raise RuntimeError(f"saga router exited with {proc.returncode}")
             if time.monotonic() > deadline:
                 raise TimeoutError("saga router not ready")
-            model = _ready(url)
+            # Our router's own word first: a free port picked here may have been
+            # taken meanwhile by another process that answers /v1/models too.
+            if proc is None or b"[saga] ready in" in log_path.read_bytes():
+                model = _ready(url)
             if model is None:
                 time.sleep(2)
         ray.init(address="auto", namespace="saga", log_to_driver=False)
