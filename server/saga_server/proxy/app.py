@@ -23,8 +23,10 @@ session inference or hinting is logged once and the request is forwarded as is.
 An upstream error response is returned unchanged; an unreachable or timed-out
 upstream gets a 502/504 with an OpenAI-style JSON error naming the proxy; a stream
 the upstream cuts short is cut short for the client too (never ended as if whole);
-a client that goes away closes the upstream request; an internal error answers 500
-naming the proxy. Headers are never logged, and only
+a client that goes away closes the upstream request, and one that goes away before
+its request is whole has nothing forwarded; a body the proxy cannot parse (not JSON,
+invalid UTF-8, nested too deep) is forwarded untouched for the upstream to answer;
+an internal error answers 500 naming the proxy. Headers are never logged, and only
 session ids, tool names and call ids ever reach hints, never the caller's key.
 """
 
@@ -171,7 +173,10 @@ class SagaProxy:
                 scope, receive, send)
 
     async def _forward(self, scope, receive, send) -> None:
-        body = await self._read_body(receive)
+        try:
+            body = await self._read_body(receive)
+        except ClientGone:
+            return  # nobody to answer; and a cut request must not reach the upstream as if whole
         if body is None:
             await _error(413, f"saga proxy: request body over {self.config.max_body_bytes} bytes",
                          "request_too_large")(scope, receive, send)
@@ -264,7 +269,7 @@ class SagaProxy:
     def _observe_request(self, api, path: str, body: bytes, headers: list) -> tuple[bytes, list, Turn | None]:
         try:
             parsed = json.loads(body) if body else None
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             return body, headers, None  # the upstream answers bad JSON with its own error
         if not isinstance(parsed, dict):
             return body, headers, None
@@ -343,11 +348,13 @@ class SagaProxy:
         return self._pools[self._next_pool]
 
     async def _read_body(self, receive) -> bytes | None:
+        """The request body; None when it is over `max_body_bytes`. Raises
+        `ClientGone` when the client left before sending all of it."""
         parts, size = [], 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                break
+                raise ClientGone
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.config.max_body_bytes:
@@ -366,6 +373,10 @@ class SagaProxy:
 
 class UpstreamBroke(Exception):
     """Raised into the ASGI server to abort a relayed stream the upstream cut short."""
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body was whole."""
 
 
 def _error(status: int, message: str, code: str) -> JSONResponse:
