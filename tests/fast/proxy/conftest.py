@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from saga_sdk import HintClient
-from saga_server.proxy import ProxyConfig, SagaProxy
 from saga_server.proxy.server import BackgroundServer
+from tests.support.proxies import start_proxy, stop_proxy
 
 _spec = importlib.util.spec_from_file_location("scripted_upstream", Path(__file__).with_name("scripted_upstream.py"))
 scripted_upstream = importlib.util.module_from_spec(_spec)
@@ -33,15 +32,6 @@ def upstream(upstream_server):
     return upstream_server
 
 
-def start_proxy(upstream_url: str, hint_endpoint: str, **config) -> tuple[BackgroundServer, SagaProxy]:
-    hints = HintClient(endpoint=hint_endpoint, rpc_timeout_s=0.2, flush_interval_s=0.001)
-    proxy_config = ProxyConfig(upstream=upstream_url, **config)
-    app = SagaProxy(proxy_config, hints=hints)
-    server = BackgroundServer(app).start()
-    server.app = app
-    return server, app
-
-
 @pytest.fixture
 def make_proxy():
     """Factory: make_proxy(upstream_url, hint_endpoint, **ProxyConfig fields) -> server
@@ -49,14 +39,13 @@ def make_proxy():
     made = []
 
     def make(upstream_url: str, hint_endpoint: str, **config) -> BackgroundServer:
-        server, app = start_proxy(upstream_url, hint_endpoint, **config)
+        server = start_proxy(upstream_url, hint_endpoint, rpc_timeout_s=0.2, **config)
         made.append(server)
         return server
 
     yield make
     for server in made:
-        server.stop()
-        server.app.hints.close(0.1)
+        stop_proxy(server, 0.1)
 
 
 @pytest.fixture
