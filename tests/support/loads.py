@@ -185,20 +185,25 @@ def flood_hints(endpoint: str, stop: threading.Event, *, name: str, sessions: in
 def flood_with_client(endpoint: str, stop: threading.Event, *, name: str, sessions: int = 64,
                       max_s: float = 60.0) -> tuple[int, ClientStats]:
     """Emit hints through a `HintClient` in a tight loop until `stop` (at most
-    `max_s`); returns how many were emitted and the client's stats after a short
-    close (its queue full: the rest dropped and counted, the caller never waits)."""
+    `max_s`), then end its sessions `{name}-i`; returns how many were emitted and
+    the client's stats after a short close (what its full queue could not hold
+    was dropped and counted: the caller never waits)."""
     client = HintClient(endpoint=endpoint)
+    ids = [f"{name}-{i}" for i in range(sessions)]
     emitted, deadline = 0, time.monotonic() + max_s
     try:
         while not stop.is_set() and time.monotonic() < deadline:
             for i in range(512):
-                sid = f"{name}-{i % sessions}"
                 if i % 2:
-                    client.llm_call_end(sid, step=1, prompt_tokens=100, output_tokens=10)
+                    client.llm_call_end(ids[i % sessions], step=1, prompt_tokens=100, output_tokens=10)
                 else:
-                    client.llm_call_start(sid, step=1, node="flood")
+                    client.llm_call_start(ids[i % sessions], step=1, node="flood")
             emitted += 512
             time.sleep(0)  # let the other threads of this process run
+        client.flush(10.0)
+        for sid in ids:
+            client.session_end(sid)
+        emitted += len(ids)
     finally:
-        client.close(2.0)
+        client.close(5.0)
     return emitted, client.stats()

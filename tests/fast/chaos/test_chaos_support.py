@@ -192,12 +192,14 @@ def test_a_flood_is_accepted_whole_and_its_sessions_end():
 
 
 def test_a_client_flood_never_waits_and_counts_what_it_dropped():
-    with HintServer(WorkflowCore(), "127.0.0.1:0") as server:
+    core = WorkflowCore()
+    with HintServer(core, "127.0.0.1:0") as server:
         stop = threading.Event()
         threading.Timer(0.3, stop.set).start()
-        emitted, stats = flood_with_client(server.endpoint, stop, name="flood-c")
+        emitted, stats = flood_with_client(server.endpoint, stop, name="flood-c", sessions=4)
         assert emitted > 0 and stats.sent > 0
         assert stats.sent + stats.dropped_full + stats.queued <= emitted
+        assert {core.session(f"flood-c-{i}").state for i in range(4)} == {"ended"}
 
 
 def test_a_flood_to_a_dead_service_fails_loudly():
