@@ -10,6 +10,8 @@ API's adapter: Chat Completions (`.../chat/completions`), Responses
 request (`X-Session-ID` header; and, where the API's vLLM server reads one, the
 body field `session_id`, unless the body has one or `inject_body_session_id` is
 off), and hints go to the hint service through a `HintClient`, which never blocks.
+(The header only when the id is a valid header value: an id from the body may hold
+control characters, which must not reach the upstream as a broken request.)
 `/v1/completions` requests that carry an explicit session id are tracked the same
 way (a bare prompt has no messages to match). Each answer is learnt before the
 agent can see its end (a JSON body before it is sent, a stream before the event
@@ -35,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -57,6 +60,8 @@ __all__ = ["ProxyConfig", "SagaProxy"]
 log = logging.getLogger("saga_server.proxy")
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones httpx recomputes.
+# An HTTP field value (RFC 9110 5.5) without tabs: visible bytes, inner spaces.
+_FIELD_VALUE = re.compile(rb"[\x21-\x7e\x80-\xff](?:[\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?")
 _REQUEST_DROP = {b"host", b"content-length", b"connection", b"keep-alive", b"proxy-connection", b"te",
                  b"trailer", b"transfer-encoding", b"upgrade", b"proxy-authorization"}
 _RESPONSE_DROP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
@@ -284,9 +289,13 @@ class SagaProxy:
             self._log_once("begin", "session inference failed; forwarding without a session", exc_info=True)
             return body, headers, None
         self._emit(events)
+        # The id may come from the body, where anything goes: put it in a header only
+        # when it is a valid header value (else the caller's own header, if any, stays).
         sid = turn.session_id.encode("latin-1", "replace")
-        headers = [(k, v) for k, v in headers if k.lower() not in (b"x-session-id", b"accept-encoding")]
-        headers += [(b"x-session-id", sid), (b"accept-encoding", b"identity")]
+        in_header = _FIELD_VALUE.fullmatch(sid) is not None
+        dropped = (b"x-session-id", b"accept-encoding") if in_header else (b"accept-encoding",)
+        headers = [(k, v) for k, v in headers if k.lower() not in dropped]
+        headers += ([(b"x-session-id", sid)] if in_header else []) + [(b"accept-encoding", b"identity")]
         if api.body_session_field and self.config.inject_body_session_id and "session_id" not in parsed:
             body = _with_field(body, "session_id", turn.session_id)
         return body, headers, turn

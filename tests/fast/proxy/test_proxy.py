@@ -216,6 +216,20 @@ def test_explicit_session_ids_win(proxy, upstream):
     assert [r["body"]["session_id"] for r in requests] == session_ids(upstream)
 
 
+@pytest.mark.parametrize("sid", ["a\r\nX-Injected: 1", "tab\there", "\x01", " padded "])
+def test_a_body_session_id_that_is_no_header_value_never_breaks_the_request(proxy, upstream, sid):
+    """The id still names the session, but only a valid header value goes into the
+    forwarded X-Session-ID: the upstream gets the request the agent sent."""
+    body = {"model": "m", "session_id": sid, "messages": [{"role": "user", "content": "plan: answer"}]}
+    direct = httpx.post(upstream.url + "/v1/chat/completions", json=body)
+    proxied = httpx.post(proxy.url + "/v1/chat/completions", json=body)
+    assert (proxied.status_code, proxied.json()) == (direct.status_code, direct.json()) == (200, direct.json())
+    forwarded = upstream.app.state.requests[-1]
+    assert forwarded["body"]["session_id"] == sid and "x-injected" not in forwarded["headers"]
+    assert forwarded["headers"].get("x-session-id") == (sid.strip() if sid.strip().isprintable() else None)
+    assert proxy.app.errors == dict.fromkeys(proxy.app.errors, 0)
+
+
 def test_completions_are_tagged_only_with_an_explicit_id(proxy, upstream):
     client = sdk(proxy)
     client.completions.create(model="m", prompt="hello")
