@@ -308,12 +308,13 @@ def http2_garbage(seed: int = 0) -> dict[str, bytes]:
     settings = _frame(4, 0, 0, b"")
     call = _PREFACE + settings + _frame(1, 0x4, 1, headers)  # HEADERS, END_HEADERS
     return {
-        "random bytes": bytes(rnd.getrandbits(8) for _ in range(4096)),
-        "http/1.1 request": b"POST /saga.v1.WorkflowHints/SendHints HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+        "random bytes": rnd.randbytes(4096),
+        "http/1.1 request": b"POST /saga.v1.WorkflowHints/SendHints HTTP/1.1\r\nHost: x\r\n"
+                            b"Content-Length: 5\r\n\r\nhello",
         "preface only": _PREFACE,
         "truncated preface": _PREFACE[:10],
         "settings frame cut short": _PREFACE + _frame(4, 0, 0, b"\x00\x03", length=60),
-        "headers with garbage hpack": _PREFACE + settings + _frame(1, 0x5, 1, bytes(rnd.getrandbits(8) for _ in range(64))),
+        "headers with garbage hpack": _PREFACE + settings + _frame(1, 0x5, 1, rnd.randbytes(64)),
         "frame longer than allowed": _PREFACE + settings + _frame(0, 0, 1, b"x" * 16, length=(1 << 24) - 1),
         "message claiming 4 GiB": call + _frame(0, 0, 1, b"\x00\xff\xff\xff\xff" + b"\x0a\x01x"),
         "stream ends mid-message": call + _frame(0, 0x1, 1, b"\x00\x00\x00\x01\x00" + b"\x0a"),
