@@ -51,7 +51,7 @@ class AgentRun:
 
 
 def tool_agent(client, model: str, customer: str, *, plan: Sequence[str] = TOOL_PLAN,
-               before_step: Callable[[int], None] | None = None, max_tokens: int = 32) -> AgentRun:
+               before_step: Callable[[int], None] | None = None, max_tokens: int = 48) -> AgentRun:
     """Run the loop: step i forces tool `plan[i]` (`client` is an `openai.OpenAI`);
     each call's result goes back as a tool message. Arguments are compared parsed:
     guided decoding may place whitespace either way."""

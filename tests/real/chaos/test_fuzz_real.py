@@ -169,6 +169,9 @@ def test_garbage_truncated_frames_oversized_and_fuzzed_hints_leave_the_engine_se
 
 # -- the HTTP surface ----------------------------------------------------------------------------
 
+RAW_QUIET_S = 60.0  # raw requests say Connection: close; a server answers and closes long before this
+
+
 def request(method: str, path: str, body: bytes = b"", *headers: bytes) -> bytes:
     lines = [f"{method} {path} HTTP/1.1".encode(), b"Host: 127.0.0.1", b"Connection: close",
              b"Content-Type: application/json", b"Content-Length: %d" % len(body), *headers]
@@ -233,10 +236,10 @@ def test_bad_http_gets_clear_errors_and_the_proxy_serves_on(saga_server, make_pr
     tried = 0
 
     def direct(data: bytes) -> tuple[int | None, bytes]:
-        return split(exchange(parts.port, data, host=parts.hostname, quiet_s=REQUEST_TIMEOUT_S))
+        return split(exchange(parts.port, data, host=parts.hostname, quiet_s=RAW_QUIET_S))
 
     def proxied(data: bytes) -> bytes:
-        answer = exchange(proxy.port, data, quiet_s=REQUEST_TIMEOUT_S)
+        answer = exchange(proxy.port, data, quiet_s=RAW_QUIET_S)
         status = status_of(answer)
         assert status is not None and status >= 400, answer[:300]
         assert b"proxy_internal_error" not in answer  # never the proxy's own 500
@@ -246,14 +249,17 @@ def test_bad_http_gets_clear_errors_and_the_proxy_serves_on(saga_server, make_pr
         assert split(proxied(data)) == direct(data), name
         tried += 1
     for name, data in READ_ON_THE_WAY.items():
-        # the upstream's status; or, should it drop the connection on such a request, the proxy's 502
+        # The upstream's status; or, should the upstream drop the connection on such a
+        # request, the proxy's 502 (or its 4xx, where the drop hid it from a direct call).
         upstream, through = direct(data)[0], status_of(proxied(data))
-        assert through == upstream or through == 502, (name, upstream, through)
+        assert through in (upstream, 502) or (upstream is None and through < 500), (name, upstream, through)
         tried += 1
 
     # The proxy's own limits and what never becomes a request.
-    too_big = proxied(request("POST", "/v1/chat/completions", b'{"x": "' + b"a" * (2 << 20) + b'"}'))
-    assert status_of(too_big) == 413 and json.loads(split(too_big)[1])["error"]["code"] == "request_too_large"
+    # (over a kept-alive connection: the proxy answers before the body is in, then drains it)
+    too_big = httpx.post(proxy.url + "/v1/chat/completions", content=b'{"x": "' + b"a" * (2 << 20) + b'"}',
+                         headers={"content-type": "application/json"}, timeout=REQUEST_TIMEOUT_S)
+    assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "request_too_large"
     assert status_of(exchange(proxy.port, b"\x00\xff\x16\x03 not HTTP at all\r\n\r\n", quiet_s=10)) in (400, None)
     cut = request("POST", "/v1/chat/completions", BAD_MODEL).replace(b"Content-Length: %d" % len(BAD_MODEL),
                                                                       b"Content-Length: 100000")
