@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from saga_server.proxy.server import BackgroundServer
-from tests.support.proxies import start_proxy, stop_proxy
+from tests.support.proxies import Proxies
 
 _spec = importlib.util.spec_from_file_location("scripted_upstream", Path(__file__).with_name("scripted_upstream.py"))
 scripted_upstream = importlib.util.module_from_spec(_spec)
@@ -36,16 +36,9 @@ def upstream(upstream_server):
 def make_proxy():
     """Factory: make_proxy(upstream_url, hint_endpoint, **ProxyConfig fields) -> server
     (with `.app`); every proxy it made is stopped after the test."""
-    made = []
-
-    def make(upstream_url: str, hint_endpoint: str, **config) -> BackgroundServer:
-        server = start_proxy(upstream_url, hint_endpoint, rpc_timeout_s=0.2, **config)
-        made.append(server)
-        return server
-
-    yield make
-    for server in made:
-        stop_proxy(server, 0.1)
+    proxies = Proxies(rpc_timeout_s=0.2, hint_close_s=0.1)
+    yield proxies
+    proxies.stop_all()
 
 
 @pytest.fixture

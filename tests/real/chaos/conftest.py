@@ -17,23 +17,16 @@ import pytest
 
 from saga_sdk import HintReader
 from tests.support.http import REQUEST_TIMEOUT_S
-from tests.support.proxies import start_proxy, stop_proxy
+from tests.support.proxies import Proxies
 
 
 @pytest.fixture
 def make_proxy():
     """`make_proxy(upstream, hint_endpoint, **ProxyConfig fields)`: a started proxy
     (`.url`, `.app`); every one made is stopped after the test (its sessions ended)."""
-    made = []
-
-    def make(upstream: str, hint_endpoint: str, **config):
-        server = start_proxy(upstream, hint_endpoint, **config)
-        made.append(server)
-        return server
-
-    yield make
-    for server in made:
-        stop_proxy(server, 5.0)
+    proxies = Proxies(hint_close_s=5.0)
+    yield proxies
+    proxies.stop_all()
 
 
 @pytest.fixture
