@@ -23,6 +23,9 @@ from tests.support.faults import CuttingRelay
 from tests.support.http import REQUEST_TIMEOUT_S
 
 
+ABORT_WITHIN_S = 20.0  # a cut request's connection is gone: vLLM aborts it at once
+
+
 def events(raw: bytes) -> list[bytes]:
     return [e for e in raw.split(b"\n\n") if e.strip()]
 
@@ -42,13 +45,17 @@ def stream(url: str, body: dict, sid: str) -> tuple[bytes, Exception | None, flo
     return bytes(got), None, time.perf_counter() - t0
 
 
-def engine_idle_within(base_url: str, timeout_s: float) -> float:
-    """Seconds until the engine runs no request (it dropped the one cut off)."""
+def engine_idle_within(saga_server, timeout_s: float) -> float:
+    """Seconds until the engine runs no request. vLLM updates its gauges as steps
+    finish, so an engine gone idle may still show the last count: each look first
+    runs a one-token request, whose last step leaves the count of what else runs."""
     t0 = time.monotonic()
-    while fetch_metrics(base_url, timeout=30).get("vllm:num_requests_running", 0) > 0:
+    while True:
+        saga_server.chat([{"role": "user", "content": "Hi."}], max_tokens=1)
+        if fetch_metrics(saga_server.base_url, timeout=30).get("vllm:num_requests_running", 0) == 0:
+            return time.monotonic() - t0
         assert time.monotonic() - t0 < timeout_s, "the engine still runs a request nobody reads"
-        time.sleep(0.2)
-    return time.monotonic() - t0
+        time.sleep(0.5)
 
 
 def llm_calls(saga_server, sid: str):
@@ -67,13 +74,15 @@ def test_upstream_dies_mid_stream_and_before_answering(saga_server, make_proxy, 
         assert error is None and events(whole)[-1] == b"data: [DONE]" and len(events(whole)) > 4
 
         relay.cut_next(events=3)
-        cut, error, _ = stream(proxy.url, body, sid)
+        # 1,000 tokens that cannot stop early: unless the engine drops it, this request
+        # runs for half a minute or more, far past `ABORT_WITHIN_S`
+        cut, error, _ = stream(proxy.url, {**body, "max_tokens": 1000, "ignore_eos": True}, sid)
         assert error is not None and b"[DONE]" not in cut  # broken, never ended as if whole
         assert 1 <= len(events(cut)) <= 3
         assert proxy.app.errors["stream_broken"] == 1
         assert proxy.app.hints.flush(30)
         assert llm_calls(saga_server, sid) == ("idle", ["llm_call_start", "llm_call_end"] * 2)
-        idle_s = engine_idle_within(saga_server.base_url, REQUEST_TIMEOUT_S)
+        idle_s = engine_idle_within(saga_server, ABORT_WITHIN_S)
 
         relay.hang_up_next()
         refused = httpx.post(proxy.url + "/v1/chat/completions", json={**body, "stream": False},
