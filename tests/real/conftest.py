@@ -11,6 +11,9 @@
 
 Every real test must take this fixture (or one built on it) instead of starting
 its own server: the machine has 2 cores and vLLM takes ~30 s to start.
+
+`chaos_row` records a row of the chaos and load table (`tests.support.chaos_table`),
+which the terminal summary prints at the end of the run.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.chaos_table import ChaosRow, ChaosTable
 from tests.support.http import REQUEST_TIMEOUT_S, free_port, post_chat
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,6 +52,7 @@ class RunningSaga:
     model: str  # served model name
     started_here: bool
     kv_blocks: int | None  # when started here: the KV cache size in blocks of 32 tokens
+    pid: int | None = None  # when started here: the `saga serve` process (its tree holds the engine)
 
     def chat(self, messages, *, session_id: str | None = None, timeout: float = REQUEST_TIMEOUT_S,
              **body) -> dict:
@@ -112,7 +117,8 @@ def saga_server(tmp_path_factory):
                 break
             except OSError:
                 time.sleep(0.5)
-        yield RunningSaga(base, base + "/v1", f"127.0.0.1:{hint_port}", _served_model(base + "/v1"), True, blocks)
+        yield RunningSaga(base, base + "/v1", f"127.0.0.1:{hint_port}", _served_model(base + "/v1"), True, blocks,
+                          proc.pid)
     except Exception:
         print(log_path.read_text()[-5000:], file=sys.stderr)
         raise
@@ -123,3 +129,26 @@ def saga_server(tmp_path_factory):
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+_CHAOS = pytest.StashKey[ChaosTable]()
+
+
+@pytest.fixture
+def chaos_row(request):
+    """`chaos_row(ChaosRow(...))`: add this case's row to the chaos table (and print it)."""
+    table = request.config.stash.setdefault(_CHAOS, ChaosTable())
+
+    def record(row: ChaosRow) -> None:
+        table.add(row)
+        print(row.line())
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    table = config.stash.get(_CHAOS, None)
+    if table is not None and table.rows:
+        terminalreporter.section("chaos and load suite")
+        for line in table.lines():
+            terminalreporter.write_line(line)

@@ -10,6 +10,8 @@ API's adapter: Chat Completions (`.../chat/completions`), Responses
 request (`X-Session-ID` header; and, where the API's vLLM server reads one, the
 body field `session_id`, unless the body has one or `inject_body_session_id` is
 off), and hints go to the hint service through a `HintClient`, which never blocks.
+(The header only when the id is a valid header value: an id from the body may hold
+control characters, which must not reach the upstream as a broken request.)
 `/v1/completions` requests that carry an explicit session id are tracked the same
 way (a bare prompt has no messages to match). Each answer is learnt before the
 agent can see its end (a JSON body before it is sent, a stream before the event
@@ -30,8 +32,10 @@ session inference or hinting is logged once and the request is forwarded as is.
 An upstream error response is returned unchanged; an unreachable or timed-out
 upstream gets a 502/504 with an OpenAI-style JSON error naming the proxy; a stream
 the upstream cuts short is cut short for the client too (never ended as if whole);
-a client that goes away closes the upstream request; an internal error answers 500
-naming the proxy. Headers are never logged, and only
+a client that goes away closes the upstream request, and one that goes away before
+its request is whole has nothing forwarded; a body the proxy cannot parse (not JSON,
+invalid UTF-8, nested too deep) is forwarded untouched for the upstream to answer;
+an internal error answers 500 naming the proxy. Headers are never logged, and only
 session ids, tool names and call ids ever reach hints, never the caller's key.
 A `recorder` (`saga proxy --record`, `saga_server.proxy.record`) is handed the same
 events; it only enqueues them, and never blocks or fails a request.
@@ -42,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -65,6 +70,8 @@ __all__ = ["ProxyConfig", "SagaProxy"]
 log = logging.getLogger("saga_server.proxy")
 
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones httpx recomputes.
+# An HTTP field value (RFC 9110 5.5) without tabs: visible bytes, inner spaces.
+_FIELD_VALUE = re.compile(rb"[\x21-\x7e\x80-\xff](?:[\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?")
 _REQUEST_DROP = {b"host", b"content-length", b"connection", b"keep-alive", b"proxy-connection", b"te",
                  b"trailer", b"transfer-encoding", b"upgrade", b"proxy-authorization"}
 _RESPONSE_DROP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
@@ -191,7 +198,10 @@ class SagaProxy:
                 self._log_once("invalid_api_key", "refusing requests without a known API key (counted)")
                 await _error(401, "saga proxy: missing or unknown API key", "invalid_api_key")(scope, receive, send)
                 return
-        body = await self._read_body(receive)
+        try:
+            body = await self._read_body(receive)
+        except ClientGone:
+            return  # nobody to answer; and a cut request must not reach the upstream as if whole
         if body is None:
             await _error(413, f"saga proxy: request body over {self.config.max_body_bytes} bytes",
                          "request_too_large")(scope, receive, send)
@@ -284,15 +294,19 @@ class SagaProxy:
                          tenant: str) -> tuple[bytes, list, Turn | None]:
         try:
             parsed = json.loads(body) if body else None
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             return body, headers, None  # the upstream answers bad JSON with its own error
         if not isinstance(parsed, dict):
             return body, headers, None
         turn = self._begin(api, path, parsed, headers, tenant)
         if turn is not None:
+            # The id may come from the body, where anything goes: put it in a header only
+            # when it is a valid header value (else the caller's own header, if any, stays).
             sid = turn.session_id.encode("latin-1", "replace")
-            headers = [(k, v) for k, v in headers if k.lower() not in (b"x-session-id", b"accept-encoding")]
-            headers += [(b"x-session-id", sid), (b"accept-encoding", b"identity")]
+            in_header = _FIELD_VALUE.fullmatch(sid) is not None
+            dropped = (b"x-session-id", b"accept-encoding") if in_header else (b"accept-encoding",)
+            headers = [(k, v) for k, v in headers if k.lower() not in dropped]
+            headers += ([(b"x-session-id", sid)] if in_header else []) + [(b"accept-encoding", b"identity")]
         elif tenant:  # no session: none of the caller's own ids may reach the upstream
             headers = [(k, v) for k, v in headers if k.lower() != b"x-session-id"]
         add_session_id = api.body_session_field and self.config.inject_body_session_id
@@ -376,11 +390,13 @@ class SagaProxy:
         return self._pools[self._next_pool]
 
     async def _read_body(self, receive) -> bytes | None:
+        """The request body; None when it is over `max_body_bytes`. Raises
+        `ClientGone` when the client left before sending all of it."""
         parts, size = [], 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                break
+                raise ClientGone
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.config.max_body_bytes:
@@ -399,6 +415,10 @@ class SagaProxy:
 
 class UpstreamBroke(Exception):
     """Raised into the ASGI server to abort a relayed stream the upstream cut short."""
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body was whole."""
 
 
 def _error(status: int, message: str, code: str) -> JSONResponse:

@@ -151,7 +151,7 @@ def canonical_args(arguments: Any) -> str:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
             return arguments.strip()
     return json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
 

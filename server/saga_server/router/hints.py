@@ -43,6 +43,7 @@ from saga_proto import hints_pb2_grpc
 from saga_sdk.channel import hint_channel
 
 from saga_server.rpc import Authenticator, HintServer, KeyRing, on_behalf_of
+from saga_server.rpc.convert import session_list
 from saga_server.rpc.service import credentials_of, reject_over_rate
 
 log = logging.getLogger("saga.router")
@@ -173,8 +174,7 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
                 cur = merged.get(st.session_id)
                 if cur is None or _holder_rank(st) > _holder_rank(cur):
                     merged[st.session_id] = st
-        limit = request.limit or 100
-        return pb.SessionList(sessions=list(merged.values())[:limit])
+        return session_list(merged.values(), request.limit or 100)
 
     def engine_stats(self, metadata: tuple[tuple[str, str], ...] = ()) -> dict[str, "pb.ServerStats"]:
         """endpoint -> that engine's own GetStats reply, for engines that answered

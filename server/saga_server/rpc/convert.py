@@ -7,6 +7,7 @@ developer can act on; the caller counts it and moves on to the next event.
 from __future__ import annotations
 
 import math
+from typing import Iterable
 
 from saga_proto import hints_pb2 as pb
 
@@ -25,7 +26,7 @@ from ..core.events import (
     WorkflowStructure,
 )
 
-__all__ = ["InvalidHint", "Limits", "from_wire", "snapshot_to_wire"]
+__all__ = ["InvalidHint", "Limits", "from_wire", "session_list", "snapshot_to_wire"]
 
 
 class InvalidHint(ValueError):
@@ -40,6 +41,7 @@ class Limits:
     max_events_per_batch = 4096
     max_step = 10_000_000
     max_seconds = 30 * 24 * 3600.0
+    max_list_bytes = 4 * 1024 * 1024 - 64 * 1024  # a session listing: what a client receives by default, less a margin
 
 
 _NODE_KINDS = {"", "llm", "tool", "end"}
@@ -109,6 +111,19 @@ def snapshot_to_wire(snap: SessionSnapshot, now: float) -> "pb.SessionState":
     for key, value in snap.metrics.items():
         state.metrics[key] = float(value)
     return state
+
+
+def session_list(states: Iterable["pb.SessionState"], limit: int) -> "pb.SessionList":
+    """The first `limit` of `states`, or fewer: as many as fit in
+    `Limits.max_list_bytes` (each snapshot carries its history, so a full table of
+    busy sessions would outgrow what a client takes)."""
+    reply, size = pb.SessionList(), 0
+    for state in states:
+        size += state.ByteSize() + 6  # its tag and length in the list
+        if len(reply.sessions) >= limit or size > Limits.max_list_bytes:
+            break
+        reply.sessions.append(state)
+    return reply
 
 
 def _text(value: str, field: str, limit: int, required: bool = False) -> str:

@@ -32,7 +32,7 @@ from saga_proto import hints_pb2_grpc
 
 from ..core.events import AccessDenied, Caller, HintRejected, HintSink
 from .access import Authenticator, Credentials
-from .convert import InvalidHint, Limits, from_wire, snapshot_to_wire
+from .convert import InvalidHint, Limits, from_wire, session_list, snapshot_to_wire
 from .keys import KeyRing
 
 __all__ = ["HintServer", "WorkflowHintsService", "credentials_of", "reject_over_rate"]
@@ -42,7 +42,7 @@ log = logging.getLogger("saga.rpc")
 _MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 _MAX_TRACKED_CLIENTS = 10_000
 _MAX_PEER_TENANTS = 4096
-_MAX_LISTED = 10_000  # sessions in one list reply
+_MAX_LISTED = 10_000  # sessions in one list reply (and no more bytes than `session_list` lets in)
 _DEFAULT_RESIDENT = 4096
 
 
@@ -167,7 +167,7 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
         caller = self.caller(context)
         now = self.clock()
         limit = min(request.limit or 100, _MAX_LISTED)
-        return pb.SessionList(sessions=[snapshot_to_wire(s, now) for s in self.sink.sessions(limit, caller=caller)])
+        return session_list((snapshot_to_wire(s, now) for s in self.sink.sessions(limit, caller=caller)), limit)
 
     def GetStats(self, request, context):
         caller = self.caller(context)

@@ -77,17 +77,11 @@ def test_the_example_follows_its_procedure_as_one_session(example, api, chat_ser
 @pytest.fixture
 def proxy(chat_server, hint_server):
     """`saga proxy` between the example and the scripted model server."""
-    from saga_sdk import HintClient
-    from saga_server.proxy import ProxyConfig, SagaProxy
-    from saga_server.proxy.server import BackgroundServer
+    from tests.support.proxies import start_proxy, stop_proxy
 
-    app = SagaProxy(ProxyConfig(upstream=chat_server.base_url),
-                    hints=HintClient(endpoint=hint_server.endpoint, flush_interval_s=0.001))
-    server = BackgroundServer(app).start()
-    server.app = app
+    server = start_proxy(chat_server.base_url, hint_server.endpoint)
     yield server
-    server.stop()
-    app.hints.close(1)
+    stop_proxy(server)
 
 
 def test_the_example_unchanged_under_saga_run_is_one_proxy_session(chat_server, proxy, registry):

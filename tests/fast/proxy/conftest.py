@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from saga_sdk import HintClient
-from saga_server.proxy import ProxyConfig, SagaProxy
 from saga_server.proxy.server import BackgroundServer
+from tests.support.proxies import Proxies
 
 _spec = importlib.util.spec_from_file_location("scripted_upstream", Path(__file__).with_name("scripted_upstream.py"))
 scripted_upstream = importlib.util.module_from_spec(_spec)
@@ -33,31 +32,13 @@ def upstream(upstream_server):
     return upstream_server
 
 
-def start_proxy(upstream_url: str, hint_endpoint: str, *, recorder=None,
-                **config) -> tuple[BackgroundServer, SagaProxy]:
-    hints = HintClient(endpoint=hint_endpoint, rpc_timeout_s=0.2, flush_interval_s=0.001)
-    proxy_config = ProxyConfig(upstream=upstream_url, **config)
-    app = SagaProxy(proxy_config, hints=hints, recorder=recorder)
-    server = BackgroundServer(app).start()
-    server.app = app
-    return server, app
-
-
 @pytest.fixture
 def make_proxy():
     """Factory: make_proxy(upstream_url, hint_endpoint, recorder=None, **ProxyConfig
     fields) -> server (with `.app`); every proxy it made is stopped after the test."""
-    made = []
-
-    def make(upstream_url: str, hint_endpoint: str, **config) -> BackgroundServer:
-        server, app = start_proxy(upstream_url, hint_endpoint, **config)
-        made.append(server)
-        return server
-
-    yield make
-    for server in made:
-        server.stop()
-        server.app.hints.close(0.1)
+    proxies = Proxies(rpc_timeout_s=0.2, hint_close_s=0.1)
+    yield proxies
+    proxies.stop_all()
 
 
 @pytest.fixture

@@ -66,7 +66,7 @@ def build_app(*, record: bool = True) -> Starlette:
         """The request's JSON body, recorded; None if it is not JSON."""
         try:
             body = json.loads(await request.body())
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             return None
         if record:
             app.state.requests.append({"path": request.url.path, "headers": dict(request.headers), "body": body})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import threading
 
 import httpx
@@ -215,6 +216,20 @@ def test_explicit_session_ids_win(proxy, upstream):
     assert [r["body"]["session_id"] for r in requests] == session_ids(upstream)
 
 
+@pytest.mark.parametrize("sid", ["a\r\nX-Injected: 1", "tab\there", "\x01", " padded "])
+def test_a_body_session_id_that_is_no_header_value_never_breaks_the_request(proxy, upstream, sid):
+    """The id still names the session, but only a valid header value goes into the
+    forwarded X-Session-ID: the upstream gets the request the agent sent."""
+    body = {"model": "m", "session_id": sid, "messages": [{"role": "user", "content": "plan: answer"}]}
+    direct = httpx.post(upstream.url + "/v1/chat/completions", json=body)
+    proxied = httpx.post(proxy.url + "/v1/chat/completions", json=body)
+    assert (proxied.status_code, proxied.json()) == (direct.status_code, direct.json()) == (200, direct.json())
+    forwarded = upstream.app.state.requests[-1]
+    assert forwarded["body"]["session_id"] == sid and "x-injected" not in forwarded["headers"]
+    assert forwarded["headers"].get("x-session-id") == (sid.strip() if sid.strip().isprintable() else None)
+    assert proxy.app.errors == dict.fromkeys(proxy.app.errors, 0)
+
+
 def test_completions_are_tagged_only_with_an_explicit_id(proxy, upstream):
     client = sdk(proxy)
     client.completions.create(model="m", prompt="hello")
@@ -259,13 +274,32 @@ def test_upstream_error_comes_back_unchanged(proxy, upstream):
     assert err.value.status_code == 400 and "scripted failure 400" in str(err.value)
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b'{"model": "m"}', b"[1, 2]"])
+@pytest.mark.parametrize("raw", [b"{not json", b'{"model": "m"}', b"[1, 2]", b"[" * 100_000 + b"]" * 100_000,
+                                 b'{"model": "m", "messages": [{"role": "user", "content": "\xff\xfe"}]}'],
+                         ids=["not-json", "no-messages", "not-an-object", "nested-too-deep", "invalid-utf8"])
 def test_bad_requests_get_the_upstreams_error(proxy, upstream, raw):
     headers = {"content-type": "application/json"}
     direct = httpx.post(upstream.url + "/v1/chat/completions", content=raw, headers=headers)
     proxied = httpx.post(proxy.url + "/v1/chat/completions", content=raw, headers=headers)
     assert direct.status_code >= 400
     assert (proxied.status_code, proxied.content) == (direct.status_code, direct.content)
+    assert proxy.app.errors["internal"] == 0
+
+
+def test_a_request_cut_off_by_its_client_is_not_forwarded(proxy, upstream):
+    """Content-Length promises more than the client sends before it hangs up: the
+    part that came (valid JSON on its own) must not reach the upstream as a request."""
+    part = b'{"model": "m", "messages": [{"role": "user", "content": "plan: answer"}]}'
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % (len(part) + 100) + part)
+    whole = httpx.post(proxy.url + "/v1/chat/completions", json={"model": "m", "messages": [
+        {"role": "user", "content": "plan: answer"}, {"role": "assistant", "content": "x"},
+        {"role": "user", "content": "after the cut"}]})
+    assert whole.status_code == 200
+    threading.Event().wait(0.3)  # the cut request was handled long before; give a wrong forward time to land
+    assert [r["body"]["messages"][-1]["content"] for r in upstream.app.state.requests] == ["after the cut"]
+    assert proxy.app.errors["internal"] == 0
 
 
 def test_oversized_body_gets_a_clear_proxy_error(upstream, hint_server, make_proxy):

@@ -17,7 +17,7 @@ from saga_server.proxy import cli
 from saga_server.proxy.record import feed_hints, proxy_recorder
 from saga_server.record import RecordConfig, Recorder
 from tests.fast.proxy.agents import SECRET, run_messages_agent, run_responses_agent, run_text_agent
-from tests.fast.proxy.conftest import start_proxy
+from tests.support.proxies import start_proxy
 
 TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
          for name in ("get_user", "search", "book")]
@@ -72,7 +72,7 @@ def recording(tmp_path):
 def run_through(upstream, hint_server, recorder, agent, *, close: bool = True):
     """Run `agent(server)` through a proxy recording into `recorder`, then stop the proxy
     (its open sessions end as "closed") and, with `close`, the recorder."""
-    server, _ = start_proxy(upstream.url + "/v1", hint_server.endpoint, recorder=recorder)
+    server = start_proxy(upstream.url + "/v1", hint_server.endpoint, recorder=recorder)
     try:
         out = agent(server)
     finally:
@@ -122,7 +122,7 @@ def test_tool_names_can_be_hashed(upstream, hint_server, recording):
 def test_a_session_that_goes_quiet_is_written_at_its_idle_end_and_marked(upstream, hint_server, recording):
     path, make = recording
     rec = make()
-    server, _ = start_proxy(upstream.url + "/v1", hint_server.endpoint, recorder=rec, idle_ttl_s=0.3,
+    server = start_proxy(upstream.url + "/v1", hint_server.endpoint, recorder=rec, idle_ttl_s=0.3,
                             idle_min_s=0.1)
     try:
         timed_agent(sdk(server), (0, 0))

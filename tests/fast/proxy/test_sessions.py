@@ -222,6 +222,20 @@ def test_junk_never_raises(body, answers):
     tracker.begin(body)
 
 
+def test_tool_arguments_nested_deeper_than_the_parser_goes_still_match():
+    """Arguments are compared as JSON values when they parse; ones nested past the
+    parser's depth are compared as text, like any unparseable string."""
+    call = {"id": "c1", "type": "function", "function": {"name": "search", "arguments": "[" * 100_000 + "]" * 100_000}}
+    tracker = SessionTracker()
+    history = [SYSTEM, {"role": "user", "content": "deep arguments"}]
+    turn, _ = tracker.begin({"messages": history})
+    tracker.finish(turn, [{"role": "assistant", "content": None, "tool_calls": [call]}])
+    history += [{"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c1", "content": "r"}]
+    again, events = tracker.begin({"messages": history})
+    assert (again.session_id, again.how) == (turn.session_id, "answer")
+    assert [e.kind for e in events] == ["tool_call_end", "llm_call_start"]
+
+
 # -- the other APIs, text actions and session ends ----------------------------------------------
 
 def ends(events) -> list[tuple[str, str]]:

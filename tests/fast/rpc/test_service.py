@@ -11,7 +11,7 @@ from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
 from saga_sdk import HintReader, SagaUnavailable, UnknownSession
 from saga_sdk.channel import hint_channel
-from saga_server.core import SessionTable
+from saga_server.core import SessionStart, SessionTable, ToolCallEnd, ToolCallStart
 from saga_server.rpc import HintServer, Limits
 
 
@@ -121,6 +121,24 @@ def test_reads_report_sessions_and_stats(hint_server, stub):
             reader.session("missing")
         stats = reader.stats()
         assert stats["open_tool_calls"] == 1 and stats["hints_events_accepted"] == 2
+
+
+def test_a_listing_stops_before_its_reply_outgrows_what_a_client_receives():
+    """Snapshots carry their history: 80 sessions with full histories of long tool
+    names are ~5.5 MB, over a default client's 4 MiB; the reply holds the most
+    recent ones that fit."""
+    registry = SessionTable(max_sessions=1000, clock=lambda: 100.0)
+    tool = "t" * 250
+    for i in range(80):
+        registry.accept(SessionStart(f"s{i}", float(i), tenant="t"))
+        for j in range(128):
+            registry.accept(ToolCallStart(f"s{i}", float(i), tool=tool, call_id=str(j)))
+            registry.accept(ToolCallEnd(f"s{i}", float(i), tool=tool, call_id=str(j)))
+    with HintServer(registry, "127.0.0.1:0") as server, HintReader(server.endpoint, timeout=30) as reader:
+        listed = reader.sessions(10_000)
+    assert 10 < len(listed) < 80
+    assert [s.session_id for s in listed] == [f"s{i}" for i in range(79, 79 - len(listed), -1)]
+    assert pb.SessionList(sessions=listed).ByteSize() <= 4 * 1024 * 1024
 
 
 class ExplodingSink(SessionTable):

@@ -20,10 +20,9 @@ from openai import AsyncOpenAI
 
 from saga_sdk import HintClient, HintReader
 from saga_sdk.integrations.openai_agents import run
-from saga_server.proxy import ProxyConfig, SagaProxy
-from saga_server.proxy.server import BackgroundServer
 from tests.support.examples import load_example
 from tests.support.http import REQUEST_TIMEOUT_S
+from tests.support.proxies import start_proxy, stop_proxy
 
 pytestmark = pytest.mark.real
 
@@ -47,12 +46,9 @@ def hints(saga_server):
 
 @pytest.fixture(scope="module")
 def proxy(saga_server):
-    app = SagaProxy(ProxyConfig(upstream=saga_server.openai_url),
-                    hints=HintClient(endpoint=saga_server.hint_addr, flush_interval_s=0.001))
-    with BackgroundServer(app) as server:
-        server.app = app
-        yield server
-    app.hints.close(1)
+    server = start_proxy(saga_server.openai_url, saga_server.hint_addr)
+    yield server
+    stop_proxy(server)
 
 
 def history(state) -> list:

@@ -13,10 +13,9 @@ import json
 import openai
 import pytest
 
-from saga_sdk import HintClient, HintReader
-from saga_server.proxy import ProxyConfig, SagaProxy
-from saga_server.proxy.server import BackgroundServer
+from saga_sdk import HintReader
 from tests.support.http import REQUEST_TIMEOUT_S, free_port
+from tests.support.proxies import start_proxy, stop_proxy
 
 anthropic = pytest.importorskip("anthropic")
 
@@ -32,29 +31,19 @@ TOOL_HISTORY = [("tool_call_start", "get_user_details"), ("tool_call_end", "get_
                 ("tool_call_start", "search_flights"), ("tool_call_end", "search_flights")]
 
 
-def start_proxy(saga_server, hint_addr: str) -> BackgroundServer:
-    app = SagaProxy(ProxyConfig(upstream=saga_server.openai_url),
-                    hints=HintClient(endpoint=hint_addr, flush_interval_s=0.001, rpc_timeout_s=0.5))
-    server = BackgroundServer(app).start()
-    server.app = app
-    return server
-
-
 @pytest.fixture(scope="module")
 def proxy(saga_server):
-    server = start_proxy(saga_server, saga_server.hint_addr)
+    server = start_proxy(saga_server.openai_url, saga_server.hint_addr)
     yield server
-    server.stop()
-    server.app.hints.close(1)
+    stop_proxy(server)
 
 
 @pytest.fixture(scope="module")
 def proxy_without_hints(saga_server):
     """The same proxy with its hint service unreachable."""
-    server = start_proxy(saga_server, f"127.0.0.1:{free_port()}")
+    server = start_proxy(saga_server.openai_url, f"127.0.0.1:{free_port()}")
     yield server
-    server.stop()
-    server.app.hints.close(0.1)
+    stop_proxy(server, 0.1)
 
 
 def responses_loop(url: str, model: str, customer: str) -> list:

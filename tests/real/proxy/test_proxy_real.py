@@ -13,10 +13,9 @@ import httpx
 import openai
 import pytest
 
-from saga_sdk import HintClient, HintReader
-from saga_server.proxy import ProxyConfig, SagaProxy
-from saga_server.proxy.server import BackgroundServer
+from saga_sdk import HintReader
 from tests.support.http import REQUEST_TIMEOUT_S
+from tests.support.proxies import start_proxy, stop_proxy
 
 ROOT = Path(__file__).resolve().parents[3]
 TOOLS = [{"type": "function", "function": {
@@ -27,12 +26,9 @@ TOOLS = [{"type": "function", "function": {
 
 @pytest.fixture(scope="module")
 def proxy(saga_server):
-    app = SagaProxy(ProxyConfig(upstream=saga_server.openai_url),
-                    hints=HintClient(endpoint=saga_server.hint_addr, flush_interval_s=0.001))
-    with BackgroundServer(app) as server:
-        server.app = app
-        yield server
-    app.hints.close(1)
+    server = start_proxy(saga_server.openai_url, saga_server.hint_addr)
+    yield server
+    stop_proxy(server)
 
 
 def client_for(url: str) -> openai.OpenAI:

@@ -12,6 +12,7 @@ import pytest
 
 from saga_sdk import HintClient
 from saga_server.core.routing import home_replica
+from tests.support.chaos_table import ChaosRow
 
 LONG = " ".join(f"Rule {i}: keep answers short and precise." for i in range(60))  # ~600 tokens
 
@@ -205,7 +206,7 @@ def test_overloaded_replica_sheds_a_session_in_a_tool_call_it_resumes_warm_and_a
         hints.close()
 
 
-def test_killing_a_replica_loses_no_completed_work_and_agent_runs_finish(ray_cluster):
+def test_killing_a_replica_loses_no_completed_work_and_agent_runs_finish(ray_cluster, chaos_row):
     import ray
 
     hints = HintClient(endpoint=ray_cluster.hint_addr)
@@ -232,3 +233,5 @@ def test_killing_a_replica_loses_no_completed_work_and_agent_runs_finish(ray_clu
     assert all(len(rs) == 5 and all(r["choices"][0]["message"] is not None for r in rs) for rs in results.values())
     # requests in flight on the dead replica were retried by the ingress: no agent saw an error
     assert errors == []
+    chaos_row(ChaosRow("Ray replica killed under load (4 agents x 5 turns, 2 replicas)", len(errors), "n/a", 0,
+                       "Serve replaced the replica; every run finished", "tests/real/ray/test_router_real.py"))

@@ -1,0 +1,214 @@
+"""The chaos suite's own tools (tests/support: chaos_table, faults, loads), on loopback
+against the fast tier's scripted upstream and in-process hint services."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import grpc
+import httpx
+import openai
+import pytest
+
+from saga_sdk import HintClient, HintReader, SagaUnavailable, UnknownSession
+from saga_server.core import WorkflowCore
+from saga_server.proxy.server import BackgroundServer
+from saga_server.rpc import HintServer
+from tests.fast.proxy.scripted_upstream import build_app
+from tests.support.chaos_table import ChaosRow, ChaosTable, added_median, percentiles
+from tests.support.faults import CuttingRelay, HintServiceProcess, exchange, http2_garbage, status_of
+from tests.support.loads import TOOL_PLAN, Phases, flood_hints, flood_with_client, run_agents, tool_agent
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    app = build_app()
+    with BackgroundServer(app) as server:
+        server.app = app
+        yield server
+
+
+# -- the table ------------------------------------------------------------------------------
+
+def test_the_table_has_a_header_and_one_line_per_row_in_order():
+    table = ChaosTable()
+    assert table.lines() == []
+    table.add(ChaosRow("hint service killed", 0, "+3 ms (+1.0%)", 0, "serves"))
+    table.add(ChaosRow("flood", 1, "n/a", 2, "serves", "90k events/s"))
+    lines = table.lines()
+    assert lines[0] == "| case | agent errors | added median latency | lost responses | server after | notes |"
+    assert lines[1] == "|---|---|---|---|---|---|"
+    assert lines[2:] == ["| hint service killed | 0 | +3 ms (+1.0%) | 0 | serves |  |",
+                         "| flood | 1 | n/a | 2 | serves | 90k events/s |"]
+
+
+def test_percentiles_and_added_median():
+    assert percentiles([0.3, 0.1, 0.2]) == (0.2, 0.3)
+    assert percentiles([float(i) for i in range(1, 101)]) == (50.5, 99.0)
+    assert added_median([0.100, 0.200, 0.300], [0.250, 0.260, 0.990]) == "+60 ms (+30.0%)"
+    assert added_median([0.2], [0.1]) == "-100 ms (-50.0%)"
+    assert added_median([], [0.1]) == "n/a"
+
+
+# -- faults -----------------------------------------------------------------------------------
+
+def test_a_killed_hint_service_comes_back_on_its_port_empty_and_takes_hints_again():
+    with HintServiceProcess() as service:
+        client = HintClient(endpoint=service.endpoint, flush_interval_s=0.001, rpc_timeout_s=0.5)
+        try:
+            client.session_start("before", workflow="w")
+            assert client.flush(10)
+            assert HintReader(service.endpoint).session("before").workflow == "w"
+            service.kill()
+            with pytest.raises(SagaUnavailable):
+                HintReader(service.endpoint, timeout=0.5).stats()
+            client.session_start("during", workflow="w")  # never blocks; retried with backoff
+            service.start()
+            client.session_start("after", workflow="w")
+            assert client.flush(30)
+            reader = HintReader(service.endpoint)
+            with pytest.raises(UnknownSession):
+                reader.session("before")  # a new process: what the old one knew is gone
+            assert reader.session("during").state != "ended" and reader.session("after").workflow == "w"
+            assert service.starts == 2 and service.running
+        finally:
+            client.close(1)
+    assert not service.running
+
+
+def sse_events(raw: bytes) -> list[bytes]:
+    return [e for e in raw.split(b"\n\n") if e.strip()]
+
+
+def streamed(url: str) -> tuple[bytes, Exception | None]:
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "one two three four five six"}]}
+    got = bytearray()
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as response:
+            for chunk in response.iter_raw():
+                got += chunk
+    except httpx.HTTPError as exc:
+        return bytes(got), exc
+    return bytes(got), None
+
+
+def test_the_relay_passes_answers_through_and_kills_the_armed_exchange(upstream):
+    with CuttingRelay(upstream.url) as relay:
+        whole, error = streamed(relay.url)
+        assert error is None and whole == streamed(upstream.url)[0]
+        assert sse_events(whole)[-1] == b"data: [DONE]" and len(sse_events(whole)) > 4
+
+        relay.cut_next(events=3)
+        cut, error = streamed(relay.url)
+        assert isinstance(error, httpx.RemoteProtocolError)  # a broken stream, not a clean end
+        third = whole.index(b"\n\n", whole.index(b"\n\n", whole.index(b"\n\n") + 2) + 2) + 2
+        assert cut == whole[:third]  # three events, not a byte of the fourth
+
+        relay.hang_up_next()
+        with pytest.raises(httpx.RemoteProtocolError):
+            httpx.post(relay.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=30)
+
+        again, error = streamed(relay.url)  # disarmed: whole again
+        assert error is None and again == whole
+        assert relay.faults == 2
+
+
+def test_garbage_on_a_grpc_port_leaves_the_service_answering():
+    with HintServer(WorkflowCore(), "127.0.0.1:0") as server:
+        garbage = http2_garbage(seed=1)
+        assert len(garbage) >= 8 and garbage == http2_garbage(seed=1)
+        for name, data in garbage.items():
+            exchange(server.port, data, quiet_s=0.5)
+            assert "hints_batches" in HintReader(server.endpoint).stats(), name
+
+
+def test_exchange_reads_a_raw_http_answer(upstream):
+    answer = exchange(upstream.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert status_of(answer) == 200 and b"scripted-agent-model" in answer
+    assert status_of(b"") is None and status_of(b"\x00garbage") is None
+
+
+# -- loads ------------------------------------------------------------------------------------
+
+def sdk(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=30)
+
+
+def test_a_tool_agent_calls_the_forced_tool_each_step(upstream):
+    run = tool_agent(sdk(upstream), "m", "Customer 1: fly me to Rome.")
+    assert [[name for name, _ in step] for step in run.answers] == [[t] for t in TOOL_PLAN]
+    assert len(run.latencies_s) == len(TOOL_PLAN) and all(s > 0 for s in run.latencies_s)
+    chat = [r["body"] for r in upstream.app.state.requests if r["path"].endswith("/chat/completions")][-1]
+    assert chat["temperature"] == 0 and chat["tool_choice"] == {"type": "function", "function": {"name": TOOL_PLAN[-1]}}
+    assert chat["tools"][0]["function"]["parameters"]["properties"]["city"]["enum"]
+
+
+def test_phases_hold_every_agent_at_the_boundary_while_the_conductor_acts(upstream):
+    upstream.app.state.requests.clear()
+    phases = Phases(2, at=[2], timeout_s=10)
+    seen_at_boundary = []
+
+    def conduct():
+        phases.arrived()
+        seen_at_boundary.append(len(upstream.app.state.requests))  # both agents did steps 0 and 1, no more
+        phases.release()
+        seen_at_boundary.append("released")
+
+    conductor = threading.Thread(target=conduct)
+    conductor.start()
+    results, errors = run_agents([lambda i=i: tool_agent(sdk(upstream), "m", f"Customer {i}",
+                                                         before_step=phases.before_step) for i in range(2)],
+                                 on_error=phases.abort)
+    conductor.join(30)
+    assert errors == [] and seen_at_boundary == [4, "released"]
+    assert all(len(r.answers) == len(TOOL_PLAN) for r in results)
+
+
+def test_a_failing_agent_is_reported_and_releases_the_others():
+    phases = Phases(2, at=[1], timeout_s=30)
+
+    def failing():
+        raise ConnectionError("upstream gone")
+
+    def waiting():
+        phases.before_step(1)  # the barrier breaks instead of waiting 30 s
+        return "unreachable"
+
+    results, errors = run_agents([failing, waiting], on_error=phases.abort)
+    assert results == [None, None]
+    assert errors[0] == "agent 0: ConnectionError: upstream gone" and "BrokenBarrierError" in errors[1]
+
+
+def test_a_flood_is_accepted_whole_and_its_sessions_end():
+    core = WorkflowCore()
+    with HintServer(core, "127.0.0.1:0") as server:
+        stop = threading.Event()
+        threading.Timer(0.3, stop.set).start()
+        result = flood_hints(server.endpoint, stop, name="flood-a", sessions=8)
+        assert result.sent == result.accepted > 8 * 4 * 2 and result.rejected == 0 and result.rate > 0
+        assert {core.session(f"flood-a-{i}").state for i in range(8)} == {"ended"}
+        assert core.session("flood-a-0").workflow == "chaos-flood"
+
+
+def test_a_client_flood_never_waits_and_counts_what_it_dropped():
+    core = WorkflowCore()
+    with HintServer(core, "127.0.0.1:0") as server:
+        stop = threading.Event()
+        threading.Timer(0.3, stop.set).start()
+        emitted, stats = flood_with_client(server.endpoint, stop, name="flood-c", sessions=4)
+        assert emitted > 0 and stats.sent > 0
+        assert stats.sent + stats.dropped_full + stats.queued <= emitted
+        assert {core.session(f"flood-c-{i}").state for i in range(4)} == {"ended"}
+
+
+def test_a_flood_to_a_dead_service_fails_loudly():
+    """flood_hints is a load generator, not an agent: a missing service is an error."""
+    with pytest.raises(grpc.RpcError):
+        flood_hints("127.0.0.1:1", threading.Event(), name="nowhere", max_s=1)
+
+
+def test_tool_arguments_are_compared_parsed(upstream):
+    run = tool_agent(sdk(upstream), "m", "Customer 2", plan=TOOL_PLAN[:1])
+    ((name, arguments),) = run.answers[0]
+    assert name == TOOL_PLAN[0] and arguments == json.loads(json.dumps(arguments)) and isinstance(arguments, dict)
