@@ -244,10 +244,14 @@ def replay(mode: str, tasks: list[Task], tokens: TokenSource, args) -> dict:
             th.join()
         metrics = {}
         try:
-            from saga_server.serve.status import fetch_metrics
+            import urllib.request  # noqa: PLC0415
 
-            metrics = {k: v for k, v in fetch_metrics(server.base_url).items()
-                       if k.startswith(("saga_pins", "saga_evicted", "saga_prefetches", "vllm:prefix_cache"))}
+            from saga_server.serve.status import parse_metrics  # noqa: PLC0415
+
+            with urllib.request.urlopen(server.base_url + "/metrics", timeout=10) as resp:
+                metrics = parse_metrics(resp.read().decode(), ("saga_pins", "saga_evicted", "saga_prefetches",
+                                                               "saga_admission", "saga_plugin_seconds",
+                                                               "vllm:prefix_cache", "vllm:iteration_tokens_total"))
         except Exception as exc:
             metrics = {"error": repr(exc)}
         rss = server.rss_bytes()
