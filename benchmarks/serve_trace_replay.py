@@ -193,6 +193,33 @@ def run_session(server, task: Task, tokens: TokenSource, hint_addr: str, seed: i
         hints.close(2)
 
 
+def start_delays(n: int, stagger_s: float, seed: int) -> list[float]:
+    """When each session starts, seconds after the replay begins (seeded)."""
+    rnd = random.Random(seed)
+    return [rnd.uniform(0, stagger_s) for _ in range(n)]
+
+
+def sent_workload(tasks: list[Task], delays: list[float]) -> list[dict]:
+    """The sessions exactly as `run_session` sends them, as saga-trace/1 tasks: each
+    prompt is the previous one, the answer (`ignore_eos`: exactly the output length)
+    and the new text, so `reused_prefix_tokens` is the previous prompt plus answer;
+    tools run after every step but the last; `start_s` is the session's start delay."""
+    out = []
+    for task, delay in zip(tasks, delays):
+        steps, prompt, answer = [], 0, 0
+        for i, step in enumerate(task.steps):
+            reused = prompt + answer if i else 0
+            prompt = step.prompt_tokens if i == 0 else reused + max(1, step.prompt_tokens - reused)
+            answer = step.output_tokens
+            tools = [{"name": n, "category": c, "duration_s": d} for n, c, d in step.tools] \
+                if i + 1 < len(task.steps) else []
+            steps.append({"prompt_tokens": prompt, "output_tokens": answer, "reused_prefix_tokens": reused,
+                          "tools": tools})
+        out.append({"format": "saga-trace/1", "source": "benchmarks/serve_trace_replay.py", "run": "replay",
+                    "task_id": task.task_id, "shared_prefix_tokens": 0, "start_s": delay, "steps": steps})
+    return out
+
+
 # Modes: SAGA as shipped; SAGA with request-level FCFS inside a tenant (no task
 # seniority: what the cache policies alone give); SAGA without session admission;
 # stock vLLM.
@@ -206,8 +233,7 @@ def replay(mode: str, tasks: list[Task], tokens: TokenSource, args) -> dict:
     server = start_server(saga, vllm_args, fast_start=not args.compiled, env=env)
     hint_addr = server.hint_addr if saga else f"127.0.0.1:{free_port()}"  # stock: nobody listens
     results = [SessionResult(t.task_id) for t in tasks]
-    rnd = random.Random(args.seed)
-    delays = [rnd.uniform(0, args.stagger_s) for _ in tasks]
+    delays = start_delays(len(tasks), args.stagger_s, args.seed)
     threads = [threading.Thread(target=run_session, args=(server, t, tokens, hint_addr, args.seed, r, d))
                for t, r, d in zip(tasks, results, delays)]
     t0 = time.monotonic()
@@ -218,10 +244,14 @@ def replay(mode: str, tasks: list[Task], tokens: TokenSource, args) -> dict:
             th.join()
         metrics = {}
         try:
-            from saga_server.serve.status import fetch_metrics
+            import urllib.request  # noqa: PLC0415
 
-            metrics = {k: v for k, v in fetch_metrics(server.base_url).items()
-                       if k.startswith(("saga_pins", "saga_evicted", "saga_prefetches", "vllm:prefix_cache"))}
+            from saga_server.serve.status import parse_metrics  # noqa: PLC0415
+
+            with urllib.request.urlopen(server.base_url + "/metrics", timeout=10) as resp:
+                metrics = parse_metrics(resp.read().decode(), ("saga_pins", "saga_evicted", "saga_prefetches",
+                                                               "saga_admission", "saga_plugin_seconds",
+                                                               "vllm:prefix_cache", "vllm:iteration_tokens_total"))
         except Exception as exc:
             metrics = {"error": repr(exc)}
         rss = server.rss_bytes()
@@ -260,6 +290,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--plot", type=Path, help="also draw each mode's task completion times here (PNG)")
+    p.add_argument("--workload", type=Path,
+                   help="also write the exact sessions sent (saga-trace/1, with start_s) here, for the simulator")
     args = p.parse_args()
 
     from saga_server.serve.model import ensure_default_model
@@ -272,6 +304,11 @@ def main() -> int:
     print(f"{len(tasks)} sessions x {args.steps} steps from {args.trace.name}; KV {args.kv_blocks} blocks "
           f"({args.kv_blocks * 32} tokens); working set at the end "
           f"{sum(t.steps[-1].prompt_tokens for t in tasks)} tokens; tool time {total_tool:.0f} s in all", flush=True)
+    if args.workload:
+        with args.workload.open("w") as f:
+            for line in sent_workload(tasks, start_delays(len(tasks), args.stagger_s, args.seed)):
+                f.write(json.dumps(line) + "\n")
+        print(f"wrote the workload to {args.workload}")
     out = []
     modes = args.modes.split(",")
     if unknown := set(modes) - set(MODES):

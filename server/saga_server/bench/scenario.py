@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from saga_server.engines.sim import CostModel, SimConfig, make_cost_model
+from saga_server.engines.sim.hardware import load_calibration
 
 from .policies import DEFAULT_POLICIES
 from .workload import TenantSpec
@@ -61,6 +62,7 @@ class Scenario:
     kv_tokens: int | None = None
     mfu: float | None = None  # cost-model overrides (default: the preset's, see engines/sim/hardware.py)
     bw_eff: float | None = None
+    calibration: str | None = None  # a fit_cpu_preset.py --json file (the device's fitted constants)
     concurrency: int | None = 36
     rate: float | None = None
     host_tier_factor: float = 4.0
@@ -75,7 +77,8 @@ class Scenario:
         kv = self.kv_tokens if kv_tokens is None else kv_tokens
         extra = {"kv_capacity_override": kv} if kv is not None else {}
         extra.update({k: v for k, v in (("mfu", self.mfu), ("bw_eff", self.bw_eff)) if v is not None})
-        return make_cost_model(self.gpu, self.model, self.tp, **extra)
+        calibration = load_calibration(self.calibration) if self.calibration else None
+        return make_cost_model(self.gpu, self.model, self.tp, calibration=calibration, **extra)
 
     def sim_config(self, concurrency: int | None = None) -> SimConfig:
         conc = self.concurrency if concurrency is None else concurrency

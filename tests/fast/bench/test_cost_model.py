@@ -56,3 +56,42 @@ def test_faster_gpus_are_faster_and_transfers_cost_bandwidth():
     assert h100.prefill_s(4000, 8000) < a100.prefill_s(4000, 8000)
     assert h100.decode_s(200, 8000) < a100.decode_s(200, 8000)
     assert h100.transfer_s(1000) == pytest.approx(1000 * 131072 / 50e9)
+
+
+def test_a_cpu_step_adds_overhead_compute_and_kv_reads_and_prices_attention_and_decode_apart():
+    from dataclasses import replace
+
+    cm = make_cost_model("cpu-2core", "smollm2-135m")
+    assert (cm.block_tokens, cm.token_budget, cm.additive) == (32, 2048, True)
+    m = cm.model
+    compute = 2 * m.params * (2 * cm.decode_token_equiv) / cm.gpu.peak_flops
+    kv_reads = 1000 * m.kv_bytes_per_token / cm.gpu.hbm_bw
+    assert cm.step_s(2, 0, 1000) == pytest.approx(cm.overhead_s + compute + kv_reads)
+    roofline = replace(cm, additive=False)
+    assert roofline.step_s(2, 0, 1000) == pytest.approx(
+        cm.overhead_s + max(compute, kv_reads + m.weight_bytes / cm.gpu.hbm_bw))
+    # attention's weight scales only the context-dependent part of a prefill
+    assert cm.prefill_work(100, 0) < replace(cm, attn_scale=2 * cm.attn_scale).prefill_work(100, 1000)
+    assert cm.prefill_work(100, 1000) == pytest.approx(100 * (1 + cm.attn_scale * m.attn_coeff * 1050))
+
+
+def test_gpu_presets_keep_the_overlapping_roofline():
+    cm = make_cost_model("h100-80gb", "llama3-8b")
+    assert (cm.attn_scale, cm.decode_token_equiv, cm.additive) == (1.0, 1.0, False)
+
+
+def test_a_fit_file_becomes_the_device(tmp_path):
+    import json
+
+    from saga_server.engines.sim.hardware import load_calibration
+
+    fit = {"gpu": "cpu-2core", "model": "smollm2-135m", "peak_flops": 3e11, "hbm_bw": 5e10, "overhead_s": 0.01,
+           "attn_scale": 4.0, "decode_token_equiv": 12.0, "token_budget": 1024,
+           "machine": {"model": "Some CPU", "cores": 4, "simd_flags": ["avx2"]}}
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(fit))
+    cal = load_calibration(str(path))
+    cm = make_cost_model("cpu-2core", "smollm2-135m", calibration=cal, max_num_seqs=2)
+    assert (cm.gpu.peak_flops, cm.gpu.hbm_bw, cm.overhead_s, cm.attn_scale, cm.decode_token_equiv,
+            cm.token_budget, cm.max_num_seqs) == (3e11, 5e10, 0.01, 4.0, 12.0, 1024, 2)
+    assert "Some CPU" in cal.machine and "avx2" in cal.machine

@@ -470,3 +470,13 @@ def test_a_tenants_pins_stay_under_its_cap_and_other_tenants_still_pin(tiny_mode
     s.saga.before_schedule()  # the engine loop takes the hint
     assert ledger.get("A2").pinned and ledger.pinned_of("a") == 8
     pool_is_consistent(s)
+
+
+def test_the_plugins_time_on_the_engine_thread_is_counted_per_hook(tiny_model):
+    s = saga(tiny_model, num_blocks=32, block_size=BS)
+    R = Requests(BS)
+    s.add_request(R.make(tokens(100, 64), session_id="A"))
+    run_until_idle(s)
+    spent = {hook: s.saga.counters[f"plugin_seconds_{hook}"] for hook in
+             ("arrival", "before_schedule", "after_schedule", "finish")}
+    assert all(seconds > 0 for seconds in spent.values()), spent

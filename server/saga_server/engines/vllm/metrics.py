@@ -65,6 +65,8 @@ class SagaMetrics:
         self.hints_dropped = Counter("saga_engine_hints_dropped", "Hint events the engine queue dropped (flood)")
         self.plugin_errors = Counter("saga_plugin_errors", "Exceptions the plugin caught to keep vLLM serving",
                                      ["where"])
+        self.plugin_seconds = Counter("saga_plugin_seconds", "Time spent in SAGA's scheduler hooks (engine thread)",
+                                      ["hook"])
         self._tenants: set[str] = set()
 
     def set_afs(self, tenant: str, priority: float) -> None:
@@ -98,9 +100,9 @@ class PluginCounters:
     def __init__(self, metrics: SagaMetrics) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
         self._families = {"pins": metrics.pins, "released": metrics.evictions, "prefetch": metrics.prefetch,
-                          "plugin_errors": metrics.plugin_errors}
+                          "plugin_errors": metrics.plugin_errors, "plugin_seconds": metrics.plugin_seconds}
 
-    def count(self, family: str, label: str, n: int = 1) -> None:
+    def count(self, family: str, label: str, n: float = 1) -> None:
         self._families[family].labels(label).inc(n)
         self.counts[f"{family}_{label}"] += n
 

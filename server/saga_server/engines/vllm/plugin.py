@@ -104,17 +104,22 @@ def _no_limits(tenant: str) -> TenantLimits:
 
 
 def _guarded(where: str, default: Any = None):
-    """Run a SAGA hook; on any exception log, count and return `default`."""
+    """Run a SAGA hook; on any exception log, count and return `default`. Its time on
+    the engine thread is counted too (`saga_plugin_seconds{hook}`): what SAGA costs
+    every iteration."""
 
     def deco(fn):
         @functools.wraps(fn)
         def wrapper(self, *args, **kwargs):
+            started = time.perf_counter()
             try:
                 return fn(self, *args, **kwargs)
             except Exception:
                 log.exception("SAGA %s failed; continuing as stock vLLM for this step", where)
                 self.counters.count("plugin_errors", where)
                 return default
+            finally:
+                self.counters.count("plugin_seconds", where, time.perf_counter() - started)
 
         return wrapper
 

