@@ -58,7 +58,10 @@ def arm(text_actions: bool, runs: int, kv_blocks: int) -> dict:
             for task in range(runs):
                 agent_run(proxy.url, server.model, task)
             hints.flush(10)
-            time.sleep(2)  # the engine applies hints on its next iterations
+            # The engine applies hints on its next iteration, and an idle engine runs
+            # none: one request without a session makes it take them in.
+            server.post("/v1/completions", {"model": server.model, "prompt": "ok", "max_tokens": 1})
+            time.sleep(1)
             m = fetch_metrics(server.base_url)
         hints.close(2)
         return {"arm": "text-actions" if text_actions else "no-text-actions", "runs": runs,
