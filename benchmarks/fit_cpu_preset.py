@@ -29,6 +29,7 @@ import argparse
 import concurrent.futures as cf
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -57,8 +58,6 @@ def cpu_description() -> dict:
     except OSError:
         pass
     simd = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4")))
-    import os  # noqa: PLC0415
-
     return {"model": model, "cores": os.cpu_count(), "simd_flags": simd}
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -45,7 +46,6 @@ def simulate(workload: list[dict], mode: str, args) -> dict:
     from saga_server.bench.workload import materialize  # noqa: PLC0415
     from saga_server.engines.sim import SimConfig, Simulator, TaskInstance  # noqa: PLC0415
     from saga_server.engines.sim.hardware import load_calibration, make_cost_model  # noqa: PLC0415
-    import random  # noqa: PLC0415
 
     calibration = load_calibration(str(args.calibration)) if args.calibration else None
     cost = make_cost_model("cpu-2core", "smollm2-135m", calibration=calibration,
