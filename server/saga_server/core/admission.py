@@ -18,15 +18,18 @@ KV cache's business (the `HoldLedger` order, host-tier order and prefetch); admi
 only keeps the total in bounds.
 
 Limit. W is kept under a limit L that adapts like TCP's congestion window, because what
-the tiers really hold depends on the workload (a host tier helps only while sessions
-are away in tools, and a write-through tier holds copies of what the GPU holds too).
-L starts at `target` x (pool + host tier); each served request of an active session
-that found its KV intact raises it by ws^2/L (about one session per round of
-requests), each one that had to recompute r tokens it had held lowers it by r (the
-tiers were short by about that much); L stays within [`target` x pool, `target` x
-(pool + host tier)]. Where the tiers hold
-everything L stays at the top and every session is admitted at once; where they do
-not, L settles just below the point where active sessions start to lose their KV.
+the tiers really hold depends on the workload, not on their size: a host tier helps
+only while sessions are away in tools, a write-through tier holds copies of what the
+GPU holds too, and sessions queued behind the engine's batch limit keep their KV on
+the pool while they wait, so a W well above the pool may lose nothing. L starts at
+`target` x (pool + host tier). Each served request of an active session that found
+its KV intact raises it by ws^2/L (about one session per round of requests) while the
+limit binds (a session waits for admission: as TCP's window grows only while the
+sender is window-limited, so an idle stretch cannot inflate it); each one that had to
+recompute r tokens it had held lowers it by r (the tiers were short by about that
+much). L has no ceiling: the tiers' size is where it starts, measured loss is what
+bounds it; it never drops below `target` x pool. So admission engages only where
+active sessions do lose KV, and L settles just below the point where they start to.
 
 Rule, applied by `plan` whenever the engine asks (request arrival and finish, session
 end):
@@ -122,8 +125,7 @@ class SessionAdmission:
         self.core = core
         self.config = config or AdmissionConfig()
         self.floor = self.config.target * capacity_tokens
-        self.ceiling = self.config.target * (capacity_tokens + host_tokens)
-        self.limit = self.ceiling
+        self.limit = self.config.target * (capacity_tokens + host_tokens)
         self._return_s = return_s
         self._parkable = parkable
         self._entries: dict[str, _Entry] = {}
@@ -168,8 +170,8 @@ class SessionAdmission:
         elif recomputed_tokens > 0:
             self.counts.losses += 1
             self.limit = max(self.floor, self.limit - recomputed_tokens)
-        else:
-            self.limit = min(self.ceiling, self.limit + e.ws * e.ws / self.limit)
+        elif self._someone_waits():
+            self.limit += e.ws * e.ws / self.limit
 
     def ended(self, session_id: str) -> None:
         e = self._entries.pop(session_id, None)
@@ -222,6 +224,9 @@ class SessionAdmission:
 
     def _rank(self, e: _Entry) -> tuple:
         return self.core.request_rank(e.session_id, e.tenant, e.waiting_since)
+
+    def _someone_waits(self) -> bool:
+        return any(x.pending and x.state != ACTIVE for x in self._entries.values())
 
     def _busy(self) -> bool:
         return any(x.pending for x in self._entries.values() if x.state == ACTIVE)

@@ -74,9 +74,10 @@ class Agent:
         self.adm.ended(self.sid)
 
 
-def setup(capacity=1000, **cfg):
+def setup(capacity=1000, host_tokens=0, **cfg):
     core, clock = learned_core()
-    adm = SessionAdmission(core, capacity, config=AdmissionConfig(**cfg), return_s=lambda tokens: tokens / 1000)
+    adm = SessionAdmission(core, capacity, host_tokens=host_tokens, config=AdmissionConfig(**cfg),
+                           return_s=lambda tokens: tokens / 1000)
     return core, clock, adm
 
 
@@ -143,6 +144,39 @@ def test_when_only_short_tools_could_make_room_the_head_waits():
     plan = adm.plan()
     assert (plan.admit, plan.park) == ((), ())
     assert adm.state("head") == WAITING
+
+
+def test_the_limit_grows_past_the_tiers_while_kv_is_found_and_someone_waits():
+    core, clock, adm = setup(capacity=1000, target=1.0)
+    a, b = Agent(core, adm, clock, "a"), Agent(core, adm, clock, "b")
+    a.request(800)
+    adm.plan()
+    assert not b.request(600) and adm.plan().admit == ()  # 800 + 600 > L = 1000
+    for _ in range(2):  # a's requests find their KV while b waits: the tiers hold more than sized
+        adm.served("a", 0)
+    assert adm.limit > 1000
+    assert adm.plan().admit == ("b",)
+
+
+def test_the_limit_does_not_grow_while_nobody_waits():
+    core, clock, adm = setup(capacity=1000, target=1.0)
+    a = Agent(core, adm, clock, "a")
+    a.request(800)
+    adm.plan()
+    for _ in range(50):
+        adm.served("a", 0)
+    assert adm.limit == 1000
+
+
+def test_recomputed_kv_lowers_the_limit_by_what_was_lost_but_not_below_the_pool():
+    core, clock, adm = setup(capacity=1000, host_tokens=1000, target=1.0)
+    a = Agent(core, adm, clock, "a")
+    a.request(800)
+    adm.plan()
+    adm.served("a", 300)
+    assert adm.limit == 1700 and adm.counts.losses == 1
+    adm.served("a", 5000)
+    assert adm.limit == 1000
 
 
 def test_overflow_parks_idle_sessions_down_to_the_target():
