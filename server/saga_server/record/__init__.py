@@ -10,7 +10,7 @@ A front door supplies the feed that reads its own events into facts
 
 from .recorder import RecordConfig, Recorder, RecorderStats, tool_hasher
 from .sink import JsonlSink
-from .trace import CHARS_PER_TOKEN, TraceBuilder
+from .trace import CHARS_PER_TOKEN, TokenBlocks, TraceBuilder
 
-__all__ = ["CHARS_PER_TOKEN", "JsonlSink", "RecordConfig", "Recorder", "RecorderStats", "TraceBuilder",
-           "tool_hasher"]
+__all__ = ["CHARS_PER_TOKEN", "JsonlSink", "RecordConfig", "Recorder", "RecorderStats", "TokenBlocks",
+           "TraceBuilder", "tool_hasher"]
