@@ -15,11 +15,9 @@ the model is prepared. Run it alone:
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -31,8 +29,8 @@ from saga_sdk import HintClient
 from saga_server.bench.cli import main as bench
 from saga_server.bench.workload import load_trace
 from tests.support.http import REQUEST_TIMEOUT_S, free_port
+from tests.support.serve import launch_saga_serve
 
-ROOT = Path(__file__).resolve().parents[3]
 READY_TIMEOUT_S = 600  # a cold engine start on a busy 2-core machine
 IDLE_S = 4.0           # --record-idle-s: the hint-less session is written after this
 BLOCK = 32             # saga serve's block size
@@ -47,13 +45,9 @@ def recording_engine(saga_server, tmp_path_factory):
     port, hint_port = free_port(), free_port()
     path = tmp_path_factory.mktemp("record-real") / "engine.jsonl"
     log = path.with_name("serve.log")
-    cmd = [sys.executable, "-m", "saga_server.cli", "serve", "--fast-start", "--port", str(port),
-           "--hint-port", str(hint_port), "--record", str(path), "--record-idle-s", str(IDLE_S),
-           "--num-gpu-blocks-override", "64", "--max-num-seqs", "2", "--max-model-len", "2048"]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "sdk"), str(ROOT / "server"), env.get("PYTHONPATH", "")])
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    proc = launch_saga_serve(["--fast-start", "--port", str(port), "--hint-port", str(hint_port),
+                              "--record", str(path), "--record-idle-s", str(IDLE_S), "--num-gpu-blocks-override", "64",
+                              "--max-num-seqs", "2", "--max-model-len", "2048"], log)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
