@@ -12,7 +12,7 @@ for `saga serve`).
 
 from .recorder import RecordConfig, Recorder, RecorderStats, tool_hasher
 from .sink import JsonlSink
-from .trace import CHARS_PER_TOKEN, TokenBlocks, TraceBuilder
+from .trace import CHARS_PER_TOKEN, TokenBlocks, TraceBuilder, block_hashes
 
 __all__ = ["CHARS_PER_TOKEN", "JsonlSink", "RecordConfig", "Recorder", "RecorderStats", "TokenBlocks",
-           "TraceBuilder", "tool_hasher"]
+           "TraceBuilder", "block_hashes", "tool_hasher"]

@@ -61,7 +61,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 from saga_server.core.categories import guess_category
 
-__all__ = ["CHARS_PER_TOKEN", "IN_BAND_ENDS", "TokenBlocks", "TraceBuilder"]
+__all__ = ["CHARS_PER_TOKEN", "IN_BAND_ENDS", "TokenBlocks", "TraceBuilder", "block_hashes"]
 
 # Calibrated on the SWE-bench runs (../shared/traces/README.md): the same ratio the
 # tau-bench traces were estimated with.
@@ -82,6 +82,16 @@ class TokenBlocks:
     tokens: Sequence[int]
     blocks: Sequence[Hashable]
     block_size: int
+
+
+def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
+    """Chained hashes of the whole blocks of `tokens`, for `TokenBlocks` where the
+    engine keeps none (vLLM without prefix caching)."""
+    out, parent = [], 0
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = hash((parent, tuple(tokens[start:start + block_size])))
+        out.append(parent)
+    return out
 
 
 @dataclass(slots=True)

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from saga_server.bench.workload import materialize
-from saga_server.record import TokenBlocks, TraceBuilder
+from saga_server.record import TokenBlocks, TraceBuilder, block_hashes
 
 
 def agent(b: TraceBuilder, sid: str = "s", steps: int = 3, t: float = 0.0, *, tool_s: float = 2.0,
@@ -192,17 +192,8 @@ def test_a_revived_session_is_a_second_task_and_not_incomplete():
 
 # -- what an engine tells: tokens, its own step numbers, hints that race requests ----------
 
-def blocks(ids: list[int], size: int) -> list[tuple]:
-    """Chained block hashes, as vLLM's prefix cache keys blocks."""
-    out, parent = [], None
-    for i in range(len(ids) // size):
-        parent = (parent, tuple(ids[i * size:(i + 1) * size]))
-        out.append(hash(parent))
-    return out
-
-
 def seen(ids: list[int], size: int = 4) -> TokenBlocks:
-    return TokenBlocks(ids, blocks(ids, size), size)
+    return TokenBlocks(ids, block_hashes(ids, size), size)
 
 
 def engine_call(b: TraceBuilder, sid: str, t: float, prompt: list[int], answer: list[int]) -> int:

@@ -33,7 +33,7 @@ def engine(tiny_model, tmp_path, monkeypatch):
     into `path` (tmp_path/rec.jsonl) with `SAGA_RECORD_<KEY>` set from `env`."""
     made = []
 
-    def make(path=None, **env):
+    def make(path=None, prefix_caching=True, **env):
         path = path or tmp_path / "rec.jsonl"
         monkeypatch.setenv("SAGA_RECORD", str(path))
         for key, value in env.items():
@@ -41,7 +41,7 @@ def engine(tiny_model, tmp_path, monkeypatch):
         clock = ManualClock(100.0)
         core = WorkflowCore(CoreConfig(pin=PinConfig(min_tokens=2 * BS)), clock=clock)
         s = make_scheduler(SagaScheduler, tiny_model, num_blocks=64, block_size=BS, core=core, clock=clock,
-                           start_hints=False)
+                           start_hints=False, prefix_caching=prefix_caching)
         made.append(s)
         return s, clock, path
 
@@ -143,6 +143,18 @@ def test_a_session_without_hints_is_recorded_from_its_requests_and_flushed_when_
     steps = task["steps"]
     assert [st["reused_prefix_tokens"] for st in steps] == [0, 48]
     assert steps[0]["idle_s"] == pytest.approx(0.2) and steps[0]["tools"] == []
+
+
+def test_without_prefix_caching_reuse_is_still_counted_on_the_tokens(engine):
+    s, clock, path = engine(prefix_caching=False)
+    R = Requests(BS)
+    R.hasher = None  # as vLLM without prefix caching: requests carry no block hashes
+    r1, _ = call(s, clock, R, tokens(100, 64), "P", max_tokens=4)
+    call(s, clock, R, list(r1.all_token_ids) + tokens(900, 30), "P", max_tokens=2)
+    assert r1.block_hashes == []
+    s.shutdown()
+    [task] = load_trace(path)
+    assert [(st["reused_prefix_tokens"], st["provider_cached_tokens"]) for st in task["steps"]] == [(0, 0), (68, 0)]
 
 
 def test_hints_that_arrive_after_the_request_they_belong_with_change_nothing(engine):

@@ -11,7 +11,8 @@ recorder's thread `EngineFeed` reads them into `TraceBuilder` facts:
 
 - a session's request arrives (`add_request`): an LLM call starts, numbered after
   the session's last; what it reuses is the leading tokens it shares with the
-  previous call's prompt plus answer (vLLM's block hashes, then token by token);
+  previous call's prompt plus answer (vLLM's block hashes, or without prefix
+  caching hashes of its own, then token by token);
 - it is first scheduled: its prefix-cache hit, the cached tokens as vLLM serves
   them (`usage.prompt_tokens_details.cached_tokens`);
 - it finishes (its blocks are freed): its prompt and output tokens; an aborted or
@@ -43,7 +44,7 @@ from typing import Any, NamedTuple, Sequence
 from vllm.v1.request import Request, RequestStatus
 
 from saga_server.core import HintEvent, SessionEnd, SessionStart, ToolCallEnd, ToolCallStart
-from saga_server.record import Recorder, TokenBlocks, TraceBuilder
+from saga_server.record import Recorder, TokenBlocks, TraceBuilder, block_hashes
 from saga_server.record.options import config_from_env
 
 from .sessions import RequestMeta
@@ -100,8 +101,7 @@ class EngineFeed:
         if isinstance(item, _Arrival):
             sid = item.session_id
             builder.session_start(sid, t, tenant=item.tenant, restart=False)
-            step = builder.llm_start(sid, t, model=self.model,
-                                     tokens=TokenBlocks(item.tokens, item.blocks, self.block_size))
+            step = builder.llm_start(sid, t, model=self.model, tokens=self._tokens(item))
             self._calls[item.request_id] = [sid, step, None]
             while len(self._calls) > self.max_requests:
                 self._calls.popitem(last=False)
@@ -115,9 +115,14 @@ class EngineFeed:
                 sid, step, cached = call
                 builder.llm_end(sid, t, step=step, prompt_tokens=item.prompt_tokens,
                                 output_tokens=item.output_tokens, cached_tokens=cached, failed=item.failed,
-                                tokens=TokenBlocks(item.tokens, item.blocks, self.block_size))
+                                tokens=self._tokens(item))
         elif isinstance(item, _Hint):
             _feed_hint(builder, t, item.event, item.tenant)
+
+    def _tokens(self, item: _Arrival | _Finished) -> TokenBlocks:
+        # vLLM hashes blocks only with prefix caching (or a KV connector) on
+        blocks = item.blocks or block_hashes(item.tokens, self.block_size)
+        return TokenBlocks(item.tokens, blocks, self.block_size)
 
 
 def _feed_hint(builder: TraceBuilder, t: float, event: HintEvent, tenant: str) -> None:
