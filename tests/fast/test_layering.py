@@ -84,7 +84,7 @@ def test_simulator_imports_no_engine_or_transport(package):
 
 
 def test_the_recorder_imports_only_the_core_and_sdk_plumbing():
-    """So that every front door can record (the proxy now, the engine side later)."""
+    """So that every front door can record (the proxy in its process, the vLLM plugin in the engine's)."""
     folder = ROOT / "server" / "saga_server" / "record"
     assert list(folder.glob("*.py")), "record package not found"
     assert offenders(folder, lambda m: m.split(".")[0] in STDLIB or m.startswith(

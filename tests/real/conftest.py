@@ -33,8 +33,7 @@ import pytest
 
 from tests.support.chaos_table import ChaosRow, ChaosTable
 from tests.support.http import REQUEST_TIMEOUT_S, free_port, post_chat
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.serve import launch_saga_serve
 
 
 def pytest_collection_modifyitems(items):
@@ -101,12 +100,8 @@ def saga_server(tmp_path_factory):
     port, hint_port = free_port(), free_port()
     blocks = int(os.environ.get("SAGA_TEST_KV_BLOCKS", "192"))
     log_path = tmp_path_factory.mktemp("saga-serve") / "serve.log"
-    cmd = [sys.executable, "-m", "saga_server.cli", "serve", "--fast-start", "--port", str(port),
-           "--hint-port", str(hint_port), "--num-gpu-blocks-override", str(blocks), "--max-num-seqs", "16"]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "sdk"), str(ROOT / "server"), env.get("PYTHONPATH", "")])
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    proc = launch_saga_serve(["--fast-start", "--port", str(port), "--hint-port", str(hint_port),
+                              "--num-gpu-blocks-override", str(blocks), "--max-num-seqs", "16"], log_path)
     base = f"http://127.0.0.1:{port}"
     try:
         _wait(base, proc, float(os.environ.get("SAGA_TEST_READY_S", "600")), log_path)

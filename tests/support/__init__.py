@@ -9,6 +9,7 @@ there, so this package imports like any other, in every test folder.
 - `registry`: `RecordingRegistry`, the real registry keeping every accepted event, and `trace`
 - `examples`: `load_example`, an `examples/*.py` script imported as a module
 - `http`: `post_chat` and `free_port` for tests against a real server
+- `serve`: `launch_saga_serve`, a `saga serve` subprocess of this checkout
 - `chaos_table`, `faults`, `loads`: the chaos suite's table, fault injectors (a
   killable `saga hints`, a relay that cuts streams, raw bytes) and loads (forced
   tool-calling agents, hint floods)

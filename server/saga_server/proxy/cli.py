@@ -21,6 +21,7 @@ import os
 import re
 import sys
 
+from ..record import options as record_options
 from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing
 from ..rpc.reload import reload_on_sighup
 from . import record
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--submit-marker", action="append", metavar="REGEX",
                    help="a text action matching this ends its session (repeatable; default: "
                         "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT and kin)")
-    record.add_arguments(p)
+    record_options.add_arguments(p)
     p.add_argument("--read-timeout-s", type=float, default=600.0)
     p.add_argument("--log-level", default="warning")
     return p

@@ -3,10 +3,10 @@
 `SagaProxy` hands every batch of `HintEvent`s it emits to its recorder
 (`Recorder.submit`, which only enqueues); on the recorder's thread `feed_hints`
 reads them into `TraceBuilder` facts: the hint's own fields (steps, token counts,
-tool names and call ids, categories of text actions) and its `facts` (what the
-history continues, sizes, cached tokens, why a session ended). A session the
-tracker ends for being idle arrives with `reason` "idle" and is written
-`truncated`.
+tool names and call ids, categories of text actions, a session's tenant) and its
+`facts` (what the history continues, sizes, cached tokens, why a session ended).
+A session the tracker ends for being idle arrives with `reason` "idle" and is
+written `truncated`. The flags are `saga_server.record.options`'.
 
     saga proxy --upstream URL --record agents.jsonl [--record-hash-tools] [--record-max-bytes N]
     saga bench --what-if agents.jsonl --gpu h100-80gb --model llama3-8b --workers 4
@@ -21,14 +21,15 @@ from saga_server.record import RecordConfig, Recorder, TraceBuilder
 
 from .sessions import HintEvent
 
-__all__ = ["add_arguments", "feed_hints", "from_args", "proxy_recorder"]
+__all__ = ["feed_hints", "from_args", "proxy_recorder"]
 
 
 def feed_hints(builder: TraceBuilder, t: float, events: Iterable[HintEvent]) -> None:
     for event in events:
         sid, args, facts = event.session_id, event.args, event.facts
         if event.kind == "session_start":
-            builder.session_start(sid, t, workflow=str(args.get("workflow", "")))
+            builder.session_start(sid, t, workflow=str(args.get("workflow", "")),
+                                  tenant=str(args.get("tenant", "")))
         elif event.kind == "llm_call_start":
             builder.llm_start(sid, t, step=int(args.get("step", 0)), extends=facts.get("extends", ""),
                               prompt_chars=int(facts.get("prompt_chars", 0)), model=facts.get("model", ""))
@@ -51,16 +52,6 @@ def proxy_recorder(path: str, *, hash_tools: bool = False, max_bytes: int | None
     """A `Recorder` of the proxy's sessions into `path` (`RecordConfig` fields in `config`)."""
     return Recorder(RecordConfig(path, hash_tools=hash_tools, max_bytes=max_bytes, idle_s=idle_s,
                                  source="saga proxy", **config), feed_hints)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--record", metavar="FILE",
-                        help="write each finished session to FILE as a saga-trace/1 task (sizes and tool names, "
-                             "never text), for saga bench --trace / --what-if")
-    parser.add_argument("--record-hash-tools", action="store_true", help="hash tool names in the recording")
-    parser.add_argument("--record-max-bytes", type=int, metavar="N",
-                        help="before the recording grows past N bytes, move it aside to NAME.1.EXT "
-                             "(then .2, ...) and start a new one")
 
 
 def from_args(args: argparse.Namespace) -> Recorder | None:

@@ -3,14 +3,16 @@
 `TraceBuilder` (pure, `trace`) turns one session's facts (LLM calls, tool calls,
 its end; sizes and names, never text) into one task line; `JsonlSink` (`sink`)
 appends lines crash-safely and rotates by size; `Recorder` (`recorder`) runs both
-on a background thread behind a bounded queue, so the request path only enqueues.
-A front door supplies the feed that reads its own events into facts
-(`saga_server.proxy.record` for `saga proxy`).
+on a background thread behind a bounded queue, so the request path only enqueues;
+`options` are the `--record` flags and the environment that carries them into an
+engine process. A front door supplies the feed that reads its own events into
+facts (`saga_server.proxy.record` for `saga proxy`, `saga_server.engines.vllm.record`
+for `saga serve`).
 """
 
 from .recorder import RecordConfig, Recorder, RecorderStats, tool_hasher
 from .sink import JsonlSink
-from .trace import CHARS_PER_TOKEN, TraceBuilder
+from .trace import CHARS_PER_TOKEN, TokenBlocks, TraceBuilder, block_hashes
 
-__all__ = ["CHARS_PER_TOKEN", "JsonlSink", "RecordConfig", "Recorder", "RecorderStats", "TraceBuilder",
-           "tool_hasher"]
+__all__ = ["CHARS_PER_TOKEN", "JsonlSink", "RecordConfig", "Recorder", "RecorderStats", "TokenBlocks",
+           "TraceBuilder", "block_hashes", "tool_hasher"]

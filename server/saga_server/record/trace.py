@@ -1,70 +1,138 @@
 """`TraceBuilder`: one agent session's facts in, one `saga-trace/1` task out.
 
-A front door (the proxy, later the engine) tells the builder what it saw of each
+A front door (the proxy, the engine) tells the builder what it saw of each
 session, with the time it saw it: LLM calls starting and ending (token counts,
-cached tokens, what the history continues), tool calls starting and ending,
-the session's end. When a session ends the builder makes its task, one line of
-the format `saga bench` loads (`saga_server.bench.workload`):
+cached tokens, what the history continues, or the tokens themselves as an engine
+holds them), tool calls starting and ending, the session's end. When a session
+ends the builder makes its task, one line of the format `saga bench` loads
+(`saga_server.bench.workload`):
 
 - per step: `prompt_tokens`, `output_tokens`, `reused_prefix_tokens`,
   `provider_cached_tokens` (what the upstream said it served from its cache;
   null where it did not say), `llm_latency_s` (request to answer), `tools`
   (name, category, `duration_s`: from the answer that asked for the call to the
-  request that follows it; null for a call the session ended on), and
+  request that follows it, the gap a replay waits, whenever the tool's own start
+  and end were told; null for a call the session ended on), and
   `idle_s` where no tool ran before the next step (a user's turn);
-- `reused_prefix_tokens`: the previous step's prompt plus its answer when the
-  history continues that answer, its prompt alone when it continues only the
-  request (the answer was rewritten), 0 otherwise; at most the prompt;
+- `reused_prefix_tokens`: given the calls' tokens (`TokenBlocks`, an engine),
+  the leading prompt tokens that are the previous step's prompt plus its answer,
+  token for token (to the block where only block hashes can tell); else the
+  previous step's prompt plus its answer when the history continues that
+  answer, its prompt alone when it continues only the request (the answer was
+  rewritten), 0 otherwise; at most the prompt;
 - `shared_prefix_tokens`: the first step's cached tokens where reported (what a
   new session found of earlier ones: system prompt, tool schemas), else 0;
 - token counts the upstream did not report (a stream without usage) are
   estimated from characters (`CHARS_PER_TOKEN`) and the task says
   `tokens_estimated`;
+- `tenant`, where a session's start said one;
 - `end_reason`: why the session ended; `truncated` unless it ended in-band
-  (`submit`, `final`): a session that only went quiet, or that the recorder
+  (`IN_BAND_ENDS`: the proxy's `submit` and `final`, an agent's own session end
+  with its outcome): a session that only went quiet, or that the recorder
   had to let go, may have had more to do; `incomplete` when facts went missing
   on the way (a step number skipped, an end without its start, or `lost`, the
   owner's count of facts dropped before they reached the builder, grew while
   the session was open).
 
-No text ever reaches the builder, only sizes and names; `tool_name` may hash the
-names (the category is taken from the real name first). Failed calls are left
-out of the steps (counted in `failed_calls`); an identical retry continues what
-the failed call continued.
+No text ever reaches the builder, only sizes and names, and from an engine token
+ids, which it compares and never writes (of a session's last call it keeps a hash
+per block and the ids past its last whole block); `tool_name` may hash the names
+(the category is taken from the real name first). Failed calls are left out of
+the steps (counted in `failed_calls`); an identical retry continues what the
+failed call continued.
 
 Memory is bounded: at most `max_sessions` open sessions (the longest quiet is
 ended first, `end_reason` "recorder_full"), `max_steps` steps each (the rest is
-counted, not kept; as many calls in flight), and a session silent for `idle_s`
-ends as "recorder_idle" (its end never arrived). A session that ends and comes
-back (the proxy revives one it ended too early) is a second task under its id. Not thread-safe: one owner (the recorder's thread)
-calls it. Times are seconds on one monotonic clock; `started_unix_s` comes from
-`wall`.
+counted, not kept; as many calls in flight), one int per block of its last call
+where tokens are given, and a session silent for `idle_s` ends as
+"recorder_idle" (its end never arrived). A session that ends and comes back (the
+proxy revives one it ended too early) is a second task under its id. Not
+thread-safe: one owner (the recorder's thread) calls it. Times are seconds on one
+monotonic clock; `started_unix_s` comes from `wall`.
 """
 
 from __future__ import annotations
 
 import time
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Hashable, Sequence
 
 from saga_server.core.categories import guess_category
 
-__all__ = ["CHARS_PER_TOKEN", "IN_BAND_ENDS", "TraceBuilder"]
+__all__ = ["CHARS_PER_TOKEN", "IN_BAND_ENDS", "TokenBlocks", "TraceBuilder", "block_hashes"]
 
 # Calibrated on the SWE-bench runs (../shared/traces/README.md): the same ratio the
 # tau-bench traces were estimated with.
 CHARS_PER_TOKEN = 3.36
-IN_BAND_ENDS = ("submit", "final")
+# The proxy's (the agent submitted; its last answer ended the task) and an agent's own
+# session end hint (its outcome).
+IN_BAND_ENDS = ("submit", "final", "completed", "failed", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBlocks:
+    """A call's tokens as an engine holds them: `tokens` the ids, `blocks[i]` a hash
+    that stands for the first `(i + 1) * block_size` of them (chained, so equal
+    hashes mean equal prefixes: vLLM's prefix-cache block hashes). Only the first
+    `len(tokens) // block_size` blocks are read, so a list the engine still appends
+    to may be passed as it is."""
+
+    tokens: Sequence[int]
+    blocks: Sequence[Hashable]
+    block_size: int
+
+
+def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
+    """Chained hashes of the whole blocks of `tokens`, for `TokenBlocks` where the
+    engine keeps none (vLLM without prefix caching)."""
+    out, parent = [], 0
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = hash((parent, tuple(tokens[start:start + block_size])))
+        out.append(parent)
+    return out
 
 
 @dataclass(slots=True)
 class _Tool:
     name: str
     category: str
-    started: float
-    ended: float | None = None
     duration: float | None = None
+
+
+@dataclass(slots=True)
+class _Sequence:
+    """What a call's tokens leave for the next call to compare: a hash per whole block
+    (as ints) and the ids past them (at most a block)."""
+
+    block_size: int
+    blocks: array
+    tail: tuple[int, ...]
+
+    @classmethod
+    def of(cls, seen: TokenBlocks) -> _Sequence:
+        size = max(1, seen.block_size)
+        n = min(len(seen.blocks), len(seen.tokens) // size)
+        return cls(size, array("q", map(hash, seen.blocks[:n])), tuple(seen.tokens[n * size:(n + 1) * size]))
+
+    def shared(self, seen: TokenBlocks) -> int:
+        """How many leading tokens of `seen` (of one engine, one block size) are this sequence's."""
+        size, mine = self.block_size, self.blocks
+        lo, hi = 0, min(len(mine), len(seen.blocks), len(seen.tokens) // size)
+        while lo < hi:  # the longest run of equal leading blocks (chained: a prefix)
+            mid = (lo + hi + 1) // 2
+            if hash(seen.blocks[mid - 1]) == mine[mid - 1]:
+                lo = mid
+            else:
+                hi = mid - 1
+        shared = lo * size
+        if lo == len(mine):  # every whole block is the same: count on, token by token
+            for own, theirs in zip(self.tail, seen.tokens[shared:shared + len(self.tail)]):
+                if own != theirs:
+                    break
+                shared += 1
+        return shared
 
 
 @dataclass(slots=True)
@@ -73,6 +141,7 @@ class _Step:
     started: float
     extends: str
     prompt_chars: int
+    reused: int | None = None  # counted from the tokens (`TokenBlocks`)
     ended: float | None = None
     prompt: int = 0
     output: int = 0
@@ -89,11 +158,12 @@ class _Task:
     started_unix: float
     last_seen: float
     model: str = ""
+    tenant: str = ""
     steps: list[_Step] = field(default_factory=list)
     running: dict[int, _Step] = field(default_factory=dict)  # step number -> call in flight
-    tools: dict[str, _Tool] = field(default_factory=dict)    # call id -> call not yet ended
-    answered: list[_Tool] = field(default_factory=list)      # ended since the last step started
+    tools: dict[str, _Tool] = field(default_factory=dict)    # call id (or name) -> call not yet ended
     last_step: int | None = None  # a revived session's steps number on from its earlier life
+    last_tokens: _Sequence | None = None  # the last call's, where tokens are given
     failed_calls: int = 0
     failed_extends: str | None = None  # what the last failed call continued (a retry repeats it)
     dropped_steps: int = 0
@@ -122,14 +192,24 @@ class TraceBuilder:
 
     # -- facts --------------------------------------------------------------------------
 
-    def session_start(self, sid: str, t: float, *, workflow: str = "") -> None:
-        if sid in self._open:  # a start without the previous end: that one is over
-            self._finish(self._open[sid], "restarted")
-        self._task(sid, t, workflow)
+    def session_start(self, sid: str, t: float, *, workflow: str = "", tenant: str = "",
+                      restart: bool = True) -> None:
+        """`restart`: a start of a session still open ends that one first ("restarted");
+        False: it is the same session (an engine may see a session's first call before
+        its start hint), whose workflow and tenant are filled in where still empty."""
+        task = self._open.get(sid)
+        if task is not None and restart:  # a start without the previous end: that one is over
+            self._finish(task, "restarted")
+        task = self._task(sid, t, workflow)
+        task.workflow, task.tenant = task.workflow or workflow, task.tenant or tenant
 
-    def llm_start(self, sid: str, t: float, *, step: int, extends: str = "", prompt_chars: int = 0,
-                  model: str = "") -> None:
+    def llm_start(self, sid: str, t: float, *, step: int | None = None, extends: str = "", prompt_chars: int = 0,
+                  model: str = "", tokens: TokenBlocks | None = None) -> int:
+        """Returns the call's step number: `step`, or with None the one after the
+        session's last."""
         task = self._task(sid, t)
+        if step is None:
+            step = (task.last_step or 0) + 1
         if task.last_step is not None and step != task.last_step + 1:
             task.incomplete = True
         task.last_step = step if task.last_step is None else max(task.last_step, step)
@@ -137,18 +217,23 @@ class TraceBuilder:
         if extends == "request" and task.failed_extends is not None:
             extends = task.failed_extends  # a retry continues what the failed call did
         task.failed_extends = None
-        for tool in task.answered:  # the calls this request answers: their gap is known now
-            tool.duration = max(0.0, tool.ended - tool.started)
-        task.answered.clear()
-        if task.steps and task.steps[-1].next_at is None:
-            task.steps[-1].next_at = t
+        if task.steps and task.steps[-1].next_at is None:  # the gap after the last answer is known now
+            last = task.steps[-1]
+            last.next_at = t
+            for tool in last.tools:
+                tool.duration = _gap(last)
         if len(task.running) >= self.max_steps:  # ends that never came
             del task.running[next(iter(task.running))]
             task.incomplete = True
-        task.running[step] = _Step(step, t, extends, prompt_chars)
+        call = task.running[step] = _Step(step, t, extends, prompt_chars)
+        if tokens is not None:
+            call.reused = task.last_tokens.shared(tokens) if task.last_tokens is not None else 0
+        return step
 
     def llm_end(self, sid: str, t: float, *, step: int, prompt_tokens: int = 0, output_tokens: int = 0,
-                cached_tokens: int | None = None, output_chars: int = 0, failed: bool = False) -> None:
+                cached_tokens: int | None = None, output_chars: int = 0, failed: bool = False,
+                tokens: TokenBlocks | None = None) -> None:
+        """`tokens`: the prompt and the answer, for what the next call reuses."""
         task = self._task(sid, t)
         call = task.running.pop(step, None)
         if call is None:
@@ -158,6 +243,8 @@ class TraceBuilder:
             task.failed_calls += 1
             task.failed_extends = call.extends
             return
+        if tokens is not None:
+            task.last_tokens = _Sequence.of(tokens)
         if len(task.steps) >= self.max_steps:
             task.dropped_steps += 1
             return
@@ -174,18 +261,19 @@ class TraceBuilder:
         if not task.steps or task.dropped_steps:
             task.incomplete = task.incomplete or not task.steps
             return
-        tool = _Tool(self._tool_name(name), category or guess_category(name), t)
-        task.steps[-1].tools.append(tool)
-        task.tools[call_id or f"{name}#{len(task.tools)}"] = tool
+        last = task.steps[-1]
+        tool = _Tool(self._tool_name(name), category or guess_category(name))
+        if last.next_at is not None:  # told after the next request came (hints race requests)
+            tool.duration = _gap(last)
+        last.tools.append(tool)
+        task.tools[call_id or name] = tool
 
-    def tool_end(self, sid: str, t: float, *, call_id: str) -> None:
+    def tool_end(self, sid: str, t: float, *, call_id: str = "", name: str = "") -> None:
+        """The end of the call `call_id`; without one, of the open call of `name` (a call
+        without an id is known by its tool's name, as in the core's session table)."""
         task = self._task(sid, t)
-        tool = task.tools.pop(call_id, None)
-        if tool is None:
+        if task.tools.pop(call_id or name, None) is None:
             task.incomplete = True
-            return
-        tool.ended = t
-        task.answered.append(tool)
 
     def session_end(self, sid: str, t: float, *, reason: str = "") -> None:
         task = self._open.get(sid)
@@ -243,7 +331,9 @@ class TraceBuilder:
         steps, prev = [], None
         for st in task.steps:
             reused = 0
-            if prev is not None and st.extends == "answer":
+            if st.reused is not None:
+                reused = st.reused
+            elif prev is not None and st.extends == "answer":
                 reused = prev.prompt + prev.output
             elif prev is not None and st.extends == "request":
                 reused = prev.prompt
@@ -261,6 +351,7 @@ class TraceBuilder:
         line: dict[str, Any] = {
             "format": "saga-trace/1", "source": self.source, "agent": "", "benchmark": "recorded",
             "run": task.workflow, "model": task.model, "task_id": task.session_id,
+            **({"tenant": task.tenant} if task.tenant else {}),
             "shared_prefix_tokens": min(task.steps[0].cached or 0, task.steps[0].prompt),
             "started_unix_s": round(task.started_unix, 3),
             "duration_s": round(last.ended - task.steps[0].started, 4),
@@ -272,6 +363,11 @@ class TraceBuilder:
             if value:
                 line[key] = value
         return line
+
+
+def _gap(step: _Step) -> float:
+    """From the step's answer to the request that followed it."""
+    return max(0.0, step.next_at - step.ended)
 
 
 def _tokens(chars: int) -> int:

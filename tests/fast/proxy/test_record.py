@@ -15,7 +15,8 @@ from saga_server.bench.workload import load_trace, materialize
 from saga_server.core.categories import guess_category
 from saga_server.proxy import cli
 from saga_server.proxy.record import feed_hints, proxy_recorder
-from saga_server.record import RecordConfig, Recorder
+from saga_server.proxy.sessions import HintEvent
+from saga_server.record import RecordConfig, Recorder, TraceBuilder
 from tests.fast.proxy.agents import SECRET, run_messages_agent, run_responses_agent, run_text_agent
 from tests.support.proxies import start_proxy
 
@@ -203,3 +204,12 @@ def test_saga_proxy_record_flags(tmp_path, capsys):
     assert cli.record.from_args(cli.build_parser().parse_args(["--upstream", "http://x/v1"])) is None
     assert cli.main(["--upstream", "http://127.0.0.1:1/v1", "--record", str(tmp_path / "no" / "dir.jsonl")]) == 2
     assert "saga proxy:" in capsys.readouterr().err
+
+
+def test_a_sessions_tenant_is_recorded():
+    b = TraceBuilder()
+    feed_hints(b, 0.0, [HintEvent("session_start", "team-a/s1", {"workflow": "wf", "tenant": "team-a"}),
+                        HintEvent("llm_call_start", "team-a/s1", {"step": 1}),
+                        HintEvent("llm_call_end", "team-a/s1", {"step": 1, "prompt_tokens": 9, "output_tokens": 1}),
+                        HintEvent("session_end", "team-a/s1", {}, {"reason": "submit"})])
+    assert b.take()[0]["tenant"] == "team-a"

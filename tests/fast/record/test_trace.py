@@ -7,7 +7,7 @@ import random
 import pytest
 
 from saga_server.bench.workload import materialize
-from saga_server.record import TraceBuilder
+from saga_server.record import TokenBlocks, TraceBuilder, block_hashes
 
 
 def agent(b: TraceBuilder, sid: str = "s", steps: int = 3, t: float = 0.0, *, tool_s: float = 2.0,
@@ -188,3 +188,77 @@ def test_a_revived_session_is_a_second_task_and_not_incomplete():
     first, second = b.take()
     assert (len(first["steps"]), len(second["steps"])) == (2, 1)
     assert "incomplete" not in second and second["steps"][0]["reused_prefix_tokens"] == 0
+
+
+# -- what an engine tells: tokens, its own step numbers, hints that race requests ----------
+
+def seen(ids: list[int], size: int = 4) -> TokenBlocks:
+    return TokenBlocks(ids, block_hashes(ids, size), size)
+
+
+def engine_call(b: TraceBuilder, sid: str, t: float, prompt: list[int], answer: list[int]) -> int:
+    step = b.llm_start(sid, t, tokens=seen(prompt))
+    b.llm_end(sid, t + 1, step=step, prompt_tokens=len(prompt), output_tokens=len(answer),
+              tokens=seen(prompt + answer))
+    return step
+
+
+def test_given_the_tokens_reuse_is_what_the_prompt_shares_with_the_last_prompt_and_answer():
+    b = TraceBuilder()
+    b.session_start("s", 0)
+    p1, a1 = list(range(10)), [50, 51, 52]                 # 13 tokens: 3 whole blocks of 4, 1 past them
+    p2 = p1 + a1 + [60, 61, 62, 63, 64]                   # continues the answer
+    p3 = p2 + [70, 71] + [80] * 6                         # keeps only part of its answer
+    p4 = p1[:6] + [99] * 10                               # breaks off inside a block
+    steps = [engine_call(b, "s", k * 10, p, a) for k, (p, a) in enumerate(
+        [(p1, a1), (p2, [70, 71, 72]), (p3, [1]), (p4, [2])])]
+    b.session_end("s", 50, reason="completed")
+    [task] = b.take()
+    assert steps == [1, 2, 3, 4] and "incomplete" not in task    # the builder numbered the calls
+    assert [st["reused_prefix_tokens"] for st in task["steps"]] == [0, 13, 20, 4]  # the last: to its block
+    assert (task["end_reason"], task["truncated"]) == ("completed", False)  # the agent's own end
+
+
+def test_a_call_shorter_than_a_block_is_compared_token_by_token():
+    b = TraceBuilder()
+    engine_call(b, "s", 0, [1, 2], [3])                   # no whole block of 4
+    engine_call(b, "s", 2, [1, 2, 3, 9, 9, 9, 9, 9], [4])
+    b.close()
+    assert [st["reused_prefix_tokens"] for st in b.take()[0]["steps"]] == [0, 3]
+
+
+def test_an_engine_start_joins_the_task_its_first_request_opened_and_the_tenant_is_written():
+    b = TraceBuilder()
+    b.session_start("s", 0, tenant="from-request", restart=False)  # the first request came first
+    b.llm_start("s", 0)
+    b.llm_end("s", 1, step=1, prompt_tokens=10, output_tokens=1)
+    b.session_start("s", 1.5, workflow="wf", tenant="from-hint", restart=False)
+    b.session_end("s", 2, reason="completed")
+    [task] = b.take()
+    assert (task["run"], task["tenant"], len(task["steps"])) == ("wf", "from-request", 1)
+    assert "incomplete" not in task
+    agent(b, "plain")
+    assert "tenant" not in b.take()[0]                   # none said: no field (older files have none)
+
+
+def test_a_tool_lasts_from_the_answer_to_the_next_request_whenever_its_hints_came():
+    b = TraceBuilder()
+    b.session_start("s", 0)
+    b.llm_start("s", 0, step=1)
+    b.llm_end("s", 1, step=1, prompt_tokens=10, output_tokens=1)
+    b.tool_start("s", 1.2, name="pytest")                # no call id: known by its name
+    b.tool_end("s", 3.0, name="pytest")
+    b.llm_start("s", 3.5, step=2)                        # the gap: 2.5 s
+    b.tool_start("s", 3.6, name="grep", call_id="g")     # told after the request that followed it
+    b.llm_end("s", 4, step=2, prompt_tokens=20, output_tokens=1)
+    b.tool_end("s", 4, call_id="g")
+    b.session_end("s", 4, reason="completed")
+    [task] = b.take()
+    assert [t["duration_s"] for t in task["steps"][0]["tools"]] == [2.5, 2.5]
+    assert "incomplete" not in task
+    b.session_start("x", 0)
+    b.llm_start("x", 0, step=1)
+    b.llm_end("x", 1, step=1, prompt_tokens=10, output_tokens=1)
+    b.tool_end("x", 2, name="never-started")
+    b.session_end("x", 2, reason="completed")
+    assert b.take()[0]["incomplete"] is True

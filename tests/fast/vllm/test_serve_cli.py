@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from saga_server.record import options as record_options
 from saga_server.serve import cli
 from saga_server.serve.status import parse_metrics
 
@@ -68,3 +69,32 @@ def test_the_keys_file_reaches_the_engine_and_a_bad_one_stops_saga_serve_first(t
     (tmp_path / "config.json").write_text("{}")  # a model directory, for --dry-run
     assert cli.main(["--api-keys", str(keys), "--dry-run", "--model", str(tmp_path)]) == 2
     assert f"{keys}:1: want `key tenant role" in capsys.readouterr().err
+
+
+def test_the_record_flags_reach_the_engine_as_its_environment(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = build(["--record", "agents.jsonl", "--record-hash-tools", "--record-max-bytes", "1000",
+                 "--record-idle-s", "30"])
+    config = record_options.config_from_env(cfg.env, source="engine", idle_s=1800.0)
+    assert (config.path, config.hash_tools, config.max_bytes, config.idle_s) == (
+        str(tmp_path / "agents.jsonl"), True, 1000, 30.0)  # absolute: the engine's directory may differ
+    plain = record_options.config_from_env(build(["--record", "a.jsonl"]).env, source="engine", idle_s=1800.0)
+    assert (plain.hash_tools, plain.max_bytes, plain.idle_s) == (False, None, 1800.0)
+    assert not any(k.startswith("SAGA_RECORD") for k in build([]).env)
+    with pytest.raises(SystemExit):
+        build(["--record", "a.jsonl", "--no-saga"])  # only the plugin records
+    (tmp_path / "config.json").write_text("{}")  # a model directory, for --dry-run
+    assert cli.main(["--record", "a.jsonl", "--record-max-bytes", "0", "--dry-run", "--model", str(tmp_path)]) == 2
+    assert "--record-max-bytes must be positive" in capsys.readouterr().err
+    # before vLLM starts, the file is opened: one that cannot be written stops saga serve
+    opts, _ = cli._parser().parse_known_args(["--record", str(tmp_path / "no" / "dir.jsonl")])
+    assert "cannot write the recording" in cli._check_record(opts, touch=True)
+    opts, _ = cli._parser().parse_known_args(["--record", str(tmp_path / "ok.jsonl")])
+    assert cli._check_record(opts, touch=True) is None and (tmp_path / "ok.jsonl").exists()
+
+
+def test_a_malformed_record_environment_is_refused():
+    for env in ({"SAGA_RECORD": "x", "SAGA_RECORD_MAX_BYTES": "big"}, {"SAGA_RECORD": "x", "SAGA_RECORD_IDLE_S": "0"}):
+        with pytest.raises(ValueError):
+            record_options.config_from_env(env, source="engine", idle_s=1.0)
+    assert record_options.config_from_env({}, source="engine", idle_s=1.0) is None

@@ -11,6 +11,9 @@ process, which vLLM spawns): the plugin's `__init__` starts the gRPC
    and `ReleaseKv` when the cluster router moved the session away) to a bounded queue that `schedule()` drains on the engine thread, so block
    references are only ever touched by the engine loop.
 
+An observer (`on_event`: the engine's recorder, `record`) is handed every hint
+the core accepted, on the hint thread.
+
 A flood cannot grow memory: the queue drops its oldest entries beyond
 `max_queue` (counted in `saga_engine_hints_dropped`); the core bounds its own
 session table. Reads (GetSession/ListSessions/ListResident/GetStats) are served
@@ -62,8 +65,10 @@ class EngineHintSink:
 
     def __init__(self, core, engine_stats: Callable[[], Mapping[str, float]] = dict,
                  max_queue: int = 10_000, on_drop: Callable[[], None] = lambda: None,
-                 on_accept: Callable[[], None] = lambda: None) -> None:
+                 on_accept: Callable[[], None] = lambda: None,
+                 on_event: Callable[[HintEvent], None] | None = None) -> None:
         self.core = core
+        self._on_event = on_event
         self._engine_stats = engine_stats
         self._queue: collections.deque = collections.deque()
         self._max_queue = max_queue
@@ -76,10 +81,9 @@ class EngineHintSink:
         self.core.accept(event, caller)  # raises HintRejected unchanged: the service reports it
         if isinstance(event, _ENGINE_EVENTS):
             self._enqueue(event)
-        try:
-            self._on_accept()
-        except Exception:  # gauges are best effort; the hint itself is applied
-            log.exception("hint accept hook failed")
+        _best_effort(self._on_accept)
+        if self._on_event is not None:
+            _best_effort(self._on_event, event)
 
     def _enqueue(self, event) -> None:
         with self._lock:
@@ -129,6 +133,14 @@ class EngineHintSink:
             log.exception("engine stats failed")
         out["engine_hints_dropped"] = float(self.dropped)
         return out
+
+
+def _best_effort(hook: Callable, *args) -> None:
+    """Gauges and recording: the hint itself is applied whatever they do."""
+    try:
+        hook(*args)
+    except Exception:
+        log.exception("hint accept hook failed")
 
 
 def start_hint_service(sink: EngineHintSink, address: str | None = None):

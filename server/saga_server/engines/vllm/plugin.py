@@ -32,6 +32,8 @@ stock vLLM (everything else is vLLM's own code path):
 - **Hints**: see `intake`; a gRPC hint service runs in this (EngineCore) process and
   feeds the core; tool/session events reach the engine loop through a queue drained
   at each `schedule()`, so block references are only ever touched by the engine loop.
+- **Recording** (`SAGA_RECORD`, see `record`): each session's requests and hints,
+  enqueued for a writer thread, become `saga-trace/1` tasks.
 
 Every hook is guarded: an exception in SAGA code is logged and counted
 (`saga_plugin_errors`) and vLLM carries on as stock. Serving never depends on SAGA
@@ -69,6 +71,7 @@ from .metrics import PluginCounters, SagaMetrics
 from .offload import RequestSessions, attach
 from .prefetch import Prefetcher, is_prefetch
 from .queue import RankedRequestQueue
+from .record import EngineRecording
 from .sessions import request_meta
 
 # Under "vllm." so vLLM's own log handler (and level) shows these lines.
@@ -163,8 +166,10 @@ class SagaPlugin:
         self._request_sessions = RequestSessions()  # for vLLM's CPU offload tier (`offload`)
         attach(self)
         self._core_gauges_at = -math.inf
+        self.recording = EngineRecording.from_env(scheduler, self.core, self.clock)
         self.sink = EngineHintSink(self.core, self.engine_stats, on_drop=self.metrics.hints_dropped.inc,
-                                   on_accept=self._core_gauges)
+                                   on_accept=self._core_gauges,
+                                   on_event=self.recording.hint if self.recording is not None else None)
         self.hint_server = start_hint_service(self.sink) if start_hints else None
         if tenant_limits is None and self.hint_server is not None and self.hint_server.keys is not None:
             self.tenant_limits = self.hint_server.keys.limits
@@ -184,6 +189,8 @@ class SagaPlugin:
         if sid is None:
             return
         self._request_sessions.add(request.request_id, sid)
+        if self.recording is not None:
+            self.recording.arrival(request, meta)
         if self.prefetcher.block_hasher is None:
             self.prefetcher.block_hasher = getattr(request, "_block_hasher", None)
         if meta.deadline_s is not None and self.core.session(sid) is None:
@@ -221,6 +228,8 @@ class SagaPlugin:
         if meta is None or meta.session_id is None:
             return
         sid = meta.session_id
+        if self.recording is not None:
+            self.recording.finished(request)
         self.core.on_request_finished(sid, request.num_prompt_tokens, request.num_output_tokens)
         if self.admission is not None:
             self.admission.finished(sid)
@@ -295,7 +304,11 @@ class SagaPlugin:
             req = sched.requests.get(new.req_id)
             prompt = req.num_prompt_tokens if req is not None else 0
             hit = min(new.num_computed_tokens, prompt)
-            had = self._had.pop(new.req_id, 0)  # KV it had computed before this request
+            had = self._had.pop(new.req_id, None)  # KV it had computed before this request
+            if had is None:  # scheduled before (it was preempted)
+                had = 0
+            elif self.recording is not None:  # first scheduled: its cached tokens as served
+                self.recording.scheduled(new.req_id, hit)
             if self.admission is not None:
                 self.admission.served(sid, max(0, min(had, prompt) // self.block_size * self.block_size - hit))
             metrics.prefix_hit_tokens.inc(hit)
@@ -324,6 +337,8 @@ class SagaPlugin:
                 self.hint_server.stop(grace=0.5)
             except Exception:
                 log.exception("stopping the hint service failed")
+        if self.recording is not None:
+            self.recording.close()
 
     # -- reads (also from the hint service's thread: counts only) --------------------
 

@@ -1,0 +1,27 @@
+"""`launch_saga_serve`: a `saga serve` subprocess from this checkout, for the real tier.
+
+    proc = launch_saga_serve(["--fast-start", "--port", "8123", ...], log_path)
+
+Its output goes to `log_path` (`[saga] ready in` appears there once it serves); it runs
+from the repository root with this checkout's `sdk` and `server` first on `PYTHONPATH`.
+SIGTERM stops it and vLLM's whole process group.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["ROOT", "launch_saga_serve"]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def launch_saga_serve(args: list[str], log_path: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "saga_server.cli", "serve", *args]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "sdk"), str(ROOT / "server"), env.get("PYTHONPATH", "")])
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
