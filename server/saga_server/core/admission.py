@@ -23,7 +23,7 @@ only while sessions are away in tools, a write-through tier holds copies of what
 GPU holds too, and sessions queued behind the engine's batch limit keep their KV on
 the pool while they wait, so a W well above the pool may lose nothing. L starts at
 `target` x (pool + host tier). Each served request of an active session that found
-its KV intact raises it by ws^2/L (about one session per round of requests) while the
+the KV it had held intact raises it by ws^2/L (about one session per round of requests) while the
 limit binds (a session waits for admission: as TCP's window grows only while the
 sender is window-limited, so an idle stretch cannot inflate it); each one that had to
 recompute r tokens it had held lowers it by r (the tiers were short by about that
@@ -97,7 +97,7 @@ class _Entry:
     tenant: str
     state: str
     ws: int  # working-set tokens
-    pending: bool = False  # a request of it waits or runs at the engine
+    pending: int = 0  # its requests waiting or running at the engine
     waiting_since: float = 0.0  # when its current request arrived (core clock)
     returning: bool = False  # re-admitted after parking: its first request may miss KV by design
 
@@ -140,7 +140,7 @@ class SessionAdmission:
         e = self._entries.get(session_id)
         if e is None:
             e = self._entries[session_id] = _Entry(session_id, tenant, WAITING, tokens)
-        e.pending = True
+        e.pending += 1
         e.waiting_since = self.core.now()
         if e.state == ACTIVE:
             self._resize(e, tokens)
@@ -149,19 +149,23 @@ class SessionAdmission:
         return False
 
     def finished(self, session_id: str) -> None:
-        """The session's request finished: between requests its working set is its
-        outlook (context + predicted growth + answer)."""
+        """A request of the session finished; once none is left, between requests
+        its working set is its outlook (context + predicted growth + answer)."""
         e = self._entries.get(session_id)
         if e is None:
             return
-        e.pending = False
+        e.pending = max(0, e.pending - 1)
+        if e.pending:
+            return
         outlook = self.core.kv_outlook(session_id)
         if outlook is not None and e.state == ACTIVE:
             self._resize(e, outlook.next_tokens)
 
-    def served(self, session_id: str, recomputed_tokens: int) -> None:
-        """The engine served a request of the session; `recomputed_tokens`: KV of it the
-        engine had held and had to recompute. Adapts the limit (module docstring)."""
+    def served(self, session_id: str, held_tokens: int, recomputed_tokens: int) -> None:
+        """The engine served a request of the session; `held_tokens`: KV of its prompt
+        the engine had computed before (0 for a first request: nothing to find, no
+        evidence either way), `recomputed_tokens`: how much of that it had to
+        recompute. Adapts the limit (module docstring)."""
         e = self._entries.get(session_id)
         if e is None or e.state != ACTIVE:
             return
@@ -170,10 +174,13 @@ class SessionAdmission:
         elif recomputed_tokens > 0:
             self.counts.losses += 1
             self.limit = max(self.floor, self.limit - recomputed_tokens)
-        elif self._someone_waits():
+        elif held_tokens > 0 and self._someone_waits():
             self.limit += e.ws * e.ws / self.limit
 
     def ended(self, session_id: str) -> None:
+        """The session ended or left this engine: it is forgotten, with its requests
+        (the engine reports no `finished` for a request that arrived before the end:
+        one that outlives it is no longer this session's)."""
         e = self._entries.pop(session_id, None)
         if e is None:
             return

@@ -153,9 +153,20 @@ def test_the_limit_grows_past_the_tiers_while_kv_is_found_and_someone_waits():
     adm.plan()
     assert not b.request(600) and adm.plan().admit == ()  # 800 + 600 > L = 1000
     for _ in range(2):  # a's requests find their KV while b waits: the tiers hold more than sized
-        adm.served("a", 0)
+        adm.served("a", 800, 0)
     assert adm.limit > 1000
     assert adm.plan().admit == ("b",)
+
+
+def test_a_first_request_is_no_evidence_that_kv_is_held():
+    core, clock, adm = setup(capacity=1000, target=1.0)
+    a, b = Agent(core, adm, clock, "a"), Agent(core, adm, clock, "b")
+    a.request(800)
+    adm.plan()
+    b.request(600)
+    adm.plan()
+    adm.served("a", 0, 0)  # nothing held before: nothing found, nothing lost
+    assert adm.limit == 1000 and adm.plan().admit == ()
 
 
 def test_the_limit_does_not_grow_while_nobody_waits():
@@ -164,7 +175,7 @@ def test_the_limit_does_not_grow_while_nobody_waits():
     a.request(800)
     adm.plan()
     for _ in range(50):
-        adm.served("a", 0)
+        adm.served("a", 800, 0)
     assert adm.limit == 1000
 
 
@@ -173,10 +184,22 @@ def test_recomputed_kv_lowers_the_limit_by_what_was_lost_but_not_below_the_pool(
     a = Agent(core, adm, clock, "a")
     a.request(800)
     adm.plan()
-    adm.served("a", 300)
+    adm.served("a", 800, 300)
     assert adm.limit == 1700 and adm.counts.losses == 1
-    adm.served("a", 5000)
+    adm.served("a", 5000, 5000)
     assert adm.limit == 1000
+
+
+def test_a_session_with_two_requests_in_flight_is_busy_until_both_finished():
+    core, clock, adm = setup(capacity=1000, target=1.0)
+    a = Agent(core, adm, clock, "a")
+    a.request(400)
+    adm.plan()
+    assert adm.ready("a", 400)  # a second call of the same session (parallel tool use)
+    adm.finished("a")
+    assert adm._busy()  # one is still running: the engine is not idle, a is not parkable
+    adm.finished("a")
+    assert not adm._busy()
 
 
 def test_overflow_parks_idle_sessions_down_to_the_target():

@@ -4,7 +4,7 @@ deadlocks (synthetic model outputs, no model)."""
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from saga_server.core import CoreConfig, ManualClock, SessionEnd, SessionStart, ToolCallStart, WorkflowCore
@@ -92,6 +92,10 @@ def test_one_slot_and_a_pool_for_one_session_still_finish_everything(tiny_model)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 12), st.sampled_from(["req", "end", "step"])),
                 min_size=1, max_size=30))
+# s1 ends while its request runs, and its id comes back with a request that does not
+# fit: the old request's finish must not count as the new one's
+@example(ops=[(0, 1, "req"), (1, 1, "req"), (1, 1, "end"), (3, 8, "req"), (0, 1, "step"), (2, 1, "req"),
+              (1, 11, "req")])
 def test_any_arrival_sequence_drains_with_nothing_left_waiting(tiny_model, ops):
     """The bound, against the real scheduler: whatever arrives and ends, once nothing
     new comes every waiting request is admitted and served."""

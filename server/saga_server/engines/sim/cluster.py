@@ -252,7 +252,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             res.loaded_tokens += loaded
             res.recomputed_tokens += recomputed
             if w.adm is not None:
-                w.adm.served(sid, recomputed)
+                w.adm.served(sid, own_reuse // bt * bt, recomputed)
             res.prefilled_tokens += new
             if recomputed and new:
                 res.regen_gpu_s += (r.work * recomputed / new) * 2.0 * cost.model.params / (

@@ -245,7 +245,7 @@ class _BestFitAdmission:
     def finished(self, session_id: str) -> None:
         self._pending.discard(session_id)
 
-    def served(self, session_id: str, recomputed_tokens: int) -> None:
+    def served(self, session_id: str, held_tokens: int, recomputed_tokens: int) -> None:
         pass  # its limit is the pool, fixed
 
     def ended(self, session_id: str) -> None:

@@ -163,6 +163,9 @@ class SagaPlugin:
         self._prefill = _Throughput()
         self.requests: dict[str, Any] = {}  # request id -> RequestMeta (live requests)
         self._had: dict[str, int] = {}  # request id -> its session's context at arrival (until scheduled)
+        # session -> its requests admission counts in flight; an end forgets them, so a
+        # request that outlives its session's end never counts against the id's next use
+        self._admission_requests: dict[str, set[str]] = {}
         self._request_sessions = RequestSessions()  # for vLLM's CPU offload tier (`offload`)
         attach(self)
         self._core_gauges_at = -math.inf
@@ -204,6 +207,7 @@ class SagaPlugin:
         self._had[request.request_id] = outlook.context_tokens if outlook is not None else 0
         self.core.on_request_arrival(sid, request.num_prompt_tokens, meta.tenant)
         if self.admission is not None:  # not admitted: RankedRequestQueue holds it back
+            self._admission_requests.setdefault(sid, set()).add(request.request_id)
             self.admission.ready(sid, request.num_prompt_tokens + request.max_tokens, meta.tenant)
         # Its KV is about to be used: it goes last; among queued sessions the latest
         # arrival first (the back of a FIFO queue is used last). A pin did its job.
@@ -231,7 +235,11 @@ class SagaPlugin:
         if self.recording is not None:
             self.recording.finished(request)
         self.core.on_request_finished(sid, request.num_prompt_tokens, request.num_output_tokens)
-        if self.admission is not None:
+        counted = self._admission_requests.get(sid)
+        if counted is not None and rid in counted:
+            counted.discard(rid)
+            if not counted:
+                del self._admission_requests[sid]
             self.admission.finished(sid)
         self.prefetcher.remember(sid, request)
         if not self.enabled:
@@ -310,7 +318,8 @@ class SagaPlugin:
             elif self.recording is not None:  # first scheduled: its cached tokens as served
                 self.recording.scheduled(new.req_id, hit)
             if self.admission is not None:
-                self.admission.served(sid, max(0, min(had, prompt) // self.block_size * self.block_size - hit))
+                held = min(had, prompt) // self.block_size * self.block_size
+                self.admission.served(sid, held, max(0, held - hit))
             metrics.prefix_hit_tokens.inc(hit)
             metrics.session_prompt_tokens.inc(prompt)
             if prompt:
@@ -365,6 +374,7 @@ class SagaPlugin:
     def _apply_hint(self, event, now: float) -> None:
         sid = event.session_id
         if isinstance(event, (ReleaseKv, SessionEnd)) and self.admission is not None:
+            self._admission_requests.pop(sid, None)
             self.admission.ended(sid)
         if isinstance(event, ReleaseKv):  # moved to another engine; its workflow state stays
             self.ledger.release(sid, "moved")
