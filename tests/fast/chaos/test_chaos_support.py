@@ -4,6 +4,10 @@ against the fast tier's scripted upstream and in-process hint services."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 
 import grpc
@@ -19,6 +23,7 @@ from tests.fast.proxy.scripted_upstream import build_app
 from tests.support.chaos_table import ChaosRow, ChaosTable, added_median, percentiles
 from tests.support.faults import CuttingRelay, HintServiceProcess, exchange, http2_garbage, status_of
 from tests.support.loads import TOOL_PLAN, Phases, flood_hints, flood_with_client, run_agents, tool_agent
+from tests.support.processes import listening_pid
 
 
 @pytest.fixture(scope="module")
@@ -212,3 +217,46 @@ def test_tool_arguments_are_compared_parsed(upstream):
     run = tool_agent(sdk(upstream), "m", "Customer 2", plan=TOOL_PLAN[:1])
     ((name, arguments),) = run.answers[0]
     assert name == TOOL_PLAN[0] and arguments == json.loads(json.dumps(arguments)) and isinstance(arguments, dict)
+
+
+# -- the server's process --------------------------------------------------------------------
+
+def listener(family: int = socket.AF_INET) -> socket.socket:
+    s = socket.socket(family)
+    s.bind(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def test_the_process_listening_on_a_port_is_found():
+    with listener() as s:
+        assert listening_pid(s.getsockname()[1]) == os.getpid()
+    if socket.has_ipv6:
+        try:
+            six = listener(socket.AF_INET6)
+        except OSError:
+            pytest.skip("no IPv6 loopback")
+        with six:
+            assert listening_pid(six.getsockname()[1]) == os.getpid()
+
+
+def test_a_childs_listener_is_the_childs_and_an_inherited_one_its_parents():
+    code = "import socket,time; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert listening_pid(int(child.stdout.readline())) == child.pid
+    finally:
+        child.kill()
+        child.wait()
+    with listener() as s:
+        heir = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=[s.fileno()])
+        try:
+            assert listening_pid(s.getsockname()[1]) == os.getpid()  # not the child that holds it too
+        finally:
+            heir.kill()
+            heir.wait()
+
+
+def test_a_port_without_a_listener_has_no_process():
+    with listener() as s, socket.create_connection(s.getsockname()) as client:
+        assert listening_pid(client.getsockname()[1]) is None  # connected, not listening
