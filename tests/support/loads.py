@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -135,7 +136,7 @@ def run_agents(agents: Sequence[Callable[[], T]], *,
 class FloodResult:
     """What one flood client did. `offered`: the events it had to send (due by its
     pace, or emitted) over `offer_s` seconds; the service acknowledged `accepted` +
-    `rejected` of them by the end, `seconds` after the client began; `shed` is the
+    `rejected` of them by the end, `seconds` after the offer began; `shed` is the
     rest, dropped at the client while the service could not take more (a stream
     not ready, a full `HintClient` queue): nothing ever waits."""
 
@@ -198,9 +199,9 @@ def flood_hints(endpoint: str, stop, *, name: str, sessions: int = 128, api_key:
     the client never catches up. Batches are serialised once, up front."""
     opening, cycle, closing, per_cycle = _flood_batches(name, sessions)
     every = per_cycle / rate if rate else 0.0
-    t0 = time.monotonic()
-    deadline, stopped = t0 + max_s, []
-    sent, began = 0, t0
+    began = time.monotonic()  # again once the opening batch went
+    deadline, stopped = began + max_s, []
+    sent = 0
 
     def batches():
         nonlocal sent, began
@@ -238,7 +239,7 @@ def flood_hints(endpoint: str, stop, *, name: str, sessions: int = 128, api_key:
     cycles = max(sent, int((offer_end - began) / every) + 1) if every else sent
     # the opening and closing batches always go: offered too
     return FloodResult(cycles * per_cycle + 2 * sessions, accepted, rejected, max(0.0, offer_end - began),
-                       time.monotonic() - t0)
+                       time.monotonic() - began)
 
 
 def flood_with_client(endpoint: str, stop, *, name: str, sessions: int = 64, max_s: float = 60.0,
@@ -280,7 +281,7 @@ def flood_with_client(endpoint: str, stop, *, name: str, sessions: int = 64, max
 
 def _flood_process(index: int, kind: str, kwargs: dict, stop, go, results) -> None:
     """A flood client's process: says it is up, waits for `go`, floods until `stop`,
-    and puts (index, FloodResult or the error's repr) on `results`."""
+    and puts (index, its FloodResult or what went wrong) on `results`."""
     results.put((index, "up"))
     go.wait()
     try:
@@ -294,15 +295,15 @@ class HintFlood:
     """Hint flood clients, each in a process of its own (spawned: no GIL shared with
     the test, its agents or one another): `streams` paced `flood_hints` streams of
     `stream_rate` events/s each, and `clients` `flood_with_client` HintClients of
-    `client_rate` each. Sessions are named `{name}-{i}-{j}` (streams) and
-    `{name}-c{i}-{j}` (clients).
+    `client_rate` each (None: unpaced). Sessions are named `{name}-{i}-{j}`
+    (streams) and `{name}-c{i}-{j}` (clients).
 
         with HintFlood(endpoint, name="f", streams=3, stream_rate=30_000) as flood:
             ...                  # every client is flooding
         flood.results            # one FloodResult per client, streams first
 
     Entering returns once every process runs and has been told to go; leaving
-    stops them and raises if any failed."""
+    stops them and raises if any failed or never answered."""
 
     def __init__(self, endpoint: str, *, name: str, streams: int = 3, stream_rate: float | None = 30_000,
                  clients: int = 1, client_rate: float | None = 10_000, api_key: str | None = None,
@@ -325,15 +326,15 @@ class HintFlood:
 
     def __enter__(self) -> "HintFlood":
         ctx = multiprocessing.get_context("spawn")
-        self._stop, go, self._results = ctx.Event(), ctx.Event(), ctx.Queue()
-        self._procs = [ctx.Process(target=_flood_process, args=(i, kind, kwargs, self._stop, go, self._results),
+        self._stop, go, self._answers = ctx.Event(), ctx.Event(), ctx.Queue()
+        self._procs = [ctx.Process(target=_flood_process, args=(i, kind, kwargs, self._stop, go, self._answers),
                                    name=f"hint-flood-{i}", daemon=True)
                        for i, (kind, kwargs) in enumerate(self._plan)]
         for proc in self._procs:
             proc.start()
         try:
-            for _ in self._procs:
-                self._results.get(timeout=self._ready_timeout_s)  # (index, "up")
+            if len(self._collect(self._ready_timeout_s)) < len(self._procs):
+                raise RuntimeError("flood clients did not start")
         except BaseException:
             self._stop.set()
             go.set()
@@ -344,17 +345,29 @@ class HintFlood:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        got: dict[int, FloodResult | str] = {}
         try:
-            while len(got) < len(self._procs):
-                index, result = self._results.get(timeout=self._max_s + 90)
-                got[index] = result
+            got = self._collect(self._max_s + 90)
         finally:
             self._reap(30.0)
-        failed = {i: r for i, r in got.items() if not isinstance(r, FloodResult)}
+        failed = {i: got.get(i, "no answer") for i in range(len(self._procs))
+                  if not isinstance(got.get(i), FloodResult)}
         if failed and exc == (None, None, None):
             raise RuntimeError(f"flood clients failed: {failed}")
-        self.results = [got[i] for i in sorted(got) if i not in failed]
+        self.results = [] if failed else [got[i] for i in range(len(self._procs))]
+
+    def _collect(self, timeout_s: float) -> dict[int, object]:
+        """One answer per process, until `timeout_s` or until no process is left to answer."""
+        got: dict[int, object] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(got) < len(self._procs) and time.monotonic() < deadline:
+            try:
+                index, answer = self._answers.get(timeout=0.5)
+            except queue.Empty:
+                if not any(proc.is_alive() for proc in self._procs):
+                    break
+                continue
+            got[index] = answer
+        return got
 
     def _reap(self, timeout_s: float) -> None:
         for proc in self._procs:

@@ -255,6 +255,8 @@ def test_a_process_flood_runs_its_clients_apart_and_collects_each_result():
         assert len(flood.streams) == 2 and len(flood.clients) == 1 and flood.results == flood.streams + flood.clients
         assert all(r.accepted > 0 and r.rejected == 0 for r in flood.results)
         assert all(r.shed == 0 for r in flood.streams)  # unpaced: a stream sends only what it is taken
+        # each result is its own client's: cycles of 512 and 128 starts and ends; bursts of 512 and 64 ends
+        assert [r.offered % 512 for r in flood.results] == [256, 256, 64]
         assert core.stats()["events_accepted"] == sum(r.accepted for r in flood.results)
         assert {core.session(f"flood-m-{i}-0").state for i in range(2)} == {"ended"}
         assert core.session("flood-m-c0-0").state == "ended"
