@@ -9,6 +9,10 @@
   enough that a handful of requests evicts, which the pinning tests need) and
   stopped at the end of the session.
 
+Either way `rss_bytes()` is the server's memory: its process tree's, the tree of the
+`saga serve` started here, or of the process listening on the external server's
+HTTP port when it runs on this host (`tests.support.processes.listening_pid`).
+
 Every real test must take this fixture (or one built on it) instead of starting
 its own server: the machine has 2 cores and vLLM takes ~30 s to start.
 
@@ -18,6 +22,7 @@ which the terminal summary prints at the end of the run.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -25,14 +30,17 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from benchmarks.serve_common import tree_rss_bytes
 from tests.support.chaos_table import ChaosRow, ChaosTable
 from tests.support.http import REQUEST_TIMEOUT_S, free_port, post_chat
+from tests.support.processes import listening_pid
 from tests.support.serve import launch_saga_serve
 
 
@@ -51,7 +59,12 @@ class RunningSaga:
     model: str  # served model name
     started_here: bool
     kv_blocks: int | None  # when started here: the KV cache size in blocks of 32 tokens
-    pid: int | None = None  # when started here: the `saga serve` process (its tree holds the engine)
+    pid: int | None = None  # the `saga serve` started here, or the external server's HTTP listener (None: not here)
+
+    def rss_bytes(self) -> int | None:
+        """Resident memory of the server's process tree (engine included); None
+        when its process is not known on this host."""
+        return (tree_rss_bytes(self.pid) or None) if self.pid else None
 
     def chat(self, messages, *, session_id: str | None = None, timeout: float = REQUEST_TIMEOUT_S,
              **body) -> dict:
@@ -63,6 +76,16 @@ class RunningSaga:
 def _served_model(openai_url: str) -> str:
     with urllib.request.urlopen(openai_url + "/models", timeout=10) as resp:
         return json.loads(resp.read())["data"][0]["id"]
+
+
+def _local_pid(base_url: str) -> int | None:
+    """The process serving `base_url` when it listens on this host's loopback."""
+    parts = urllib.parse.urlsplit(base_url)
+    try:
+        local = all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(parts.hostname, None))
+    except (OSError, ValueError):
+        return None
+    return listening_pid(parts.port or (443 if parts.scheme == "https" else 80)) if local else None
 
 
 def _wait(url: str, proc: subprocess.Popen | None, timeout: float, log_path: Path | None = None) -> None:
@@ -94,7 +117,7 @@ def saga_server(tmp_path_factory):
         openai_url = openai_url if openai_url.endswith("/v1") else openai_url + "/v1"
         base = openai_url[:-3]
         _wait(base, None, 60)
-        yield RunningSaga(base, openai_url, hints, _served_model(openai_url), False, None)
+        yield RunningSaga(base, openai_url, hints, _served_model(openai_url), False, None, _local_pid(base))
         return
     pytest.importorskip("vllm", reason="vLLM not installed (scripts/setup.sh)")
     port, hint_port = free_port(), free_port()

@@ -12,5 +12,7 @@ there, so this package imports like any other, in every test folder.
 - `serve`: `launch_saga_serve`, a `saga serve` subprocess of this checkout
 - `chaos_table`, `faults`, `loads`: the chaos suite's table, fault injectors (a
   killable `saga hints`, a relay that cuts streams, raw bytes) and loads (forced
-  tool-calling agents, hint floods)
+  tool-calling agents, hint floods, each flood client in its own process)
+- `processes`: `listening_pid`, the local process listening on a TCP port (the
+  real tier's external server, for its memory)
 """

@@ -7,6 +7,7 @@ tens), so a category is the fallback whenever one tool has too few samples.
 
 from __future__ import annotations
 
+import functools
 import re
 
 __all__ = ["CATEGORIES", "guess_category"]
@@ -44,7 +45,12 @@ def guess_category(tool: str, detail: str = "") -> str:
     >>> guess_category("pip install", "")
     'install'
     """
-    text = f"{tool} {detail}".strip()
+    if detail:
+        return _guess(f"{tool} {detail}".strip())
+    return _guess_name(tool.strip())
+
+
+def _guess(text: str) -> str:
     if not text:
         return "other"
     lowered = text.lower()
@@ -54,3 +60,8 @@ def guess_category(tool: str, detail: str = "") -> str:
         if rx.search(text):
             return cat
     return "other"
+
+
+# The core guesses from the tool name alone on every tool call of a hint flood;
+# names repeat, command lines do not, so only names are remembered (bounded).
+_guess_name = functools.lru_cache(maxsize=4096)(_guess)

@@ -53,7 +53,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Callable, Mapping, NoReturn, Protocol, Sequence
+from typing import Callable, Mapping, NoReturn, Protocol, Sequence, get_args
 
 from .events import (
     AccessDenied,
@@ -75,6 +75,7 @@ __all__ = ["Session", "SessionTable", "Tracker"]
 
 _SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
 _SWEEP = 8  # records expiry may drop per event: bounded work on the hot path
+_KINDS = {cls: _SNAKE.sub("_", cls.__name__).lower() for cls in get_args(HintEvent)}  # once, not per hint
 
 
 @dataclass(slots=True)
@@ -458,7 +459,7 @@ class SessionTable:
 
 def _kind(event: HintEvent) -> str:
     """`ToolCallStart` -> "tool_call_start"."""
-    return _SNAKE.sub("_", type(event).__name__).lower()
+    return _KINDS[type(event)]
 
 
 def _detail(event: HintEvent) -> str:

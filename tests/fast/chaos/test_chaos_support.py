@@ -4,13 +4,19 @@ against the fast tier's scripted upstream and in-process hint services."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
+import time
 
 import grpc
 import httpx
 import openai
 import pytest
 
+from saga_proto import hints_pb2 as pb
 from saga_sdk import HintClient, HintReader, SagaUnavailable, UnknownSession
 from saga_server.core import WorkflowCore
 from saga_server.proxy.server import BackgroundServer
@@ -18,7 +24,8 @@ from saga_server.rpc import HintServer
 from tests.fast.proxy.scripted_upstream import build_app
 from tests.support.chaos_table import ChaosRow, ChaosTable, added_median, percentiles
 from tests.support.faults import CuttingRelay, HintServiceProcess, exchange, http2_garbage, status_of
-from tests.support.loads import TOOL_PLAN, Phases, flood_hints, flood_with_client, run_agents, tool_agent
+from tests.support.loads import TOOL_PLAN, HintFlood, Phases, flood_hints, flood_with_client, run_agents, tool_agent
+from tests.support.processes import listening_pid
 
 
 @pytest.fixture(scope="module")
@@ -186,20 +193,79 @@ def test_a_flood_is_accepted_whole_and_its_sessions_end():
         stop = threading.Event()
         threading.Timer(0.3, stop.set).start()
         result = flood_hints(server.endpoint, stop, name="flood-a", sessions=8)
-        assert result.sent == result.accepted > 8 * 4 * 2 and result.rejected == 0 and result.rate > 0
+        assert result.offered == result.accepted > 8 * 4 * 2 and result.rejected == result.shed == 0
+        assert result.seconds >= result.offer_s > 0 and result.accepted_rate > 0
         assert {core.session(f"flood-a-{i}").state for i in range(8)} == {"ended"}
         assert core.session("flood-a-0").workflow == "chaos-flood"
+        assert core.session("flood-a-0").steps == (result.accepted - 2 * 8) // (4 * 8)  # one step per cycle
 
 
-def test_a_client_flood_never_waits_and_counts_what_it_dropped():
+def test_a_paced_flood_offers_its_rate_and_sheds_what_the_stream_did_not_take():
+    core = WorkflowCore()
+    with HintServer(core, "127.0.0.1:0") as server:
+        stop = threading.Event()
+        threading.Timer(1.0, stop.set).start()
+        paced = flood_hints(server.endpoint, stop, name="flood-p", sessions=8, rate=3200)  # 100 cycles/s
+        assert paced.rejected == 0
+        assert 0.6 * 3200 <= paced.offered - 2 * 8 <= 1.2 * 3200  # about a second's worth, not as fast as taken
+        assert paced.shed <= 0.1 * paced.offered and 0.8 <= paced.offer_s <= 1.2  # a service that keeps up
+
+        # A service that takes nothing for a second, then at once whatever comes:
+        # what fell due in that second, beyond what the transport buffers, is shed,
+        # not sent late.
+        opened = threading.Event()
+        threading.Timer(1.0, opened.set).start()
+
+        def ingest(batch, credentials=None):
+            opened.wait(30)
+            return pb.HintAck(sequence=batch.sequence, accepted=len(batch.events))
+
+        server.service.ingest = ingest
+        stop = threading.Event()
+        threading.Timer(2.0, stop.set).start()
+        behind = flood_hints(server.endpoint, stop, name="flood-s", rate=1_000_000)  # 128 sessions: 15 kB cycles
+        assert behind.rejected == 0 and 1.5e6 <= behind.offered <= 2.5e6
+        assert behind.shed >= 0.25 * behind.offered and behind.accepted > 0
+
+
+def test_a_client_flood_never_waits_and_counts_what_it_shed():
     core = WorkflowCore()
     with HintServer(core, "127.0.0.1:0") as server:
         stop = threading.Event()
         threading.Timer(0.3, stop.set).start()
-        emitted, stats = flood_with_client(server.endpoint, stop, name="flood-c", sessions=4)
-        assert emitted > 0 and stats.sent > 0
-        assert stats.sent + stats.dropped_full + stats.queued <= emitted
+        result = flood_with_client(server.endpoint, stop, name="flood-c", sessions=4)
+        assert result.offered > 0 and result.accepted > 0 and result.rejected == 0
+        assert result.shed == result.offered - result.accepted >= 0
         assert {core.session(f"flood-c-{i}").state for i in range(4)} == {"ended"}
+
+        stop = threading.Event()
+        threading.Timer(0.5, stop.set).start()
+        paced = flood_with_client(server.endpoint, stop, name="flood-d", sessions=4, rate=2048)
+        assert 512 <= paced.offered - 4 <= 2048  # bursts of 512 at 2048 events/s for half a second
+
+
+def test_a_process_flood_runs_its_clients_apart_and_collects_each_result():
+    core = WorkflowCore()
+    with HintServer(core, "127.0.0.1:0") as server:
+        with HintFlood(server.endpoint, name="flood-m", streams=2, stream_rate=None, clients=1,
+                       client_rate=None, max_s=30) as flood:
+            deadline = time.monotonic() + 30
+            while core.stats()["events_accepted"] < 20_000 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert len(flood.streams) == 2 and len(flood.clients) == 1 and flood.results == flood.streams + flood.clients
+        assert all(r.accepted > 0 and r.rejected == 0 for r in flood.results)
+        assert all(r.shed == 0 for r in flood.streams)  # unpaced: a stream sends only what it is taken
+        # each result is its own client's: cycles of 512 and 128 starts and ends; bursts of 512 and 64 ends
+        assert [r.offered % 512 for r in flood.results] == [256, 256, 64]
+        assert core.stats()["events_accepted"] == sum(r.accepted for r in flood.results)
+        assert {core.session(f"flood-m-{i}-0").state for i in range(2)} == {"ended"}
+        assert core.session("flood-m-c0-0").state == "ended"
+
+
+def test_a_process_flood_that_fails_says_why():
+    with pytest.raises(RuntimeError, match="flood clients failed"):
+        with HintFlood("127.0.0.1:1", name="nowhere", streams=1, clients=0, max_s=1):
+            pass
 
 
 def test_a_flood_to_a_dead_service_fails_loudly():
@@ -212,3 +278,46 @@ def test_tool_arguments_are_compared_parsed(upstream):
     run = tool_agent(sdk(upstream), "m", "Customer 2", plan=TOOL_PLAN[:1])
     ((name, arguments),) = run.answers[0]
     assert name == TOOL_PLAN[0] and arguments == json.loads(json.dumps(arguments)) and isinstance(arguments, dict)
+
+
+# -- the server's process --------------------------------------------------------------------
+
+def listener(family: int = socket.AF_INET) -> socket.socket:
+    s = socket.socket(family)
+    s.bind(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def test_the_process_listening_on_a_port_is_found():
+    with listener() as s:
+        assert listening_pid(s.getsockname()[1]) == os.getpid()
+    if socket.has_ipv6:
+        try:
+            six = listener(socket.AF_INET6)
+        except OSError:
+            pytest.skip("no IPv6 loopback")
+        with six:
+            assert listening_pid(six.getsockname()[1]) == os.getpid()
+
+
+def test_a_childs_listener_is_the_childs_and_an_inherited_one_its_parents():
+    code = "import socket,time; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert listening_pid(int(child.stdout.readline())) == child.pid
+    finally:
+        child.kill()
+        child.wait()
+    with listener() as s:
+        heir = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=[s.fileno()])
+        try:
+            assert listening_pid(s.getsockname()[1]) == os.getpid()  # not the child that holds it too
+        finally:
+            heir.kill()
+            heir.wait()
+
+
+def test_a_port_without_a_listener_has_no_process():
+    with listener() as s, socket.create_connection(s.getsockname()) as client:
+        assert listening_pid(client.getsockname()[1]) is None  # connected, not listening

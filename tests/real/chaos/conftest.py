@@ -32,7 +32,8 @@ def make_proxy():
 @pytest.fixture
 def server_after(saga_server):
     """`server_after()`: checks that the engine still answers a chat and the hint
-    service its stats; returns what the table's "server after" column says."""
+    service its stats; returns what the table's "server after" column says, with
+    the server's memory where its process is known (`RunningSaga.rss_bytes`)."""
 
     def check() -> str:
         out = saga_server.chat([{"role": "user", "content": "Say ok."}], max_tokens=2,
@@ -40,8 +41,10 @@ def server_after(saga_server):
         assert out["choices"][0]["finish_reason"] in ("stop", "length")
         with HintReader(saga_server.hint_addr, timeout=30) as reader:
             stats = reader.stats()
+        rss = saga_server.rss_bytes()
         return (f"serves; hints answer ({stats.get('sessions_live', 0):.0f} live sessions, "
-                f"{stats.get('engine_hints_dropped', 0):.0f} engine hint drops)")
+                f"{stats.get('engine_hints_dropped', 0):.0f} engine hint drops)"
+                + ("" if rss is None else f"; server RSS {rss / 2**20:,.0f} MiB"))
 
     return check
 
