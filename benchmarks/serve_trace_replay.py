@@ -230,6 +230,9 @@ MODES = {"saga": (True, {}), "saga-request-fcfs": (True, {"SAGA_SENIORITY_WINDOW
 def replay(mode: str, tasks: list[Task], tokens: TokenSource, args) -> dict:
     saga, env = MODES[mode]
     vllm_args = ["--num-gpu-blocks-override", str(args.kv_blocks), "--max-num-seqs", str(args.max_num_seqs)]
+    if saga and args.record:  # the engine writes what it saw (`saga serve --record`)
+        args.record.mkdir(parents=True, exist_ok=True)
+        vllm_args += ["--record", str(args.record / f"{mode}.jsonl")]
     server = start_server(saga, vllm_args, fast_start=not args.compiled, env=env)
     hint_addr = server.hint_addr if saga else f"127.0.0.1:{free_port()}"  # stock: nobody listens
     results = [SessionResult(t.task_id) for t in tasks]
@@ -292,6 +295,9 @@ def main() -> int:
     p.add_argument("--plot", type=Path, help="also draw each mode's task completion times here (PNG)")
     p.add_argument("--workload", type=Path,
                    help="also write the exact sessions sent (saga-trace/1, with start_s) here, for the simulator")
+    p.add_argument("--record", type=Path, metavar="DIR",
+                   help="SAGA modes' engines record what they saw (saga serve --record) as DIR/<mode>.jsonl; "
+                        "benchmarks/record_roundtrip.py checks it against --workload")
     args = p.parse_args()
 
     from saga_server.serve.model import ensure_default_model
