@@ -55,6 +55,7 @@ log = logging.getLogger("vllm.saga")
 __all__ = ["EngineFeed", "EngineRecording", "SOURCE"]
 
 SOURCE = "saga serve"
+_MAX_WAIT_S = 600.0  # a wall-clock step (NTP) must not move a call start by more
 _RECORDED_HINTS = (SessionStart, ToolCallStart, ToolCallEnd, SessionEnd)
 _FAILED = frozenset(getattr(RequestStatus, name) for name in ("FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_IGNORED")
                     if hasattr(RequestStatus, name))
@@ -66,6 +67,7 @@ class _Arrival(NamedTuple):
     tenant: str
     tokens: Sequence[int]   # the prompt's ids (vLLM's list)
     blocks: Sequence[Any]   # vLLM's block hashes of the request (grows as it decodes)
+    waited_s: float         # since the API server took it in (the engine loop sees it a step later)
 
 
 class _Scheduled(NamedTuple):
@@ -101,7 +103,7 @@ class EngineFeed:
         if isinstance(item, _Arrival):
             sid = item.session_id
             builder.session_start(sid, t, tenant=item.tenant, restart=False)
-            step = builder.llm_start(sid, t, model=self.model, tokens=self._tokens(item))
+            step = builder.llm_start(sid, t - item.waited_s, model=self.model, tokens=self._tokens(item))
             self._calls[item.request_id] = [sid, step, None]
             while len(self._calls) > self.max_requests:
                 self._calls.popitem(last=False)
@@ -166,8 +168,12 @@ class EngineRecording:
     # -- the engine loop ------------------------------------------------------------
 
     def arrival(self, request: Request, meta: RequestMeta) -> None:
+        # A request reaches the engine loop only between steps, and a CPU prefill step
+        # takes seconds: the call started when the API server took it in (vLLM's
+        # `arrival_time`, wall clock), or tool gaps would absorb that wait.
+        waited = min(max(0.0, time.time() - request.arrival_time), _MAX_WAIT_S)
         self.recorder.submit(_Arrival(request.request_id, meta.session_id, meta.tenant,
-                                      request.prompt_token_ids or (), request.block_hashes))
+                                      request.prompt_token_ids or (), request.block_hashes, waited))
 
     def scheduled(self, request_id: str, cached: int) -> None:
         self.recorder.submit(_Scheduled(request_id, cached))
