@@ -6,7 +6,8 @@ its idle end, marked; `saga bench --what-if` replays the file.
 
 STARTS ITS OWN ENGINE: recording is a `saga serve` flag (the recorder lives in the
 EngineCore process), so this module launches a second, small `saga serve --record`
-(64 KV blocks, 2 sequences) next to the tier's shared one, which it still takes so that
+(80 KV blocks, more than one 2048-token sequence as vLLM requires; 2 sequences) next
+to the tier's shared one, which it still takes so that
 the model is prepared. Run it alone:
 
     .venv/bin/python -m pytest tests/real/serve/test_record_real.py -q
@@ -46,7 +47,7 @@ def recording_engine(saga_server, tmp_path_factory):
     path = tmp_path_factory.mktemp("record-real") / "engine.jsonl"
     log = path.with_name("serve.log")
     proc = launch_saga_serve(["--fast-start", "--port", str(port), "--hint-port", str(hint_port),
-                              "--record", str(path), "--record-idle-s", str(IDLE_S), "--num-gpu-blocks-override", "64",
+                              "--record", str(path), "--record-idle-s", str(IDLE_S), "--num-gpu-blocks-override", "80",
                               "--max-num-seqs", "2", "--max-model-len", "2048"], log)
     base = f"http://127.0.0.1:{port}"
     try:
