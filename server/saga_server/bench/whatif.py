@@ -43,7 +43,6 @@ LABELS = {"apc-lru": "stock vLLM", "apc-lru-offload": "vLLM + CPU tier", "saga":
 KV_FRACTIONS = (0.25, 0.5, 1.0, 2.0)
 HOST_FACTORS = (0.0, 0.5, 1.0, 2.0, 4.0)
 LEVEL_TOL = 0.05
-_BLOCK = 16  # tokens per KV block: sweep sizes are whole blocks
 _REFERENCES = ("infinite", "belady")  # bounds, not deployments: never "the best baseline"
 
 
@@ -91,8 +90,9 @@ def what_if_scenario(base: Scenario, path: str, *, tasks: bool = True, concurren
     if sweep_kv:
         in_flight = sc.concurrency if sc.rate is None and sc.concurrency else load.concurrency or 1
         per_worker = max(1, math.ceil(in_flight / sc.workers)) * load.session_kv_tokens
-        floor = _blocks(load.max_step_tokens)
-        sc = replace(sc, sweep_kv=tuple(sorted({max(floor, _blocks(per_worker * f)) for f in KV_FRACTIONS})))
+        block = sc.cost_model().block_tokens  # sweep sizes are whole blocks of the engine modelled
+        floor = _blocks(load.max_step_tokens, block)
+        sc = replace(sc, sweep_kv=tuple(sorted({max(floor, _blocks(per_worker * f, block)) for f in KV_FRACTIONS})))
     if sweep_host:
         sc = replace(sc, sweep_host=HOST_FACTORS)
     return sc, load
@@ -184,5 +184,5 @@ def _size(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:g}"
 
 
-def _blocks(tokens: float) -> int:
-    return max(_BLOCK, math.ceil(tokens / _BLOCK) * _BLOCK)
+def _blocks(tokens: float, block: int) -> int:
+    return max(block, math.ceil(tokens / block) * block)

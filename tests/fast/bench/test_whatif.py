@@ -92,3 +92,11 @@ def test_what_if_refuses_a_second_workload(tmp_path, capsys):
     path = record(tmp_path / "r.jsonl")
     assert main(["--what-if", path, "--trace", path, "--out", str(tmp_path), "--quiet"]) == 2
     assert "--what-if" in capsys.readouterr().err
+
+
+def test_the_kv_sweep_never_goes_below_the_largest_step_in_the_engines_blocks(tmp_path):
+    # a step of 2000 + 600 x 6 + 80 = 5680 tokens: 177.5 blocks of 32, so 178 of them
+    path = record(tmp_path / "r.jsonl", sessions=1)
+    base = scenario_from_args(build_parser().parse_args(["--gpu", "cpu-2core", "--model", "smollm2-135m"]))
+    sc, _ = what_if_scenario(base, path)
+    assert min(sc.sweep_kv) == 178 * 32 and all(kv % 32 == 0 for kv in sc.sweep_kv)
