@@ -69,9 +69,10 @@ __all__ = ["ProxyConfig", "SagaProxy"]
 
 log = logging.getLogger("saga_server.proxy")
 
-# Hop-by-hop headers (RFC 9110 7.6.1) and the ones httpx recomputes.
+_KEEPALIVE_EXPIRY_S = 2.0  # under the upstream's keep-alive timeout (see `_pool`)
 # An HTTP field value (RFC 9110 5.5) without tabs: visible bytes, inner spaces.
 _FIELD_VALUE = re.compile(rb"[\x21-\x7e\x80-\xff](?:[\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?")
+# Hop-by-hop headers (RFC 9110 7.6.1) and the ones httpx recomputes.
 _REQUEST_DROP = {b"host", b"content-length", b"connection", b"keep-alive", b"proxy-connection", b"te",
                  b"trailer", b"transfer-encoding", b"upgrade", b"proxy-authorization"}
 _RESPONSE_DROP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
@@ -376,7 +377,10 @@ class SagaProxy:
 
         Transports, not `httpx.AsyncClient`s: a client would keep a cookie jar shared
         by every caller (one agent's cookies sent with another's requests), follow
-        redirects and re-apply auth, none of which a proxy may do."""
+        redirects and re-apply auth, none of which a proxy may do. Idle connections
+        are dropped before the upstream would: vLLM's server closes them after 5 s
+        (`VLLM_HTTP_TIMEOUT_KEEP_ALIVE`), httpx's default expiry, and a request sent on
+        one the server is closing at that moment fails (seen with 200 agents)."""
         if not self._pools:
             c = self.config
             count = max(1, c.upstream_pools)
@@ -384,7 +388,8 @@ class SagaProxy:
             self._pools = [httpx.AsyncHTTPTransport(
                 verify=ssl_context, retries=0,
                 limits=httpx.Limits(max_connections=max(1, c.max_connections // count),
-                                    max_keepalive_connections=max(1, 200 // count)))
+                                    max_keepalive_connections=max(1, 200 // count),
+                                    keepalive_expiry=_KEEPALIVE_EXPIRY_S))
                 for _ in range(count)]
         self._next_pool = (self._next_pool + 1) % len(self._pools)
         return self._pools[self._next_pool]
