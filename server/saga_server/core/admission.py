@@ -23,11 +23,11 @@ only while sessions are away in tools, a write-through tier holds copies of what
 GPU holds too, and sessions queued behind the engine's batch limit keep their KV on
 the pool while they wait, so a W well above the pool may lose nothing. L starts at
 `target` x (pool + host tier). Each served request of an active session that found
-the KV it had held intact raises it by ws^2/L (about one session per round of requests) while the
-limit binds (a session waits for admission: as TCP's window grows only while the
-sender is window-limited, so an idle stretch cannot inflate it); each one that had to
-recompute r tokens it had held lowers it by r (the tiers were short by about that
-much). L has no ceiling: the tiers' size is where it starts, measured loss is what
+the KV it had held intact raises it by ws^2/L (about one session per round of
+requests) while the limit binds (a session waits for admission: as TCP's window
+grows only while the sender is window-limited, so an idle stretch cannot inflate
+it); each one that had to recompute r tokens it had held lowers it by r (the tiers
+were short by about that much). L has no ceiling: the tiers' size is where it starts, measured loss is what
 bounds it; it never drops below `target` x pool. So admission engages only where
 active sessions do lose KV, and L settles just below the point where they start to.
 
