@@ -29,8 +29,9 @@ described above.
 
 Failure rules: the agent must not notice SAGA. Anything that goes wrong in
 session inference or hinting is logged once and the request is forwarded as is.
-An upstream error response is returned unchanged; an unreachable or timed-out
-upstream gets a 502/504 with an OpenAI-style JSON error naming the proxy; a stream
+An upstream error response is returned unchanged; a request whose connection failed
+before any answer is sent once more on another; an unreachable or timed-out
+upstream then gets a 502/504 with an OpenAI-style JSON error naming the proxy; a stream
 the upstream cuts short is cut short for the client too (never ended as if whole);
 a client that goes away closes the upstream request, and one that goes away before
 its request is whole has nothing forwarded; a body the proxy cannot parse (not JSON,
@@ -70,6 +71,8 @@ __all__ = ["ProxyConfig", "SagaProxy"]
 log = logging.getLogger("saga_server.proxy")
 
 _KEEPALIVE_EXPIRY_S = 2.0  # under the upstream's keep-alive timeout (see `_pool`)
+# Failures of a connection before the upstream answered anything (see `_send`).
+_RETRIED_BEFORE_AN_ANSWER = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 # An HTTP field value (RFC 9110 5.5) without tabs: visible bytes, inner spaces.
 _FIELD_VALUE = re.compile(rb"[\x21-\x7e\x80-\xff](?:[\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?")
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones httpx recomputes.
@@ -128,6 +131,7 @@ class SagaProxy:
         self._expiry: asyncio.Task | None = None
         self._log_once = LogOnce(log)
         self.errors = {"upstream_unreachable": 0, "upstream_timeout": 0, "stream_broken": 0, "internal": 0}
+        self.upstream_retries = 0  # requests sent again after a connection failed unanswered (not errors)
 
     # -- ASGI -------------------------------------------------------------------------
 
@@ -216,8 +220,7 @@ class SagaProxy:
             target += "?" + scope["query_string"].decode("latin-1")
         request = httpx.Request(method, target, headers=headers, content=body, extensions={"timeout": self._timeout})
         try:
-            upstream = await self._pool().handle_async_request(request)
-            upstream.request = request
+            upstream = await self._send(request)
         except httpx.TimeoutException as exc:
             await self._upstream_failed(turn, "upstream_timeout", exc)
             await _error(504, f"saga proxy: upstream {self._origin} timed out ({type(exc).__name__})",
@@ -253,6 +256,21 @@ class SagaProxy:
         self._finish(turn, reader, data if reader is not None else None, upstream.status_code < 400)
         await send({"type": "http.response.start", "status": upstream.status_code, "headers": response_headers})
         await send({"type": "http.response.body", "body": data})
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        """The upstream's response head to `request`, sent again once, on the next pool,
+        when the connection failed before any answer came: a pooled connection the
+        upstream closed as the request went out (a keep-alive race that a proxy whose
+        loop is slowed by load cannot rule out by expiry alone) answers nothing, and
+        an upstream that took the request in and then died is refused again. Timeouts
+        are never retried: the upstream may still be working on the request."""
+        try:
+            upstream = await self._pool().handle_async_request(request)
+        except _RETRIED_BEFORE_AN_ANSWER:
+            self.upstream_retries += 1
+            upstream = await self._pool().handle_async_request(request)
+        upstream.request = request
+        return upstream
 
     async def _relay(self, upstream: httpx.Response, turn: Turn | None, reader):
         """Pass the upstream body on chunk by chunk. Each chunk is read before it goes

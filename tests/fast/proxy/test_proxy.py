@@ -320,6 +320,58 @@ def test_unreachable_upstream_gets_a_clear_error_and_the_proxy_lives_on(hint_ser
         assert err.value.status_code == 502
         assert "saga proxy" in err.value.message and "unreachable" in err.value.message
     assert server.app.errors["upstream_unreachable"] == 3
+    assert server.app.upstream_retries == 3  # each tried twice, then answered 502
+
+
+class HangsUpOnce:
+    """A raw HTTP/1.1 upstream on loopback that reads the first request sent to it and
+    closes the connection without a byte of answer (an upstream closing a keep-alive
+    connection as a request goes out); every later one gets `answer`."""
+
+    def __init__(self, answer: dict) -> None:
+        self.body = json.dumps(answer).encode()
+        self.requests = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length:")))
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                self.requests += 1
+                if self.requests > 1:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                                 b"content-length: %d\r\n\r\n%s" % (len(self.body), self.body))
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def test_a_connection_closed_before_any_answer_is_retried_once_and_the_agent_sees_no_error(hint_server, make_proxy):
+    answer = {"id": "c1", "object": "chat.completion", "created": 0, "model": "m",
+              "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}],
+              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+    upstream = HangsUpOnce(answer)
+    try:
+        server = make_proxy(upstream.url + "/v1", hint_server.endpoint)
+        reply = sdk(server).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    finally:
+        upstream.close()
+    assert reply.choices[0].message.content == "hi"
+    assert upstream.requests == 2 and server.app.upstream_retries == 1
+    assert server.app.errors == dict.fromkeys(server.app.errors, 0)
 
 
 def test_broken_stream_ends_the_call_and_the_proxy_serves_on(proxy, upstream, registry):

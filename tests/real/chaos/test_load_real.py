@@ -34,7 +34,8 @@ async def agent(client: httpx.AsyncClient, url: str, model: str, name: str) -> t
                                                 "temperature": 0, "seed": 0,
                                                 "structured_outputs": {"choice": [word]}})
         latencies.append(time.perf_counter() - t0)
-        response.raise_for_status()  # an HTTP error is an agent error
+        if response.status_code >= 400:  # an HTTP error is an agent error; the proxy's body says why
+            raise AssertionError(f"HTTP {response.status_code}: {response.text[:300]}")
         body = response.json()
         choice = (body.get("choices") or [{}])[0]
         content = (choice.get("message") or {}).get("content")
@@ -85,4 +86,5 @@ def test_concurrent_agents_through_the_proxy(saga_server, make_proxy, server_aft
         f"{agents} concurrent agents x 2 steps through the proxy", len(errors), added_median(alone[0], latencies),
         len(errors) + malformed, server_after(),
         f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms per request; {agents} sessions in the tracker, "
-        f"index {tracker.index_size()} entries (bound {bound})"))
+        f"index {tracker.index_size()} entries (bound {bound}); "
+        f"{proxy.app.upstream_retries} requests sent again after a connection closed unanswered"))
