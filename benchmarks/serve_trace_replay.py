@@ -74,6 +74,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_common import ROOT, free_port, pct, start_server, write_results  # noqa: E402
 
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "swe-mini-dev.jsonl"
+# Where a request's time goes inside the engine, as vLLM's request histograms split it.
+PHASE_METRICS = {"queue": "vllm:request_queue_time_seconds", "prefill": "vllm:request_prefill_time_seconds",
+                 "decode": "vllm:request_decode_time_seconds"}
 WORDS = ("the a of to and in is that for it with as on be this by file test function error value return "
          "class def import self line code result output module path data list string number check run "
          "python pytest assert fix change update call method object type name config").split()
@@ -254,7 +257,8 @@ def replay(mode: str, tasks: list[Task], tokens: TokenSource, args) -> dict:
             with urllib.request.urlopen(server.base_url + "/metrics", timeout=10) as resp:
                 metrics = parse_metrics(resp.read().decode(), ("saga_pins", "saga_evicted", "saga_prefetches",
                                                                "saga_admission", "saga_plugin_seconds",
-                                                               "vllm:prefix_cache", "vllm:iteration_tokens_total"))
+                                                               "vllm:prefix_cache", "vllm:iteration_tokens_total",
+                                                               *PHASE_METRICS.values(), "vllm:e2e_request_latency"))
         except Exception as exc:
             metrics = {"error": repr(exc)}
         rss = server.rss_bytes()

@@ -59,7 +59,22 @@ def simulate(workload: list[dict], mode: str, args) -> dict:
     return {"mode": mode, "tct_mean_s": statistics.fmean(tct), "tct_p90_s": pct(tct, 0.9), "tct_max_s": tct[-1],
             "hit_rate": (res.hit_tokens + res.loaded_tokens) / prompt if prompt else 0.0,
             "regen_share": res.recomputed_tokens / prompt if prompt else 0.0,
-            "prompt_tokens": prompt, "tct_s": tct}
+            "prompt_tokens": prompt, "tct_s": tct, "iterations": res.iterations,
+            **{f"{phase}_mean_s": getattr(res, f"{phase}_s") / res.llm_calls for phase in replay_mod.PHASE_METRICS}}
+
+
+def engine_phases(result: dict) -> dict:
+    """The engine's per-request phase means and iteration count, from its metrics."""
+    m = result.get("metrics") or {}
+    out = {"iterations": m.get("vllm:iteration_tokens_total_count", float("nan"))}
+    for phase, name in replay_mod.PHASE_METRICS.items():
+        count = m.get(name + "_count")
+        out[f"{phase}_mean_s"] = m[name + "_sum"] / count if count else float("nan")
+    count = m.get("vllm:e2e_request_latency_seconds_count")
+    if count:  # what the API server adds around the engine: tokenising, HTTP, detokenising
+        inside = sum(out[f"{phase}_mean_s"] for phase in replay_mod.PHASE_METRICS)
+        out["outside_mean_s"] = m["vllm:e2e_request_latency_seconds_sum"] / count - inside
+    return out
 
 
 def measure(tasks, mode: str, args) -> dict:
@@ -117,6 +132,16 @@ def main() -> int:
         for k in keys:
             off = (f"{s[k] / m[k] - 1:+.1%}" if k.startswith("tct") and m[k] else f"{s[k] - m[k]:+.3f}")
             print(f"{mode:18} {k:12} {m[k]:10.3f} {s[k]:10.3f} {off:>8}")
+    phases = ("iterations",) + tuple(f"{phase}_mean_s" for phase in replay_mod.PHASE_METRICS)
+    print("\nwhere the time goes, per request (vLLM's request histograms; iterations: engine steps in the run)")
+    for mode in modes:
+        m, s = engine_phases(measured[mode]), predicted[mode]
+        measured[mode]["phases"] = m
+        for k in phases:
+            off = f"{s[k] / m[k] - 1:+.1%}" if m[k] == m[k] and m[k] else "n/a"
+            print(f"{mode:18} {k:16} {m[k]:10.3f} {s[k]:10.3f} {off:>8}")
+        if "outside_mean_s" in m:
+            print(f"{mode:18} {'outside engine':16} {m['outside_mean_s']:10.3f} {'(not simulated)':>18}")
     ratios = {}
     if "no-saga" in modes:
         for mode in (x for x in modes if x != "no-saga"):

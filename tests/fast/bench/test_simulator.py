@@ -28,6 +28,20 @@ def test_a_lone_call_takes_prefill_then_decode_as_priced():
     assert res.tasks[0].tct_s == pytest.approx(prefill + decode, rel=1e-9)
 
 
+def test_a_request_splits_into_queue_prefill_and_decode_as_vllm_counts_them():
+    cost = make_cost_model(max_num_seqs=1)
+    task = chain_task("t", steps=1, first_prompt=3000, output=40)
+    insts = [TaskInstance("a", task), TaskInstance("b", task)]  # b waits while a runs alone
+    res = Simulator(cost, make_policy("apc-lru"), insts, SimConfig(workers=1)).run()
+    work = cost.prefill_work(3000, 0)
+    prefill = work / cost.token_budget * cost.step_s(0, min(work, cost.token_budget), 0)
+    decode = 39 * cost.step_s(1, 0, 3000 + 20)
+    assert res.queue_s == pytest.approx(prefill + decode, rel=1e-9)  # b's wait for a
+    assert res.prefill_s == pytest.approx(2 * prefill, rel=1e-9)
+    assert res.decode_s == pytest.approx(2 * decode, rel=1e-9)
+    assert res.iterations == pytest.approx(2 * (work / cost.token_budget + 39), rel=1e-9)
+
+
 def test_unloaded_time_matches_a_lone_session_with_a_perfect_cache():
     task = chain_task("t", steps=5)
     res = run("infinite", [TaskInstance("s", task)], kv_tokens=None)

@@ -171,7 +171,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         w.cache.set_key(s.session_id, self.policy.key(s, now),
                         PROTECTED if self.policy.protect_queued else SOFT)
         reuse = st.reused_tokens if s.step > 0 else min(s.task.shared_prefix_tokens, st.prompt_tokens)
-        r = Request(s, st.prompt_tokens, st.output_tokens, reuse, self._next_seq(), now)
+        r = Request(s, st.prompt_tokens, st.output_tokens, reuse, self._next_seq(), s.next_use)
         heapq.heappush(w.queue, (self.policy.queue_priority(s, now), r.seq, r))
         self._touch(w)
 
@@ -237,6 +237,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             w.offloaded.discard(sid)
             s.state = "running"
             w.running += 1
+            r.scheduled_at = now
             hit = min(s.base + hit_b * bt, r.prompt) if (pol.caches and r.reuse) else 0
             loaded = load_b * bt
             # Only full blocks are ever cached: the reused prefix's partial last block
@@ -271,7 +272,11 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         s = r.sess
         pol = self.policy
         w.running -= 1
-        self.result.output_tokens += r.output
+        res = self.result
+        res.output_tokens += r.output
+        res.queue_s += r.scheduled_at - r.arrived_at
+        res.prefill_s += r.first_token_at - r.scheduled_at
+        res.decode_s += now - r.first_token_at
         if self._pending:
             self.result.saturated_tokens += r.prompt + r.output
         s.last_access = now
@@ -354,6 +359,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         for w in self.workers:
             w.cache.flush_time()
             res.busy_gpu_s += w.busy
+            res.iterations += w.iterations
             res.worker_busy_s.append(w.busy)
             res.useful_block_s += w.cache.useful_block_seconds
         res.capacity_block_s = self.capacity_blocks * len(self.workers) * res.makespan_s

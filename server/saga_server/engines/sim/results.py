@@ -55,6 +55,12 @@ class SimResult:
     prefilled_tokens: int = 0
     regen_gpu_s: float = 0.0  # compute time of regenerating recomputed tokens
     busy_gpu_s: float = 0.0  # worker time with a non-empty batch
+    iterations: float = 0.0  # engine steps, all workers
+    # Per request, summed, as vLLM's request histograms split it: arrival at the worker
+    # to scheduled (admission waits included), scheduled to first token, first to last.
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
     capacity_block_s: float = 0.0  # KV pool size x makespan, all workers
     useful_block_s: float = 0.0  # time integral of live + cached-live blocks
     evicted_blocks: int = 0

@@ -39,7 +39,7 @@ class Session:
 
 class Request:
     __slots__ = ("sess", "prompt", "output", "reuse", "work", "pf_end", "ctx_weight",
-                 "seq", "arrived_at", "recomputed")
+                 "seq", "arrived_at", "scheduled_at", "first_token_at", "recomputed")
 
     def __init__(self, sess: Session, prompt: int, output: int, reuse: int, seq: int,
                  now: float) -> None:
@@ -51,5 +51,7 @@ class Request:
         self.pf_end = 0.0
         self.ctx_weight = prompt + output / 2.0
         self.seq = seq
-        self.arrived_at = now
+        self.arrived_at = now  # when the step reached its worker (before any admission wait)
+        self.scheduled_at = now  # admitted to the batch (vLLM: queued -> scheduled)
+        self.first_token_at = now  # prefill done
         self.recomputed = 0

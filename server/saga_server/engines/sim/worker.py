@@ -28,7 +28,7 @@ _EPS = 1e-6
 class Worker:
     __slots__ = ("wid", "cache", "host", "queue", "dec", "pf", "pf_total", "pf_done",
                  "dec_clock", "ctx", "tau", "pf_rate", "t", "version", "busy", "running",
-                 "link_free", "net_free", "live", "offloaded", "adm", "gated")
+                 "link_free", "net_free", "live", "offloaded", "adm", "gated", "iterations")
 
     def __init__(self, wid: int, cache: PrefixCache, host: HostTier | None) -> None:
         self.wid = wid
@@ -45,6 +45,7 @@ class Worker:
         self.t = 0.0
         self.version = 0  # bumped on every replan: older worker events are stale
         self.busy = 0.0
+        self.iterations = 0.0  # engine steps run (fluid: a fraction between events)
         self.running = 0  # admitted and not finished (loading, prefill or decode)
         self.link_free = 0.0
         self.net_free = 0.0  # when its NIC is free (KV moves between workers)
@@ -59,6 +60,7 @@ class Worker:
         if dt > 0.0 and (self.dec or self.pf):
             iters = dt / self.tau
             self.busy += dt
+            self.iterations += iters
             self.dec_clock += iters
             if self.pf:
                 self.pf_done = min(self.pf_total, self.pf_done + iters * self.pf_rate)
@@ -70,6 +72,7 @@ class Worker:
         finished = []
         while pf and pf[0].pf_end <= self.pf_done + _EPS:
             r = pf.popleft()
+            r.first_token_at = self.t
             if r.output <= 1:
                 finished.append(r)
             else:
