@@ -102,7 +102,7 @@ def main() -> int:
                                                  "instead of running the engine")
     p.add_argument("--json", type=Path, help="write measured and predicted figures here")
     args = p.parse_args()
-    args.compiled = False
+    args.compiled, args.record = False, None  # what serve_trace_replay.replay reads besides
     modes = args.modes.split(",")
     if unknown := set(modes) - set(MODE_POLICY):
         p.error(f"unknown modes {sorted(unknown)}; choose from {sorted(MODE_POLICY)}")
