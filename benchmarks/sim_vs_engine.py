@@ -16,7 +16,8 @@ Prints, per mode, measured against predicted: mean, p90 and worst task completio
 time, prefix-hit rate (cached / prompt tokens) and regen share (recomputed / prompt
 tokens), then the stock/SAGA ratios. `--measured FILE` takes the real side from an
 earlier `serve_trace_replay.py --json FILE` run with the same settings instead of
-running the engine again (minutes instead of a quarter hour).
+running the engine again (minutes instead of a quarter hour), or this script's own
+`--json` output.
 
     PYTHONPATH=sdk:server .venv/bin/python benchmarks/sim_vs_engine.py --json sim-vs-engine.json
     PYTHONPATH=sdk:server .venv/bin/python benchmarks/sim_vs_engine.py --sessions 12 --kv-blocks 300
@@ -113,7 +114,8 @@ def main() -> int:
                                   args.max_tool_s, args.seed)
     workload = replay_mod.sent_workload(tasks, replay_mod.start_delays(len(tasks), args.stagger_s, args.seed))
     if args.measured:
-        measured = {r["mode"]: r for r in json.loads(args.measured.read_text())["results"]}
+        data = json.loads(args.measured.read_text())  # a replay's --json, or this script's own
+        measured = data.get("measured") or {r["mode"]: r for r in data["results"]}
         missing = set(modes) - set(measured)
         if missing:
             p.error(f"{args.measured} has no results for {sorted(missing)}")

@@ -22,10 +22,14 @@ def test_a_lone_call_takes_prefill_then_decode_as_priced():
     cost = make_cost_model()
     task = chain_task("t", steps=1, first_prompt=3000, output=40)
     res = Simulator(cost, make_policy("apc-lru"), [TaskInstance("s", task)], SimConfig(workers=1)).run()
-    work = cost.prefill_work(3000, 0)
-    prefill = work / cost.token_budget * cost.step_s(0, min(work, cost.token_budget), 0)
+    # Full chunks, then one iteration priced with the rest: a short last chunk is a
+    # cheaper iteration, not a fraction of a full one.
+    full, rest = divmod(cost.prefill_work(3000, 0), cost.token_budget)
+    assert rest > 0
+    prefill = full * cost.step_s(0, cost.token_budget, 0) + cost.step_s(0, rest, 0)
     decode = 39 * cost.step_s(1, 0, 3000 + 20)
     assert res.tasks[0].tct_s == pytest.approx(prefill + decode, rel=1e-9)
+    assert cost.prefill_s(3000, 0) == pytest.approx(prefill, rel=1e-12)
 
 
 def test_a_request_splits_into_queue_prefill_and_decode_as_vllm_counts_them():
@@ -33,13 +37,13 @@ def test_a_request_splits_into_queue_prefill_and_decode_as_vllm_counts_them():
     task = chain_task("t", steps=1, first_prompt=3000, output=40)
     insts = [TaskInstance("a", task), TaskInstance("b", task)]  # b waits while a runs alone
     res = Simulator(cost, make_policy("apc-lru"), insts, SimConfig(workers=1)).run()
-    work = cost.prefill_work(3000, 0)
-    prefill = work / cost.token_budget * cost.step_s(0, min(work, cost.token_budget), 0)
+    full, rest = divmod(cost.prefill_work(3000, 0), cost.token_budget)
+    prefill = full * cost.step_s(0, cost.token_budget, 0) + cost.step_s(0, rest, 0)
     decode = 39 * cost.step_s(1, 0, 3000 + 20)
     assert res.queue_s == pytest.approx(prefill + decode, rel=1e-9)  # b's wait for a
     assert res.prefill_s == pytest.approx(2 * prefill, rel=1e-9)
     assert res.decode_s == pytest.approx(2 * decode, rel=1e-9)
-    assert res.iterations == pytest.approx(2 * (work / cost.token_budget + 39), rel=1e-9)
+    assert res.iterations == pytest.approx(2 * (full + 1 + 39), rel=1e-9)
 
 
 def test_unloaded_time_matches_a_lone_session_with_a_perfect_cache():

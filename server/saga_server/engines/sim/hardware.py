@@ -166,8 +166,8 @@ class CostModel:
         work = self.prefill_work(new_tokens, ctx_tokens)
         if work <= 0:
             return 0.0
-        iters = work / self.token_budget
-        return iters * self.step_s(0, min(work, self.token_budget), 0.0)
+        full, rest = divmod(work, self.token_budget)
+        return full * self.step_s(0, self.token_budget, 0.0) + (self.step_s(0, rest, 0.0) if rest > 0 else 0.0)
 
     def decode_s(self, output_tokens: int, ctx_tokens: float) -> float:
         """Seconds to decode `output_tokens` alone (batch of one)."""

@@ -4,8 +4,8 @@ as a fluid.
 Continuous batching between events: the batch is fixed, each iteration takes
 `CostModel.step_s(decoding, prefill_chunk, context)`, every decoding request advances
 one token per iteration and the prefill queue (FIFO) advances by the token budget left
-after decodes (chunked prefill). Progress between events is analytic, so the cost is
-per event, not per iteration. The simulator owns admission and what happens to a
+after decodes (chunked prefill), each iteration priced with the chunk it runs.
+Progress between events is analytic, so the cost is per event, not per iteration. The simulator owns admission and what happens to a
 finished request; the worker only keeps time.
 """
 
@@ -101,8 +101,10 @@ class Worker:
         if not self.dec and not self.pf:
             return None
         if self.pf:
-            rate = max(cost.token_budget - n, cost.block_tokens)
-            chunk = min(rate, self.pf_total - self.pf_done)
+            # The step runs its chunk whole: a prefill shorter than the budget still
+            # takes the full (cheaper) iteration, not a fraction of a budget-sized one.
+            chunk = min(max(cost.token_budget - n, cost.block_tokens), self.pf_total - self.pf_done)
+            rate = max(chunk, _EPS)
         else:
             rate = chunk = 0.0
         tau = cost.step_s(n, chunk, self.ctx)
