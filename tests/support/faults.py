@@ -126,8 +126,8 @@ class CuttingRelay:
     Bytes pass both ways unchanged, one upstream connection per client connection.
     `cut_next(events)` makes the next exchange's answer stop after its `events`-th
     server-sent event (the bytes up to that event's blank line are passed on, then
-    both connections close mid-body); `hang_up_next()` closes the next request's
-    connection without passing it on or answering. Arm only while no request is in
+    both connections close mid-body); `hang_up_next(times)` closes the next `times`
+    requests' connections without passing them on or answering. Arm only while no request is in
     flight: the fault applies to the first request bytes that arrive after arming.
     `faults` counts the exchanges killed."""
 
@@ -137,6 +137,7 @@ class CuttingRelay:
         self.upstream = (host or "127.0.0.1", int(port))
         self.faults = 0
         self._armed: tuple[str, int] | None = None
+        self._hang_ups = 0
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._server = None
@@ -177,12 +178,15 @@ class CuttingRelay:
         with self._lock:
             self._armed = ("cut", events)
 
-    def hang_up_next(self) -> None:
+    def hang_up_next(self, times: int = 1) -> None:
         with self._lock:
-            self._armed = ("hang_up", 0)
+            self._hang_ups = times
 
     def _take(self) -> tuple[str, int] | None:
         with self._lock:
+            if self._hang_ups:
+                self._hang_ups -= 1
+                return ("hang_up", 0)
             armed, self._armed = self._armed, None
             return armed
 

@@ -84,7 +84,13 @@ def test_upstream_dies_mid_stream_and_before_answering(saga_server, make_proxy, 
         assert llm_calls(saga_server, sid) == ("idle", ["llm_call_start", "llm_call_end"] * 2)
         idle_s = engine_idle_within(saga_server, ABORT_WITHIN_S)
 
-        relay.hang_up_next()
+        relay.hang_up_next()  # once: the proxy sends it again on another connection
+        retried = httpx.post(proxy.url + "/v1/chat/completions", json={**body, "stream": False},
+                             headers={"X-Session-ID": sid}, timeout=REQUEST_TIMEOUT_S)
+        assert retried.status_code == 200 and retried.json()["choices"][0]["message"]["content"]
+        assert proxy.app.upstream_retries == 1 and proxy.app.errors["upstream_unreachable"] == 0
+
+        relay.hang_up_next(times=2)  # the retry too: the agent gets a clear error
         refused = httpx.post(proxy.url + "/v1/chat/completions", json={**body, "stream": False},
                              headers={"X-Session-ID": sid}, timeout=REQUEST_TIMEOUT_S)
         assert refused.status_code == 502
@@ -98,11 +104,12 @@ def test_upstream_dies_mid_stream_and_before_answering(saga_server, make_proxy, 
                            headers={"X-Session-ID": sid}, timeout=REQUEST_TIMEOUT_S)
         assert plain.status_code == 200 and plain.json()["choices"][0]["message"]["content"]
         assert proxy.app.hints.flush(30)
-        assert llm_calls(saga_server, sid) == ("idle", ["llm_call_start", "llm_call_end"] * 5)
-        assert relay.faults == 2 and proxy.app.errors["internal"] == 0
+        assert llm_calls(saga_server, sid) == ("idle", ["llm_call_start", "llm_call_end"] * 6)
+        assert relay.faults == 4 and proxy.app.upstream_retries == 2 and proxy.app.errors["internal"] == 0
 
     chaos_row(ChaosRow(
         "upstream dies mid-stream (cut after 3 events), then before answering", 0, added_median([before_s], [after_s]),
         0, server_after() + f"; engine dropped the cut request within {idle_s:.1f} s",
-        "client saw a broken stream (no [DONE]), then a 502 naming the upstream; each call closed in its session; "
+        "client saw a broken stream (no [DONE]); one hang-up before answering was sent again unseen, two gave "
+        "a 502 naming the upstream; each call closed in its session; "
         "next stream whole"))
