@@ -258,7 +258,8 @@ def replay(mode: str, tasks: list[Task], tokens: TokenSource, args) -> dict:
                 metrics = parse_metrics(resp.read().decode(), ("saga_pins", "saga_evicted", "saga_prefetches",
                                                                "saga_admission", "saga_plugin_seconds",
                                                                "vllm:prefix_cache", "vllm:iteration_tokens_total",
-                                                               *PHASE_METRICS.values(), "vllm:e2e_request_latency"))
+                                                               *PHASE_METRICS.values(), "vllm:e2e_request_latency",
+                                                               "vllm:num_preemptions"))
         except Exception as exc:
             metrics = {"error": repr(exc)}
         rss = server.rss_bytes()
