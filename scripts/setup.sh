@@ -104,6 +104,16 @@ if ! installed saga-agents || [ "$(cat "$MARK" 2>/dev/null)" != "$WANT" ]; then
     echo "$WANT" > "$MARK"
 fi
 
+# NIXL for moving KV between engines (`saga serve --kv-transfer nixl`), with the
+# ray extra. --no-deps: the `nixl` meta-package alone pulls two CUDA variants; the
+# cu12 wheel carries UCX and moves KV in DRAM on CPU builds too.
+NIXL_VERSION=1.5.1
+NIXL_VARIANT=${SAGA_NIXL_VARIANT:-cu12}
+if [[ ",$EXTRAS," == *",ray,"* ]] && ! { installed nixl "$NIXL_VERSION" && installed "nixl-$NIXL_VARIANT" "$NIXL_VERSION"; }; then
+    say "installing nixl $NIXL_VERSION ($NIXL_VARIANT; KV moves between engines)"
+    "${PIP[@]}" install --no-deps "nixl==$NIXL_VERSION" "nixl-$NIXL_VARIANT==$NIXL_VERSION"
+fi
+
 # Keep the wire stack the project pins (vllm may pull a newer protobuf).
 if ! installed protobuf 5.29.6; then
     "${PIP[@]}" install $WIRE_PINS

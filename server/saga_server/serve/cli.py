@@ -30,6 +30,12 @@ starts and read by the hint service in the EngineCore process
 the signal on to the engine processes (`saga_server.rpc.reload`), which reload
 it; a bad file is reported and the old keys kept.
 
+`--kv-transfer nixl [--nixl-port PORT]` starts the engine with vLLM's NIXL
+connector (`engines/vllm/nixl.py`: SAGA's subclass keeps the worker's CPU
+affinity), so that another engine can pull a session's KV from it and it from
+them (`engines/vllm/kv_move.py`); the side channel listens on PORT (default: a
+free one) at `--host`.
+
 `--record FILE` (with `--record-hash-tools`, `--record-max-bytes N`,
 `--record-idle-s S`) records what the engine sees of each session, in the
 EngineCore process where the plugin's data is (`engines/vllm/record.py`); the
@@ -64,6 +70,8 @@ __all__ = ["main", "build_command", "ServeConfig"]
 SAGA_SCHEDULER = "saga_server.engines.vllm.SagaScheduler"
 SAGA_ASYNC_SCHEDULER = "saga_server.engines.vllm.SagaAsyncScheduler"
 OFFLOAD_POLICY_MODULE = "saga_server.engines.vllm.offload"
+NIXL_CONNECTOR_MODULE = "saga_server.engines.vllm.nixl"
+NIXL_LEASE_S = 600  # how long a source holds a prefix's blocks for a pull that has not come
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 
 
@@ -95,6 +103,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--record-idle-s", type=float, default=None, metavar="S",
                    help="write a session silent for S seconds as ended (truncated; default: the engine's "
                         "session idle timeout, 1800)")
+    p.add_argument("--kv-transfer", choices=["nixl"], default=None,
+                   help="let other engines pull sessions' KV from this one and this one from them: "
+                        "nixl (vLLM's NixlConnector, engines/vllm/nixl.py)")
+    p.add_argument("--nixl-port", type=int, default=None, metavar="PORT",
+                   help="NIXL side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT; default: a free one)")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for readiness")
     p.add_argument("--dry-run", action="store_true", help="print the vLLM command and env, start nothing")
     return p
@@ -177,6 +190,8 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
                          "record a --no-saga run with saga proxy --record")
     else:
         env.pop("SAGA_HINT_ADDR", None)
+    if opts.kv_transfer == "nixl":
+        args += _nixl_args(opts, passthrough, env)
     args += passthrough
     if not is_gpu_build():
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -192,6 +207,24 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
     return ServeConfig(args, env, url, hint_addr, not opts.no_saga, model_dir)
 
 
+def _nixl_args(opts: argparse.Namespace, passthrough: list[str], env: dict[str, str]) -> list[str]:
+    """vLLM flags (and, into `env`, the side channel) for `--kv-transfer nixl`."""
+    if _has_flag(passthrough, "--kv-transfer-config") or _has_flag(passthrough, "--kv-offloading-size"):
+        raise SystemExit("saga serve: --kv-transfer nixl sets the engine's KV connector; "
+                         "drop --kv-transfer-config / --kv-offloading-size")
+    if opts.nixl_port is not None:
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(opts.nixl_port)
+    if opts.host not in ("0.0.0.0", "::"):  # other engines reach the side channel here
+        env.setdefault("VLLM_NIXL_SIDE_CHANNEL_HOST", opts.host)
+    config = {"kv_connector": "NixlConnector", "kv_connector_module_path": NIXL_CONNECTOR_MODULE,
+              "kv_role": "kv_both", "kv_buffer_device": "cuda" if is_gpu_build() else "cpu",
+              "kv_connector_extra_config": {"kv_lease_duration": NIXL_LEASE_S}}
+    args = ["--kv-transfer-config", json.dumps(config)]
+    if not _has_flag(passthrough, "--disable-hybrid-kv-cache-manager"):
+        args.append("--disable-hybrid-kv-cache-manager")  # NIXL moves one KV layout
+    return args
+
+
 def _wait_ready(proc: subprocess.Popen, url: str, hint_addr: str | None, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -205,6 +238,12 @@ def _wait_ready(proc: subprocess.Popen, url: str, hint_addr: str | None, timeout
             pass
         time.sleep(0.5)
     return False
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host if host not in ("0.0.0.0", "::") else "", 0))
+        return s.getsockname()[1]
 
 
 def _port_open(addr: str) -> bool:
@@ -275,6 +314,8 @@ def main(argv: list[str]) -> int:
     except ModelPrepError as exc:
         print(f"saga serve: {exc}", file=sys.stderr)
         return 2
+    if opts.kv_transfer and opts.nixl_port is None and "VLLM_NIXL_SIDE_CHANNEL_PORT" not in os.environ:
+        opts.nixl_port = _free_port(opts.host)  # vLLM's default, 5600, would collide on a shared host
     cfg = build_command(opts, passthrough, model_dir, default_model)
     keys_file = cfg.env.get(KEYS_FILE_ENV) if cfg.saga else None
     problem = _check_keys(keys_file) or _check_record(opts, touch=not opts.dry_run)

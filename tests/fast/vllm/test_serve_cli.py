@@ -98,3 +98,25 @@ def test_a_malformed_record_environment_is_refused():
         with pytest.raises(ValueError):
             record_options.config_from_env(env, source="engine", idle_s=1.0)
     assert record_options.config_from_env({}, source="engine", idle_s=1.0) is None
+
+
+def test_kv_transfer_nixl_loads_saga_s_nixl_connector_on_its_side_channel_port():
+    import json  # noqa: PLC0415
+
+    for extra in ([], ["--no-saga"]):
+        cfg = build(["--kv-transfer", "nixl", "--nixl-port", "5611", *extra])
+        config = json.loads(cfg.argv[cfg.argv.index("--kv-transfer-config") + 1])
+        assert config["kv_connector"] == "NixlConnector"  # vLLM's name: its config checks look for it
+        assert config["kv_connector_module_path"] == cli.NIXL_CONNECTOR_MODULE == "saga_server.engines.vllm.nixl"
+        assert config["kv_role"] == "kv_both" and config["kv_buffer_device"] == "cpu"
+        assert config["kv_connector_extra_config"]["kv_lease_duration"] == cli.NIXL_LEASE_S
+        assert "--disable-hybrid-kv-cache-manager" in cfg.argv
+        assert cfg.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5611"
+        assert cfg.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    assert "--kv-transfer-config" not in build([]).argv
+
+
+def test_kv_transfer_nixl_refuses_a_second_connector():
+    for other in (["--kv-transfer-config", "{}"], ["--kv-offloading-size", "8"]):
+        with pytest.raises(SystemExit, match="sets the engine's KV connector"):
+            build(["--kv-transfer", "nixl", *other])
