@@ -1,0 +1,168 @@
+"""A session's prefix KV moves between two real engines over NIXL (`saga serve
+--kv-transfer nixl`, UCX in DRAM on this CPU): the target pulls the source's blocks,
+computes only the last token, and the session's next request there hits its prefix
+cache and answers as the source would at temperature 0. With the source gone the
+move falls back to re-prefilling on the target, and nothing fails. NIXL's CPU pinning
+of the engine worker is undone (`engines/vllm/nixl.py`).
+
+STARTS ITS OWN ENGINES: two `saga serve --kv-transfer nixl` (80 KV blocks, 2
+sequences each) with the compute threads unbound (`VLLM_CPU_OMP_THREADS_BIND=nobind`,
+one OpenMP thread: two engines bound by default share one core), beside the tier's
+shared one, which it still takes so that the model is prepared. Run it alone:
+
+    .venv/bin/python -m pytest tests/real/serve/test_kv_move_real.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from saga_server.engines.vllm.kv_move import move_prefix
+from saga_server.serve.status import parse_metrics
+from tests.support.http import REQUEST_TIMEOUT_S, free_port
+from tests.support.serve import launch_saga_serve
+
+pytest.importorskip("nixl", reason="the ray extra installs NIXL (scripts/setup.sh)")
+
+READY_TIMEOUT_S = 600  # two cold engine starts side by side on a busy 2-core machine
+BLOCK = 32
+PREFIX = 1000  # tokens: 31 full blocks move, the partial last one is recomputed
+
+
+class Engine:
+    def __init__(self, name: str, tmp: Path) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / f"{name}.log"
+        env_args = ["--fast-start", "--port", str(self.port), "--hint-port", str(free_port()),
+                    "--kv-transfer", "nixl", "--nixl-port", str(free_port()),
+                    "--num-gpu-blocks-override", "80", "--max-num-seqs", "2", "--max-model-len", "2048"]
+        os.environ.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1")
+        try:
+            self.proc = launch_saga_serve(env_args, self.log)
+        finally:
+            del os.environ["VLLM_CPU_OMP_THREADS_BIND"], os.environ["OMP_NUM_THREADS"]
+
+    def wait_ready(self, deadline: float) -> None:
+        while b"[saga] ready in" not in self.log.read_bytes():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"saga serve --kv-transfer nixl did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def computed_tokens(self) -> float:
+        """Tokens the engine has run through the model so far (prefill and decode)."""
+        with urllib.request.urlopen(self.base + "/metrics", timeout=10) as resp:
+            return parse_metrics(resp.read().decode(), ("vllm:iteration_tokens_total",))[
+                "vllm:iteration_tokens_total_sum"]
+
+    def complete(self, model: str, prompt: list[int], max_tokens: int = 12) -> dict:
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+                "temperature": 0.0, "seed": 0, "return_token_ids": True}
+        req = urllib.request.Request(self.base + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
+            return json.loads(resp.read())
+
+
+@pytest.fixture(scope="module")
+def engines(saga_server, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("kv-move-real")
+    pair = [Engine("source", tmp), Engine("target", tmp)]
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for engine in pair:
+            engine.wait_ready(deadline)
+        yield pair
+    finally:
+        for engine in pair:
+            engine.stop()
+
+
+def prompt_of(seed: int, n: int) -> list[int]:
+    rnd = random.Random(seed)
+    return [rnd.randrange(1000, 40000) for _ in range(n)]
+
+
+def worker_affinities(serve_pid: int) -> list[str]:
+    """Cpus_allowed_list of every thread of the engine worker processes under `serve_pid`."""
+    out = subprocess.run(["pgrep", "-f", "VLLM::Worker"], capture_output=True, text=True).stdout.split()
+    lists = []
+    for pid in out:
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        chain = {parent}
+        while parent > 1 and parent != serve_pid:
+            parent = int(Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            chain.add(parent)
+        if serve_pid not in chain:
+            continue
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("Cpus_allowed_list:"):
+                    lists.append(line.split(":", 1)[1].strip())
+    return lists
+
+
+def test_a_moved_prefix_is_pulled_and_the_next_request_computes_only_the_new_tokens(engines, saga_server):
+    source, target = engines
+    model = saga_server.model
+    prefix = prompt_of(1, PREFIX)
+    following = prefix + prompt_of(2, 20)  # the session's next request: the prefix and a tool's output
+    # What the source answers for the next request (computed there first, so the source has
+    # the prefix cached as a session's home engine would).
+    expected = source.complete(model, following)["choices"][0]["token_ids"]
+
+    before = target.computed_tokens()
+    move = move_prefix(source.base, target.base, model, prefix, timeout_s=REQUEST_TIMEOUT_S)
+    assert move.pulled and move.warm and move.fallback == "", move
+    assert move.pulled_tokens == PREFIX
+    assert target.computed_tokens() - before <= 1 + 1  # the last prompt token (and its output), nothing else
+
+    before = target.computed_tokens()
+    out = target.complete(model, following)
+    cached = out["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == PREFIX // BLOCK * BLOCK  # every full block of the prefix, pulled
+    assert out["choices"][0]["token_ids"] == expected  # the pulled KV is the source's
+    assert target.computed_tokens() - before <= len(following) - cached + 12
+
+
+def test_with_the_source_gone_the_move_re_prefills_on_the_target_without_error(engines, saga_server):
+    source, target = engines
+    model = saga_server.model
+    prefix = prompt_of(3, PREFIX)
+    source.complete(model, prefix, max_tokens=1)
+    source.stop()  # the session's old home dies before the move
+
+    move = move_prefix(source.base, target.base, model, prefix, timeout_s=REQUEST_TIMEOUT_S)
+    assert not move.pulled and move.warm and "source unreachable" in move.fallback
+    assert move.pulled_tokens == 0
+    out = target.complete(model, prefix + prompt_of(4, 20))
+    assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == PREFIX // BLOCK * BLOCK  # re-prefilled
+
+
+def test_nixl_no_longer_pins_the_engine_worker_to_one_core(engines):
+    cores = os.sched_getaffinity(0)
+    if len(cores) < 2:
+        pytest.skip("one core: nothing to pin away from")
+    target = engines[1]
+    lists = worker_affinities(target.proc.pid)
+    assert lists, "no engine worker threads found"
+    # NIXL pins the worker's main thread to the last core; SAGA's connector puts it back.
+    single = [cpus for cpus in lists if "-" not in cpus and "," not in cpus]
+    assert single == [], f"threads pinned to one core: {single}"
