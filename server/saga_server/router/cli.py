@@ -77,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steal-any", action="store_true",
                    help="also move sessions that are not inside a tool call (default: only those; a move "
                         "re-prefills the prefix on the target, which only a running tool hides)")
+    p.add_argument("--kv-transfer", choices=["nixl"], default=None,
+                   help="stolen sessions' KV is pulled over NIXL by the new replica (re-prefilled when it cannot be)")
     p.add_argument("--no-saga-engine", action="store_true", help="stock vLLM scheduler in the engines")
     p.add_argument("--api-keys", default=None, metavar="FILE",
                    help="keys file: one `key tenant role [limits]` per line, with an admin key for the "
@@ -93,6 +95,7 @@ def build_llm_config(opts: argparse.Namespace, model_dir: str, default_model: bo
         SAGA_ASYNC_SCHEDULER,
         SAGA_SCHEDULER,
         is_gpu_build,
+        nixl_transfer_config,
     )
 
     gpu = is_gpu_build()
@@ -106,6 +109,8 @@ def build_llm_config(opts: argparse.Namespace, model_dir: str, default_model: bo
         engine["enforce_eager"] = True
     if opts.kv_blocks:
         engine["num_gpu_blocks_override"] = opts.kv_blocks
+    if opts.kv_transfer == "nixl":
+        engine.update(kv_transfer_config=nixl_transfer_config(gpu), disable_hybrid_kv_cache_manager=True)
     if default_model:
         from saga_server.serve.model import TOOL_TEMPLATE_FILE  # noqa: PLC0415
 
@@ -123,7 +128,8 @@ def build_llm_config(opts: argparse.Namespace, model_dir: str, default_model: bo
               "request_routing_stats_timeout_s": max(5.0, opts.stats_period * 4)}
     if opts.router == "saga":
         router["request_router_kwargs"] = {"steal_gap": opts.steal_gap, "steal_only_in_tool": not opts.steal_any,
-                                           "ingress_url": f"http://{opts.host}:{opts.port}"}
+                                           "ingress_url": f"http://{opts.host}:{opts.port}",
+                                           "kv_transfer": opts.kv_transfer}
     bundle = {"CPU": opts.cpus_per_replica}
     if gpu and opts.gpus_per_replica:
         bundle["GPU"] = opts.gpus_per_replica

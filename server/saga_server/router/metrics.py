@@ -16,6 +16,9 @@ left out of that scrape; a scrape never fails because of one.
     saga_router_routes_total{reason}              routing decisions (affinity, home, rehome, ...)
     saga_router_steals_total{in_tool}             sessions moved between replicas
     saga_router_reprefills_total{result}          KV moves by re-prefill on the target
+    saga_router_kv_pulls_total{result}            KV moves over NIXL (ok, fell back to re-prefill)
+    saga_router_pulled_tokens_total               prompt tokens whose KV the targets pulled
+    saga_router_pull_seconds_total                time the pulled moves took
     saga_router_releases_total{result}            source copies released after a move
     saga_router_peer_reports_total{result}        cluster fair-share reports to engines
     saga_tenant_served_tokens_total{tenant}       tokens served per tenant, cluster-wide
@@ -110,6 +113,13 @@ class ClusterCollector:
         reprefills = CounterMetricFamily("saga_router_reprefills", "KV moves by re-prefill", labels=["result"])
         reprefills.add_metric(["ok"], float(moves.get("reprefills_ok", 0)))
         reprefills.add_metric(["failed"], float(moves.get("reprefills_failed", 0)))
+        pulls = CounterMetricFamily("saga_router_kv_pulls", "KV moves over NIXL", labels=["result"])
+        pulls.add_metric(["ok"], float(moves.get("pulls_ok", 0)))
+        pulls.add_metric(["fallback"], float(moves.get("pull_fallbacks", 0)))
+        pulled = CounterMetricFamily("saga_router_pulled_tokens", "Prompt tokens whose KV the targets pulled")
+        pulled.add_metric([], float(moves.get("pulled_tokens", 0)))
+        pull_s = CounterMetricFamily("saga_router_pull_seconds", "Time the pulled moves took")
+        pull_s.add_metric([], float(moves.get("pull_seconds", 0)))
         releases = CounterMetricFamily("saga_router_releases", "Source copies released after a move",
                                        labels=["result"])
         releases.add_metric(["ok"], float(moves.get("releases_ok", 0)))
@@ -118,7 +128,7 @@ class ClusterCollector:
                                     labels=["result"])
         peers.add_metric(["ok"], float(moves.get("peer_sends", 0)))
         peers.add_metric(["failed"], float(moves.get("peer_send_failures", 0)))
-        yield from (homed, routes, inflight, steals, reprefills, releases, peers)
+        yield from (homed, routes, inflight, steals, reprefills, pulls, pulled, pull_s, releases, peers)
 
         tenants = CounterMetricFamily("saga_tenant_served_tokens", "Tokens served per tenant, cluster-wide",
                                       labels=["tenant"])

@@ -4,6 +4,8 @@ Ray's `LLMServer` starts vLLM's engine in this replica's process tree. Before it
 does, this subclass picks a free local port and exports it as `SAGA_HINT_ADDR`,
 so the SAGA scheduler plugin in the spawned EngineCore starts its hint service
 there (see `engines/vllm/intake.py`): every replica has its own hint endpoint.
+With the NIXL connector configured (`saga router --kv-transfer nixl`) it also
+gives the engine a NIXL side-channel port of its own.
 
 `record_routing_stats` (polled by Serve and handed to request routers as
 `RunningReplica.routing_stats`) reads that hint service back (a side channel to
@@ -53,12 +55,21 @@ def _register(server: "SagaLLMServer") -> None:
         log.exception("SAGA replica: could not register the hint endpoint")
 
 
+def _moves_kv_over_nixl(llm_config) -> bool:
+    transfer = (getattr(llm_config, "engine_kwargs", None) or {}).get("kv_transfer_config") or {}
+    return transfer.get("kv_connector") == "NixlConnector"
+
+
 class SagaLLMServer(LLMServer):
     async def __init__(self, llm_config, *args, **kwargs):
         host = os.environ.get("SAGA_HINT_HOST", "127.0.0.1")
         self.saga_hint_addr = f"{host}:{_free_port(host)}"
         os.environ[HINT_ADDR_ENV] = self.saga_hint_addr  # inherited by the EngineCore process
         log.info("SAGA replica: hint service at %s", self.saga_hint_addr)
+        if _moves_kv_over_nixl(llm_config):  # a side channel of its own: replicas may share a host
+            os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host
+            os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(_free_port(host))
+            log.info("SAGA replica: NIXL side channel at %s:%s", host, os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"])
         self._saga_kv_key = None
         await super().__init__(llm_config, *args, **kwargs)
         _register(self)

@@ -27,7 +27,13 @@ Then the source engine is told to release its copy (`ReleaseSession`): its
 pins and holds go, the blocks stay as ordinary evictable cache. A request of the
 session that arrives while its re-prefill runs (the tool ended early) waits for
 it, up to `move_wait_s`, instead of racing it and arriving cold.
-(GPU builds could move the KV with vLLM's KV connectors instead; not wired.)
+With `kv_transfer="nixl"` (`saga router --kv-transfer nixl`: every engine runs
+the NIXL connector) the KV itself moves: the same request goes first to the
+source with `do_remote_decode` (under `saga-move:<source>:<session>`), which
+holds the blocks and answers with a transfer handle, then to the target with the
+handle, which pulls the blocks (`engines/vllm/kv_move.py`); a pull that cannot
+happen (no handle, the source gone, a failed load) re-prefills instead. Counted
+as `pulls_ok`, `pulled_tokens`, `pull_seconds`, `pull_fallbacks`.
 
 Cluster-wide Agent Fair Share: on the same ticker, `PeerServiceRelay` tells
 every engine what the other engines served per tenant (from the replicas'
@@ -52,6 +58,7 @@ from typing import Any, List, Optional
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from saga_server.core.routing import ReplicaView, RoutingConfig, SessionRouter
+from saga_server.engines.vllm.kv_move import Endpoint, move_kv
 
 from .engine_calls import PeerServiceRelay, release_session
 from .report import REPORT_KEY, ReplicaReport
@@ -81,7 +88,8 @@ class SagaRequestRouter(RequestRouter):
     def initialize_state(self, steal_gap: float = 3.0, steal_period_s: float = 1.0, kv_weight: float = 4.0,
                          steal_only_in_tool: bool = True, steal_cooldown_s: float = 10.0,
                          ingress_url: str | None = None, seed: int = 0, report_ttl_s: float = 30.0,
-                         cluster_fair_share: bool = True, move_wait_s: float = 10.0, **kwargs: Any) -> None:
+                         cluster_fair_share: bool = True, move_wait_s: float = 10.0, kv_transfer: str | None = None,
+                         **kwargs: Any) -> None:
         self.saga = SessionRouter(RoutingConfig(kv_weight=kv_weight, steal_gap=steal_gap,
                                                 steal_only_in_tool=steal_only_in_tool,
                                                 steal_cooldown_s=steal_cooldown_s), seed=seed)
@@ -101,6 +109,7 @@ class SagaRequestRouter(RequestRouter):
         self._ticker: asyncio.Task | None = None
         self._moving: dict[str, asyncio.Event] = {}  # session -> set when its re-prefill is done
         self._move_wait_s = move_wait_s
+        self._kv_transfer = kv_transfer  # "nixl": the target pulls the KV (engines/vllm/kv_move.py)
 
     # -- Serve hooks ----------------------------------------------------------------------
 
@@ -218,11 +227,15 @@ class SagaRequestRouter(RequestRouter):
         task.add_done_callback(self._tasks.discard)
 
     async def _move(self, steal, body: Any, source_addr: str | None) -> None:
-        """Re-prefill on the target (when the last request is known; otherwise the
-        next request re-prefills there), then release the source's copy."""
+        """Pull the KV over NIXL or re-prefill it on the target (when the last request
+        is known; otherwise the next request re-prefills there), then release the
+        source's copy."""
         if body is not None:
             try:
-                await self._reprefill(steal.session_id, steal.target, body)
+                if self._kv_transfer == "nixl":
+                    await self._pull(steal, body)
+                else:
+                    await self._reprefill(steal.session_id, steal.target, body)
             finally:
                 done = self._moving.pop(steal.session_id, None)
                 if done is not None:
@@ -254,15 +267,33 @@ class SagaRequestRouter(RequestRouter):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _pull(self, steal, request: Any) -> None:
+        """The target pulls the session's KV from the source over NIXL, each half
+        routed through the ingress under a `saga-move` id of its replica; a pull that
+        cannot happen re-prefills on the target instead (`move_kv`)."""
+        ingress = self._ingress_url.rstrip("/")
+        try:
+            move = await asyncio.to_thread(
+                move_kv, Endpoint(ingress, {"X-Session-ID": move_session_id(steal.source, steal.session_id)}),
+                Endpoint(ingress, {"X-Session-ID": move_session_id(steal.target, steal.session_id)}),
+                _move_payload(request), path="/v1/chat/completions")
+        except Exception:
+            self.moves["reprefills_failed"] += 1
+            log.exception("SAGA move of %s to %s failed", steal.session_id, steal.target)
+            return
+        if move.pulled:
+            self.moves["pulls_ok"] += 1
+            self.moves["pulled_tokens"] += move.pulled_tokens
+            self.moves["pull_seconds"] += move.seconds
+            return
+        self.moves["pull_fallbacks"] += 1
+        self.moves["reprefills_ok" if move.warm else "reprefills_failed"] += 1
+        log.warning("SAGA move of %s to %s re-prefilled: %s", steal.session_id, steal.target, move.fallback)
+
     async def _reprefill(self, session_id: str, target: str, request: Any) -> None:
         try:
-            payload = request.model_dump(mode="json", exclude_none=True, exclude_unset=True)
-            payload.pop("stream_options", None)
-            payload.update(stream=False, max_tokens=1)
-            payload.pop("max_completion_tokens", None)
-            payload.pop("session_id", None)
-            ok = await asyncio.to_thread(_post, self._ingress_url.rstrip("/") + "/v1/chat/completions", payload,
-                                         move_session_id(target, session_id))
+            ok = await asyncio.to_thread(_post, self._ingress_url.rstrip("/") + "/v1/chat/completions",
+                                         _move_payload(request), move_session_id(target, session_id))
             self.moves["reprefills_ok" if ok else "reprefills_failed"] += 1
         except Exception:
             self.moves["reprefills_failed"] += 1
@@ -305,6 +336,16 @@ def _publish(payload: str) -> None:
         internal_kv._internal_kv_put(STATS_KV_KEY, payload, overwrite=True)
     except Exception:
         log.debug("publishing SAGA router stats failed", exc_info=True)
+
+
+def _move_payload(request: Any) -> dict:
+    """The session's last chat request as a one-token, unstreamed move request."""
+    payload = request.model_dump(mode="json", exclude_none=True, exclude_unset=True)
+    payload.pop("stream_options", None)
+    payload.update(stream=False, max_tokens=1)
+    payload.pop("max_completion_tokens", None)
+    payload.pop("session_id", None)
+    return payload
 
 
 def _post(url: str, payload: dict, session_header: str) -> bool:

@@ -207,6 +207,14 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
     return ServeConfig(args, env, url, hint_addr, not opts.no_saga, model_dir)
 
 
+def nixl_transfer_config(gpu: bool) -> dict:
+    """vLLM's `kv_transfer_config` for SAGA's NIXL connector (`saga serve` and `saga
+    router` replicas): both roles, KV registered where the engine keeps it."""
+    return {"kv_connector": "NixlConnector", "kv_connector_module_path": NIXL_CONNECTOR_MODULE,
+            "kv_role": "kv_both", "kv_buffer_device": "cuda" if gpu else "cpu",
+            "kv_connector_extra_config": {"kv_lease_duration": NIXL_LEASE_S}}
+
+
 def _nixl_args(opts: argparse.Namespace, passthrough: list[str], env: dict[str, str]) -> list[str]:
     """vLLM flags (and, into `env`, the side channel) for `--kv-transfer nixl`."""
     if _has_flag(passthrough, "--kv-transfer-config") or _has_flag(passthrough, "--kv-offloading-size"):
@@ -216,10 +224,7 @@ def _nixl_args(opts: argparse.Namespace, passthrough: list[str], env: dict[str, 
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(opts.nixl_port)
     if opts.host not in ("0.0.0.0", "::"):  # other engines reach the side channel here
         env.setdefault("VLLM_NIXL_SIDE_CHANNEL_HOST", opts.host)
-    config = {"kv_connector": "NixlConnector", "kv_connector_module_path": NIXL_CONNECTOR_MODULE,
-              "kv_role": "kv_both", "kv_buffer_device": "cuda" if is_gpu_build() else "cpu",
-              "kv_connector_extra_config": {"kv_lease_duration": NIXL_LEASE_S}}
-    args = ["--kv-transfer-config", json.dumps(config)]
+    args = ["--kv-transfer-config", json.dumps(nixl_transfer_config(is_gpu_build()))]
     if not _has_flag(passthrough, "--disable-hybrid-kv-cache-manager"):
         args.append("--disable-hybrid-kv-cache-manager")  # NIXL moves one KV layout
     return args

@@ -236,3 +236,42 @@ def test_a_request_arriving_during_its_sessions_move_waits_for_the_re_prefill(mo
     assert [r.replica_id.unique_id for r in chosen[0]] == ["idle"]
     assert prefilled_when_routed == [("saga-move:idle:agent", 1)]  # the prefix was there first
     assert router.moves["waited_for_move"] == 1
+
+
+@pytest.mark.parametrize("pulled", [True, False])
+def test_with_nixl_the_target_pulls_from_the_source_and_a_failed_pull_counts_as_a_re_prefill(monkeypatch, pulled):
+    from saga_server.engines.vllm.kv_move import PrefixMove
+    from saga_server.router import request_router
+
+    moves = []
+
+    def move_kv(source, target, body, *, path):  # the two engines behind the ingress
+        moves.append((dict(source.headers), dict(target.headers), body["max_tokens"], path))
+        return PrefixMove(96, pulled, True, 0.25, "" if pulled else "pull failed (HTTP 500)")
+
+    monkeypatch.setattr(request_router, "move_kv", move_kv)
+    monkeypatch.setattr(request_router, "_post", lambda *a: pytest.fail("re-prefilled beside the pull"))
+    router = SagaRequestRouter(DeploymentID(name="saga"), DeploymentHandleSource.UNKNOWN)
+    router.initialize_state(steal_period_s=0.05, steal_gap=2.0, ingress_url="http://ingress", kv_transfer="nixl")
+    busy = _Replica(_ReplicaId("busy"), {"saga": {"sessions": ["agent"], "in_tool": ["agent"]}})
+    idle = _Replica(_ReplicaId("idle"), {"saga": {"sessions": []}})
+    router._replicas = {r.replica_id: r for r in (busy, idle)}
+
+    async def scenario():
+        await router.choose_replicas([busy, idle], _Pending(_Meta("agent"), [_Body("agent")]))
+        router._inflight["busy"] = 5
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if router.steals and not router._moving:
+                break
+        router._ticker.cancel()
+
+    asyncio.run(scenario())
+    assert moves == [({"X-Session-ID": "saga-move:busy:agent"}, {"X-Session-ID": "saga-move:idle:agent"}, 1,
+                      "/v1/chat/completions")]
+    if pulled:
+        assert router.moves["pulls_ok"] == 1 and router.moves["pulled_tokens"] == 96
+        assert router.moves["reprefills_ok"] == 0
+    else:
+        assert router.moves["pull_fallbacks"] == 1 and router.moves["reprefills_ok"] == 1
+        assert router.moves["pulled_tokens"] == 0

@@ -109,3 +109,15 @@ def test_saga_router_refuses_a_malformed_keys_file_before_starting_anything(tmp_
     bad.write_text(f"{KEY_A} team-a agent\n{KEY_ROUTER} ops boss\n")
     assert cli.main(["--api-keys", str(bad), "--dry-run"]) == 2
     assert f"{bad}:2: role" in capsys.readouterr().err
+
+
+def test_kv_transfer_nixl_gives_every_replica_the_connector_and_the_router_pulls():
+    from saga_server.serve.cli import nixl_transfer_config
+
+    cfg = cli.build_llm_config(_opts("--kv-transfer", "nixl"), "/m", True)
+    eng = cfg["engine_kwargs"]
+    assert eng["kv_transfer_config"] == nixl_transfer_config(False) and eng["disable_hybrid_kv_cache_manager"]
+    assert cfg["deployment_config"]["request_router_config"]["request_router_kwargs"]["kv_transfer"] == "nixl"
+    plain = cli.build_llm_config(_opts(), "/m", True)
+    assert "kv_transfer_config" not in plain["engine_kwargs"]
+    assert plain["deployment_config"]["request_router_config"]["request_router_kwargs"]["kv_transfer"] is None

@@ -8,7 +8,7 @@ import json
 
 import httpx
 
-from saga_server.engines.vllm.kv_move import move_prefix
+from saga_server.engines.vllm.kv_move import Endpoint, move_kv, move_prefix
 
 HANDLE = {"do_remote_prefill": True, "remote_block_ids": [[1, 2, 3]], "remote_engine_id": "e1",
           "remote_host": "127.0.0.1", "remote_port": 5601}
@@ -64,3 +64,21 @@ def test_a_failed_pull_re_prefills_and_a_dead_target_never_raises():
     client, _ = engines(lambda body: answer(kv_transfer_params=HANDLE), lambda body: httpx.Response(500))
     move = move_prefix("http://source", "http://target", "m", [1, 2, 3], client=client)
     assert not move.pulled and not move.warm and "re-prefill failed too" in move.fallback
+
+
+def test_a_move_through_a_front_routes_each_half_by_its_headers_on_the_given_path():
+    calls = []
+
+    def front(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        calls.append((request.url.path, request.headers["x-session-id"], "kv_transfer_params" in body))
+        to_source = request.headers["x-session-id"] == "move:source"
+        return answer(12, kv_transfer_params=HANDLE) if to_source else answer(12)
+
+    client = httpx.Client(transport=httpx.MockTransport(front))
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "stream": False}
+    move = move_kv(Endpoint("http://front", {"X-Session-ID": "move:source"}),
+                   Endpoint("http://front", {"X-Session-ID": "move:target"}), body,
+                   path="/v1/chat/completions", client=client)
+    assert move.pulled and move.prompt_tokens == 12
+    assert calls == [("/v1/chat/completions", "move:source", True), ("/v1/chat/completions", "move:target", True)]

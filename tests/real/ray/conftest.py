@@ -3,12 +3,14 @@
 `ray_cluster` (module scope) yields a `RayCluster`. With `SAGA_TEST_RAY_URL`
 (e.g. http://127.0.0.1:8123) and `SAGA_TEST_RAY_HINTS` set, that running
 cluster is used and never stopped; otherwise ONE `saga router --replicas 2` is
-started on free ports (~2 min, ~7.5 GB) and stopped (Ray included) at the end.
+started on free ports (~2 min, ~7.5 GB; with `--kv-transfer nixl` where NIXL is
+installed) and stopped (Ray included) at the end.
 Needs `ray[serve]==2.60.0` (see README "Many hosts"); skipped without it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -33,6 +35,7 @@ class RayCluster:
     hint_addr: str
     model: str
     metrics_url: str | None = None  # the cluster's /metrics (only for a cluster started here)
+    kv_transfer: str | None = None  # "nixl": stolen sessions' KV is pulled (only for a cluster started here)
 
     def chat(self, messages, *, session_id: str | None = None, timeout: float = REQUEST_TIMEOUT_S, **body) -> dict:
         return post_chat(self.base_url + "/v1/chat/completions", self.model, messages, session_id=session_id,
@@ -105,7 +108,7 @@ def ray_cluster(tmp_path_factory):
 
     url, hints = os.environ.get("SAGA_TEST_RAY_URL"), os.environ.get("SAGA_TEST_RAY_HINTS")
     proc = None
-    metrics_url = None
+    metrics_url = kv_transfer = None
     if not (url and hints):
         pytest.importorskip("vllm", reason="vLLM not installed (scripts/setup.sh)")
         port, hint_port, metrics_port = free_port(), free_port(), free_port()
@@ -117,6 +120,9 @@ def ray_cluster(tmp_path_factory):
         cmd = [sys.executable, "-m", "saga_server.cli", "router", "--replicas", "2", "--port", str(port),
                "--hint-port", str(hint_port), "--metrics-port", str(metrics_port),
                "--num-cpus", "2", "--kv-blocks", "256"]  # default: only sessions in a tool call move
+        kv_transfer = "nixl" if importlib.util.find_spec("nixl") is not None else None
+        if kv_transfer:  # the ray extra installs NIXL: moves pull the KV (re-prefill is their fallback)
+            cmd += ["--kv-transfer", kv_transfer]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                     start_new_session=True)
@@ -135,7 +141,7 @@ def ray_cluster(tmp_path_factory):
             if model is None:
                 time.sleep(2)
         ray.init(address="auto", namespace="saga", log_to_driver=False)
-        cluster = RayCluster(url, hints, model, metrics_url)
+        cluster = RayCluster(url, hints, model, metrics_url, kv_transfer)
         while len(cluster.replica_hints()) < 2 and time.monotonic() < deadline:
             time.sleep(1)
         _wait_until_the_router_sees(cluster, 2, deadline)

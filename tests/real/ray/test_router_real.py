@@ -175,8 +175,12 @@ def test_overloaded_replica_sheds_a_session_in_a_tool_call_it_resumes_warm_and_a
         time.sleep(1.0)
         resident = ray_cluster.resident()
         assert victim in resident[replicas[1]], "the victim did not move to the idle replica"
-        # its whole previous prompt (unique to it) was in the target's cache: re-prefilled there
+        # its whole previous prompt (unique to it) was in the target's cache: moved there
         assert _cached(resumed) >= first["usage"]["prompt_tokens"] // 32 * 32 - 32
+        moves = ray_cluster.router_stats()["moves"]
+        if ray_cluster.kv_transfer == "nixl":  # pulled from the source, not recomputed
+            assert moves.get("pulls_ok", 0) >= 1 and moves.get("pull_fallbacks", 0) == 0, moves
+            assert moves["pulled_tokens"] >= first["usage"]["prompt_tokens"], moves
         # the old copy was released on the source (its holds dropped)
         from saga_sdk import HintReader
 
@@ -189,6 +193,9 @@ def test_overloaded_replica_sheds_a_session_in_a_tool_call_it_resumes_warm_and_a
             assert f'saga_replica_up{{replica="{replicas[1]}"}} 1.0' in text
             steals = [ln for ln in text.splitlines() if ln.startswith('saga_router_steals_total{in_tool="true"}')]
             assert steals and float(steals[0].split()[-1]) >= 1, steals
+            if ray_cluster.kv_transfer == "nixl":
+                pulls = [ln for ln in text.splitlines() if ln.startswith('saga_router_kv_pulls_total{result="ok"}')]
+                assert pulls and float(pulls[0].split()[-1]) >= 1, pulls
         # A restarted router rebuilds its homes from the replicas' reports: the moved
         # session (hash home: replicas[0]) still goes where its KV is, replicas[1].
         _restart_ingress(ray_cluster)

@@ -5,6 +5,10 @@ run the NIXL connector (`saga serve --kv-transfer nixl`), re-prefilled otherwise
     move.pulled     # True: the target read the source's blocks; False: it recomputed them
     move.fallback   # why not pulled ("" when pulled)
 
+    # any one-token request body and API path, through a front that routes by header:
+    move = move_kv(Endpoint(ingress, {"X-Session-ID": to_source}), Endpoint(ingress, {"X-Session-ID": to_target}),
+                   chat_body, path="/v1/chat/completions")
+
 Contract: after `move_prefix` returns with `move.warm`, the target's prefix cache
 holds the prompt's full blocks, so the session's next request there (this prompt
 plus what came since) computes only the new tokens. Both ways go through the
@@ -28,11 +32,18 @@ path, not from its prefix cache), so `PrefixMove.pulled_tokens` is the count to 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import httpx
 
-__all__ = ["PrefixMove", "move_prefix"]
+__all__ = ["Endpoint", "PrefixMove", "move_kv", "move_prefix"]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    url: str  # an engine's (or a routing front's) base URL, e.g. http://127.0.0.1:8000
+    headers: Mapping[str, str] = field(default_factory=dict)  # e.g. the session id a front routes by
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,17 +63,24 @@ def move_prefix(source: str, target: str, model: str, prompt: list[int] | str, *
                 timeout_s: float = 120.0, client: httpx.Client | None = None) -> PrefixMove:
     """Move `prompt`'s KV from the engine at `source` to the one at `target` (base
     URLs, e.g. http://127.0.0.1:8000); see the module docstring."""
+    body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0}
+    return move_kv(Endpoint(source), Endpoint(target), body, timeout_s=timeout_s, client=client)
+
+
+def move_kv(source: Endpoint, target: Endpoint, body: dict, *, path: str = "/v1/completions",
+            timeout_s: float = 120.0, client: httpx.Client | None = None) -> PrefixMove:
+    """`move_prefix` for any one-token request `body` (its prompt or messages are the
+    prefix; `max_tokens` 1, not streamed) to `path` of both endpoints."""
     own = client is None
     client = client or httpx.Client(timeout=timeout_s)
     started = time.perf_counter()
-    body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0}
     try:
-        handle, why = _transfer_handle(client, source, body)
+        handle, why = _transfer_handle(client, source, path, body)
         if handle is not None:
-            tokens, why = _complete(client, target, {**body, "kv_transfer_params": handle})
+            tokens, why = _complete(client, target, path, {**body, "kv_transfer_params": handle})
             if tokens is not None:
                 return PrefixMove(tokens, True, True, time.perf_counter() - started)
-        tokens, failed = _complete(client, target, body)
+        tokens, failed = _complete(client, target, path, body)
         return PrefixMove(tokens or 0, False, tokens is not None, time.perf_counter() - started,
                           why if tokens is not None else f"{why}; re-prefill failed too: {failed}")
     finally:
@@ -70,10 +88,10 @@ def move_prefix(source: str, target: str, model: str, prompt: list[int] | str, *
             client.close()
 
 
-def _transfer_handle(client: httpx.Client, source: str, body: dict) -> tuple[dict | None, str]:
+def _transfer_handle(client: httpx.Client, source: Endpoint, path: str, body: dict) -> tuple[dict | None, str]:
     """The source's `kv_transfer_params` for the prompt, or (None, why not)."""
     try:
-        response = client.post(source.rstrip("/") + "/v1/completions",
+        response = client.post(source.url.rstrip("/") + path, headers=dict(source.headers),
                                json={**body, "kv_transfer_params": {"do_remote_decode": True}})
     except httpx.HTTPError as exc:
         return None, f"source unreachable ({type(exc).__name__})"
@@ -88,10 +106,10 @@ def _transfer_handle(client: httpx.Client, source: str, body: dict) -> tuple[dic
     return handle, ""
 
 
-def _complete(client: httpx.Client, target: str, body: dict) -> tuple[int | None, str]:
+def _complete(client: httpx.Client, target: Endpoint, path: str, body: dict) -> tuple[int | None, str]:
     """One-token completion on the target: its prompt tokens, or (None, why not)."""
     try:
-        response = client.post(target.rstrip("/") + "/v1/completions", json=body)
+        response = client.post(target.url.rstrip("/") + path, headers=dict(target.headers), json=body)
     except httpx.HTTPError as exc:
         return None, f"target unreachable ({type(exc).__name__})"
     if response.status_code != 200:
