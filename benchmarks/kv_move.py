@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fit_cpu_preset import cpu_description  # noqa: E402
 from serve_common import start_server  # noqa: E402
 
-from saga_server.engines.vllm.kv_move import move_prefix  # noqa: E402
+from saga_server.router.kv_move import move_prefix  # noqa: E402
 
 NEW_TOKENS, OUTPUT_TOKENS = 40, 16
 ENGINE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}

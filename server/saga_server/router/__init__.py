@@ -7,6 +7,8 @@
 - `request_router.SagaRequestRouter`: Ray Serve `RequestRouter` applying
   `saga_server.core.routing` (affinity, deterministic homes, work stealing with
   speculative re-prefill on the target).
+- `kv_move`: a session's prefix KV pulled from one engine into another over
+  NIXL, re-prefilled when it cannot be (engines' HTTP API only; no Ray).
 - `hints.FanOutSink`: one hint endpoint for the whole cluster.
 - `cli`: `saga router` deploys it all.
 

@@ -31,7 +31,7 @@ With `kv_transfer="nixl"` (`saga router --kv-transfer nixl`: every engine runs
 the NIXL connector) the KV itself moves: the same request goes first to the
 source with `do_remote_decode` (under `saga-move:<source>:<session>`), which
 holds the blocks and answers with a transfer handle, then to the target with the
-handle, which pulls the blocks (`engines/vllm/kv_move.py`); a pull that cannot
+handle, which pulls the blocks (`router/kv_move.py`); a pull that cannot
 happen (no handle, the source gone, a failed load) re-prefills instead. Counted
 as `pulls_ok`, `pulled_tokens`, `pull_seconds`, `pull_fallbacks`.
 
@@ -58,7 +58,7 @@ from typing import Any, List, Optional
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from saga_server.core.routing import ReplicaView, RoutingConfig, SessionRouter
-from saga_server.engines.vllm.kv_move import Endpoint, move_kv
+from saga_server.router.kv_move import Endpoint, move_kv
 
 from .engine_calls import PeerServiceRelay, release_session
 from .report import REPORT_KEY, ReplicaReport
@@ -109,7 +109,7 @@ class SagaRequestRouter(RequestRouter):
         self._ticker: asyncio.Task | None = None
         self._moving: dict[str, asyncio.Event] = {}  # session -> set when its re-prefill is done
         self._move_wait_s = move_wait_s
-        self._kv_transfer = kv_transfer  # "nixl": the target pulls the KV (engines/vllm/kv_move.py)
+        self._kv_transfer = kv_transfer  # "nixl": the target pulls the KV (router/kv_move.py)
 
     # -- Serve hooks ----------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ it; a bad file is reported and the old keys kept.
 `--kv-transfer nixl [--nixl-port PORT]` starts the engine with vLLM's NIXL
 connector (`engines/vllm/nixl.py`: SAGA's subclass keeps the worker's CPU
 affinity), so that another engine can pull a session's KV from it and it from
-them (`engines/vllm/kv_move.py`); the side channel listens on PORT (default: a
+them (`router/kv_move.py`); the side channel listens on PORT (default: a
 free one) at `--host`.
 
 `--record FILE` (with `--record-hash-tools`, `--record-max-bytes N`,

@@ -240,7 +240,7 @@ def test_a_request_arriving_during_its_sessions_move_waits_for_the_re_prefill(mo
 
 @pytest.mark.parametrize("pulled", [True, False])
 def test_with_nixl_the_target_pulls_from_the_source_and_a_failed_pull_counts_as_a_re_prefill(monkeypatch, pulled):
-    from saga_server.engines.vllm.kv_move import PrefixMove
+    from saga_server.router.kv_move import PrefixMove
     from saga_server.router import request_router
 
     moves = []

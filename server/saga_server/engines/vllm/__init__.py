@@ -5,7 +5,7 @@ vLLM with `--scheduler-cls`; `scheduler` says how they plug in, `plugin` what SA
 changes, `holds` how the core's `HoldLedger` runs on vLLM's block pool, `prefetch`
 the re-prefill of paused sessions, `intake` how hints reach the scheduler inside
 vLLM's EngineCore process, `metrics` for `/metrics`, `nixl` the KV connector of
-`saga serve --kv-transfer nixl`, `kv_move` how a session's KV moves between engines.
+`saga serve --kv-transfer nixl` (moves: `saga_server.router.kv_move`).
 Importing this package imports vLLM.
 """
 

@@ -13,7 +13,7 @@ affinity before the connector started is put back, so the engine runs where it w
 placed (`taskset`, Ray, `VLLM_CPU_OMP_THREADS_BIND`); `SAGA_NIXL_KEEP_PINNING=1`
 keeps NIXL's choice.
 
-How a move uses it (`saga_server.engines.vllm.kv_move`): the source engine holds a
+How a move uses it (`saga_server.router.kv_move`): the source engine holds a
 prefix's blocks for a pull (a one-token request with `do_remote_decode`), the target
 pulls them over NIXL (the same prompt with the returned `kv_transfer_params`) and
 caches them, so the session's next request there hits its prefix cache.

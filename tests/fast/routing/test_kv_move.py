@@ -8,7 +8,7 @@ import json
 
 import httpx
 
-from saga_server.engines.vllm.kv_move import Endpoint, move_kv, move_prefix
+from saga_server.router.kv_move import Endpoint, move_kv, move_prefix
 
 HANDLE = {"do_remote_prefill": True, "remote_block_ids": [[1, 2, 3]], "remote_engine_id": "e1",
           "remote_host": "127.0.0.1", "remote_port": 5601}
