@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import random
-import signal
 import subprocess
 import time
 import urllib.request
@@ -30,7 +29,7 @@ import pytest
 from saga_server.router.kv_move import move_prefix
 from saga_server.serve.status import parse_metrics
 from tests.support.http import REQUEST_TIMEOUT_S, free_port
-from tests.support.serve import launch_saga_serve
+from tests.support.serve import launch_saga_serve, stop_saga_serve
 
 # Not imported here: NIXL's native libraries in the test process crash grpc_tools' protoc
 # (tests/fast/test_proto.py), and the engines load it themselves.
@@ -63,12 +62,7 @@ class Engine:
             time.sleep(1)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_saga_serve(self.proc)
 
     def computed_tokens(self) -> float:
         """Tokens the engine has run through the model so far (prefill and decode)."""

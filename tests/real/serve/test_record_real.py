@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import random
-import signal
-import subprocess
 import time
 import urllib.request
 import uuid
@@ -30,7 +28,7 @@ from saga_sdk import HintClient
 from saga_server.bench.cli import main as bench
 from saga_server.bench.workload import load_trace
 from tests.support.http import REQUEST_TIMEOUT_S, free_port
-from tests.support.serve import launch_saga_serve
+from tests.support.serve import launch_saga_serve, stop_saga_serve
 
 READY_TIMEOUT_S = 600  # a cold engine start on a busy 2-core machine
 IDLE_S = 4.0           # --record-idle-s: the hint-less session is written after this
@@ -60,12 +58,7 @@ def recording_engine(saga_server, tmp_path_factory):
             model = json.loads(resp.read())["data"][0]["id"]
         yield base, f"127.0.0.1:{hint_port}", model, path, proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # saga serve stops vLLM's process group; the engine closes the file
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_saga_serve(proc)  # saga serve stops vLLM's process group; the engine closes the file
 
 
 def complete(base: str, model: str, prompt: list[int], sid: str, max_tokens: int) -> dict:
