@@ -273,10 +273,11 @@ class SagaRequestRouter(RequestRouter):
         cannot happen re-prefills on the target instead (`move_kv`)."""
         ingress = self._ingress_url.rstrip("/")
         try:
+            payload, path = _move_request(request)
             move = await asyncio.to_thread(
                 move_kv, Endpoint(ingress, {"X-Session-ID": move_session_id(steal.source, steal.session_id)}),
                 Endpoint(ingress, {"X-Session-ID": move_session_id(steal.target, steal.session_id)}),
-                _move_payload(request), path="/v1/chat/completions")
+                payload, path=path)
         except Exception:
             self.moves["reprefills_failed"] += 1
             log.exception("SAGA move of %s to %s failed", steal.session_id, steal.target)
@@ -292,8 +293,9 @@ class SagaRequestRouter(RequestRouter):
 
     async def _reprefill(self, session_id: str, target: str, request: Any) -> None:
         try:
-            ok = await asyncio.to_thread(_post, self._ingress_url.rstrip("/") + "/v1/chat/completions",
-                                         _move_payload(request), move_session_id(target, session_id))
+            payload, path = _move_request(request)
+            ok = await asyncio.to_thread(_post, self._ingress_url.rstrip("/") + path, payload,
+                                         move_session_id(target, session_id))
             self.moves["reprefills_ok" if ok else "reprefills_failed"] += 1
         except Exception:
             self.moves["reprefills_failed"] += 1
@@ -338,14 +340,15 @@ def _publish(payload: str) -> None:
         log.debug("publishing SAGA router stats failed", exc_info=True)
 
 
-def _move_payload(request: Any) -> dict:
-    """The session's last chat request as a one-token, unstreamed move request."""
+def _move_request(request: Any) -> tuple[dict, str]:
+    """The session's last request as a one-token, unstreamed move request, and the API
+    path it goes to: a completion (`prompt`) or a chat completion (`messages`)."""
     payload = request.model_dump(mode="json", exclude_none=True, exclude_unset=True)
     payload.pop("stream_options", None)
     payload.update(stream=False, max_tokens=1)
     payload.pop("max_completion_tokens", None)
     payload.pop("session_id", None)
-    return payload
+    return payload, ("/v1/completions" if "prompt" in payload else "/v1/chat/completions")
 
 
 def _post(url: str, payload: dict, session_header: str) -> bool:

@@ -238,6 +238,19 @@ def test_a_request_arriving_during_its_sessions_move_waits_for_the_re_prefill(mo
     assert router.moves["waited_for_move"] == 1
 
 
+def test_a_move_replays_the_last_request_on_the_api_it_came_through():
+    from saga_server.router.request_router import _move_request
+
+    class Completion(_Body):
+        def model_dump(self, **_):
+            return {"model": "m", "prompt": [1, 2, 3], "max_tokens": 50, "stream": True, "session_id": "s"}
+
+    assert _move_request(Completion("s")) == ({"model": "m", "prompt": [1, 2, 3], "max_tokens": 1, "stream": False},
+                                              "/v1/completions")
+    payload, path = _move_request(_Body("s"))
+    assert path == "/v1/chat/completions" and payload["max_tokens"] == 1 and payload["messages"]
+
+
 @pytest.mark.parametrize("pulled", [True, False])
 def test_with_nixl_the_target_pulls_from_the_source_and_a_failed_pull_counts_as_a_re_prefill(monkeypatch, pulled):
     from saga_server.router.kv_move import PrefixMove
