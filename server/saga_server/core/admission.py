@@ -27,9 +27,10 @@ the KV it had held intact raises it by ws^2/L (about one session per round of
 requests) while the limit binds (a session waits for admission: as TCP's window
 grows only while the sender is window-limited, so an idle stretch cannot inflate
 it); each one that had to recompute r tokens it had held lowers it by r (the tiers
-were short by about that much). L has no ceiling: the tiers' size is where it starts, measured loss is what
-bounds it; it never drops below `target` x pool. So admission engages only where
-active sessions do lose KV, and L settles just below the point where they start to.
+were short by about that much). L has no ceiling: the tiers' size is where it
+starts, measured loss is what bounds it; it never drops below `target` x pool. So
+admission engages only where active sessions do lose KV, and L settles just below
+the point where they start to.
 
 Rule, applied by `plan` whenever the engine asks (request arrival and finish, session
 end):

@@ -5,8 +5,9 @@ Continuous batching between events: the batch is fixed, each iteration takes
 `CostModel.step_s(decoding, prefill_chunk, context)`, every decoding request advances
 one token per iteration and the prefill queue (FIFO) advances by the token budget left
 after decodes (chunked prefill), each iteration priced with the chunk it runs.
-Progress between events is analytic, so the cost is per event, not per iteration. The simulator owns admission and what happens to a
-finished request; the worker only keeps time.
+Progress between events is analytic, so the cost is per event, not per iteration.
+The simulator owns admission and what happens to a finished request; the worker
+only keeps time.
 """
 
 from __future__ import annotations
