@@ -18,7 +18,8 @@ Policies, each once on the same sessions: `apc-lru` (vLLM prefix caching, stock
 placement), `saga-no-steal` (SAGA without routing: stock placement, i.e. the worker
 with the fewest live sessions, no stealing), `saga` (routing by
 `saga_server.core.routing.SessionRouter`: new sessions to the least loaded worker,
-one `plan_steal` per simulated second, the KV moved over a 40 GB/s inter-node link),
+one `plan_steal` per simulated second, the KV moved over a 40 GB/s inter-node link
+at `CostModel.move_s`: a fixed cost per move, two one-token iterations and the bytes),
 `saga-hash` (the same with the Ray router's rendezvous-hash homes) and
 `saga-hash-no-steal` (hash homes, no steals: what the hash placement alone does).
 
@@ -40,6 +41,7 @@ work evens the tail (p90, makespan) more than the mean.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -103,6 +105,8 @@ def main() -> int:
     p.add_argument("--tasks", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--move-latency-s", type=float, default=None,
+                   help="fixed cost per KV move (default: the cost model's; the CPU engine measured 1.77 s)")
     p.add_argument("--out", default="bench-out/sim-routing")
     a = p.parse_args()
     pols = [x for x in a.policies.split(",") if x]
@@ -110,6 +114,8 @@ def main() -> int:
     sc = Scenario(name="routing", tenants=(TenantSpec("swe", a.trace),), tasks=a.tasks, workers=a.workers,
                   concurrency=a.workers * a.per_worker, seed=a.seed)
     cost, cfg = sc.cost_model(), sc.sim_config()
+    if a.move_latency_s is not None:
+        cost = dataclasses.replace(cost, move_latency_s=a.move_latency_s)
     loads = {"headline": build_instances(sc.tenants, a.tasks, seed=a.seed)}
     loads["skewed"], skew_info = skewed_instances(a.trace, a.tasks, a.seed, cost)
 
@@ -117,7 +123,8 @@ def main() -> int:
           f"{a.per_worker} sessions/worker (closed loop), seed {a.seed}")
     print(f"skewed: p(long) {skew_info['p_long']}, long tasks >= {skew_info['long_unloaded_s_min']:.0f} s "
           f"unloaded, short <= {skew_info['short_unloaded_s_max']:.0f} s; inter-node link "
-          f"{cost.gpu.net_bw / 1e9:.0f} GB/s, steal period {cfg.steal_period_s:g} s")
+          f"{cost.gpu.net_bw / 1e9:.0f} GB/s + {cost.move_latency_s * 1e3:g} ms per move, "
+          f"steal period {cfg.steal_period_s:g} s")
     t_all = time.perf_counter()
     results: dict[str, dict[str, dict]] = {}
     for load, insts in loads.items():

@@ -75,11 +75,16 @@ def render(stats, sessions, metrics=None, served=None, limit: int | None = None)
                      f"{int(stats.get('engine_admission_waiting', 0))} waiting sessions; limit "
                      f"{_num(stats.get('engine_admission_limit_tokens', 0))} tokens, "
                      f"{_num(stats.get('engine_admission_wait_s', 0))} s waited in all")
+    if "engine_kv_pulls_ok" in stats or "engine_kv_pulls_failed" in stats:
+        lines.append(f"kv pulled in: {int(stats.get('engine_kv_pulls_ok', 0))} pulls, "
+                     f"{_num(stats.get('engine_kv_pulled_tokens', 0))} tokens in "
+                     f"{_num(stats.get('engine_kv_pull_seconds', 0))} s; "
+                     f"{int(stats.get('engine_kv_pulls_failed', 0))} failed (recomputed)")
     tenancy = _tenancy(stats)
     if tenancy:
         lines.append(tenancy)
     other = {k: v for k, v in sorted(stats.items())
-             if not k.startswith(("hints_", "engine_admission_")) and k not in _TENANCY}
+             if not k.startswith(("hints_", "engine_admission_", "engine_kv_pull")) and k not in _TENANCY}
     if other:
         lines.append("  " + "  ".join(f"{k}={_num(v)}" for k, v in other.items()))
     if served:

@@ -209,9 +209,12 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
 
 def nixl_transfer_config(gpu: bool) -> dict:
     """vLLM's `kv_transfer_config` for SAGA's NIXL connector (`saga serve` and `saga
-    router` replicas): both roles, KV registered where the engine keeps it."""
+    router` replicas): both roles, KV registered where the engine keeps it. A pull
+    that fails is recomputed by the same request (vLLM's default fails the request),
+    so a move still leaves the target warm; the engine counts it as a failed pull."""
     return {"kv_connector": "NixlConnector", "kv_connector_module_path": NIXL_CONNECTOR_MODULE,
             "kv_role": "kv_both", "kv_buffer_device": "cuda" if gpu else "cpu",
+            "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"kv_lease_duration": NIXL_LEASE_S}}
 
 

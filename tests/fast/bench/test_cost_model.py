@@ -95,3 +95,20 @@ def test_a_fit_file_becomes_the_device(tmp_path):
     assert (cm.gpu.peak_flops, cm.gpu.hbm_bw, cm.overhead_s, cm.attn_scale, cm.decode_token_equiv,
             cm.token_budget, cm.max_num_seqs) == (3e11, 5e10, 0.01, 4.0, 12.0, 1024, 2)
     assert "Some CPU" in cal.machine and "avx2" in cal.machine
+
+
+def test_a_move_costs_its_fixed_latency_two_one_token_iterations_and_its_bytes():
+    h100 = make_cost_model("h100-80gb")
+    tokens = 20000
+    one_token = h100.step_s(0, h100.prefill_work(1, tokens), tokens)
+    assert h100.move_s(tokens) == pytest.approx(h100.move_latency_s + 2 * one_token + h100.net_transfer_s(tokens))
+    assert h100.move_s(tokens) > h100.net_transfer_s(tokens) + h100.move_latency_s
+
+
+def test_the_cpu_engine_s_moves_cost_what_kv_move_py_measured_whatever_their_size():
+    # benchmarks/kv_move.py on this machine: NIXL moves of 1k / 2k / 3.5k tokens took
+    # 1.77 / 2.25 / 1.26 s, the fixed cost of two one-token requests, not bandwidth.
+    cpu = make_cost_model("cpu-2core", "smollm2-135m")
+    moves = [cpu.move_s(t) for t in (1024, 2048, 3584)]
+    assert all(1.26 * 0.9 <= m <= 2.25 * 1.1 for m in moves), moves
+    assert max(moves) - min(moves) < 0.25 * min(moves)  # no strong trend in size

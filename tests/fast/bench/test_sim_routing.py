@@ -58,7 +58,7 @@ def test_a_steal_moves_the_kv_and_the_next_request_hits_on_the_target():
     assert 1.0 <= res.steal_log[0][0] < 5.0  # at a steal tick, inside the tool
     assert res.steals == res.steals_in_tool == 1
     assert res.moved_tokens == moved and res.move_dropped_tokens == 0
-    assert res.move_s == pytest.approx(sim.cost.net_transfer_s(moved))
+    assert res.move_s == pytest.approx(sim.cost.move_s(moved))
     # the next request ran on w1 and found the whole prefix there: nothing recomputed
     assert sim.sessions[a].worker == 1
     assert res.hit_tokens == moved and res.recomputed_tokens == 0

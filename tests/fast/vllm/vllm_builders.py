@@ -39,10 +39,12 @@ def model_dir(root: Path) -> Path:
 
 def make_scheduler(cls, model_path: Path, *, num_blocks: int = 24, block_size: int = 16,
                    max_num_seqs: int = 8, max_batched: int = 2048, prefix_caching: bool = True,
-                   kv_offloading_size: float | None = None, kv_transfer_extra: dict | None = None, **kwargs):
+                   kv_offloading_size: float | None = None, kv_transfer_extra: dict | None = None,
+                   kv_transfer: KVTransferConfig | None = None, **kwargs):
     """`kv_offloading_size` (GiB) is `--kv-offloading-size`: VllmConfig turns it
     into vLLM's native CPU offload tier (`OffloadingConnector`); `kv_transfer_extra`
-    is the connector's extra config (`--kv-transfer-config`)."""
+    is the connector's extra config (`--kv-transfer-config`); `kv_transfer` a whole
+    connector configuration instead."""
     model_config = ModelConfig(model=str(model_path), tokenizer=None, skip_tokenizer_init=True,
                                max_model_len=2048, dtype="float32", seed=0)
     scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
@@ -51,7 +53,9 @@ def make_scheduler(cls, model_path: Path, *, num_blocks: int = 24, block_size: i
     cache_config = CacheConfig(block_size=block_size, cache_dtype="auto",
                                enable_prefix_caching=prefix_caching, kv_offloading_size=kv_offloading_size)
     cache_config.num_gpu_blocks = num_blocks
-    transfer = KVTransferConfig(kv_connector_extra_config=dict(kv_transfer_extra)) if kv_transfer_extra else None
+    transfer = kv_transfer
+    if kv_transfer_extra:
+        transfer = KVTransferConfig(kv_connector_extra_config=dict(kv_transfer_extra))
     vllm_config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config,
                              cache_config=cache_config, kv_transfer_config=transfer)
     kv_cache_config = KVCacheConfig(

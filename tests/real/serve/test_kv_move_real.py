@@ -64,16 +64,21 @@ class Engine:
     def stop(self) -> None:
         stop_saga_serve(self.proc)
 
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(self.base + "/metrics", timeout=10) as resp:
+            return parse_metrics(resp.read().decode(), ("vllm:iteration_tokens_total", "saga_kv_pull"))
+
     def computed_tokens(self) -> float:
         """Tokens the engine has run through the model so far (prefill and decode)."""
-        with urllib.request.urlopen(self.base + "/metrics", timeout=10) as resp:
-            return parse_metrics(resp.read().decode(), ("vllm:iteration_tokens_total",))[
-                "vllm:iteration_tokens_total_sum"]
+        return self.metrics()["vllm:iteration_tokens_total_sum"]
 
     def complete(self, model: str, prompt: list[int], max_tokens: int = 12) -> dict:
-        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-                "temperature": 0.0, "seed": 0, "return_token_ids": True}
-        req = urllib.request.Request(self.base + "/v1/completions", json.dumps(body).encode(),
+        return self.post("/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                                             "ignore_eos": True, "temperature": 0.0, "seed": 0,
+                                             "return_token_ids": True})
+
+    def post(self, path: str, body: dict) -> dict:
+        req = urllib.request.Request(self.base + path, json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
             return json.loads(resp.read())
@@ -126,11 +131,16 @@ def test_a_moved_prefix_is_pulled_and_the_next_request_computes_only_the_new_tok
     # the prefix cached as a session's home engine would).
     expected = source.complete(model, following)["choices"][0]["token_ids"]
 
-    before = target.computed_tokens()
+    before, counted = target.computed_tokens(), target.metrics()
     move = move_prefix(source.base, target.base, model, prefix, timeout_s=REQUEST_TIMEOUT_S)
     assert move.pulled and move.warm and move.fallback == "", move
     assert move.pulled_tokens == PREFIX
     assert target.computed_tokens() - before <= 1 + 1  # the last prompt token (and its output), nothing else
+    # The engine's own count of what it pulled (vLLM reports such tokens as computed, not cached).
+    now = target.metrics()
+    pulled = now["saga_kv_pulled_tokens_total"] - counted.get("saga_kv_pulled_tokens_total", 0.0)
+    assert PREFIX // BLOCK * BLOCK <= pulled <= PREFIX
+    assert now["saga_kv_pulls_total{outcome=ok}"] - counted.get("saga_kv_pulls_total{outcome=ok}", 0.0) == 1
 
     before = target.computed_tokens()
     out = target.complete(model, following)
@@ -145,8 +155,26 @@ def test_with_the_source_gone_the_move_re_prefills_on_the_target_without_error(e
     model = saga_server.model
     prefix = prompt_of(3, PREFIX)
     source.complete(model, prefix, max_tokens=1)
-    source.stop()  # the session's old home dies before the move
+    # The source hands out its blocks for a pull, then dies before the target reads them.
+    handle = source.post("/v1/completions", {"model": model, "prompt": prefix, "max_tokens": 1,
+                                             "kv_transfer_params": {"do_remote_decode": True}})["kv_transfer_params"]
+    assert handle and handle.get("remote_block_ids"), handle
+    source.stop()
 
+    counted = target.metrics()
+    started = time.monotonic()
+    out = target.post("/v1/completions", {"model": model, "prompt": prefix, "max_tokens": 1, "temperature": 0.0,
+                                          "kv_transfer_params": handle})
+    took = time.monotonic() - started
+    assert out["choices"][0]["finish_reason"] == "length"  # answered: the failed read was recomputed
+    now = target.metrics()
+    failed = "saga_kv_pulls_total{outcome=failed}"
+    assert now.get(failed, 0.0) - counted.get(failed, 0.0) == 1, now
+    assert now.get("saga_kv_pulled_tokens_total", 0.0) == counted.get("saga_kv_pulled_tokens_total", 0.0)
+    print(f"pull from a dead source: answered in {took:.2f} s after recomputing")
+
+    # A move started now finds no source and re-prefills.
+    prefix = prompt_of(5, PREFIX)
     move = move_prefix(source.base, target.base, model, prefix, timeout_s=REQUEST_TIMEOUT_S)
     assert not move.pulled and move.warm and "source unreachable" in move.fallback
     assert move.pulled_tokens == 0

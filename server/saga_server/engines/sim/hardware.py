@@ -27,6 +27,13 @@ Sources for the constants (public datasheets and model configs):
   ConnectX-7 NDR 400 Gb/s = 50 GB/s per GPU), priced like the host links at about
   80% of line rate: 20 GB/s (A100), 40 GB/s (H100, H200). A TP worker moves each
   shard over its own GPU's NIC, in parallel.
+- A move costs more than its bytes (`move_s`): vLLM's NIXL connector moves a prefix
+  with two one-token requests (the source's `do_remote_decode`, the target's pull),
+  each an engine iteration, plus `move_latency_s` of request handling and transfer
+  set-up. On the CPU engine that fixed cost is what a move takes: measured 1.3-2.3 s
+  for 1k-3.5k-token prefixes with no trend in size (`benchmarks/kv_move.py`), so
+  the preset's `move_latency_s` is the median, 1.77 s. On GPUs it is not measured
+  here; the presets assume 10 ms (two HTTP requests and a NIXL notification).
 - Llama-3-8B: 8.03e9 parameters, 32 layers, 32 query heads, 8 KV heads, head dim 128;
   Llama-3.1-70B: 70.6e9 parameters, 80 layers, 64 query heads, 8 KV heads, head dim
   128 (the models' Hugging Face `config.json`). BF16 weights and KV: 2 bytes.
@@ -136,6 +143,7 @@ class CostModel:
     token_budget: int = 8192  # vLLM max_num_batched_tokens (chunked prefill)
     max_num_seqs: int = 256
     kv_capacity_override: int | None = None  # tokens; None: from memory
+    move_latency_s: float = 0.010  # per KV move between workers, beyond its bytes and iterations
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -182,6 +190,13 @@ class CostModel:
         """Seconds to move `tokens` of KV to another worker over the inter-node link."""
         return tokens * self.model.kv_bytes_per_token / (self.tp * self.gpu.net_bw)
 
+    def move_s(self, tokens: float) -> float:
+        """Seconds from a move's start until `tokens` of a session's KV are usable on
+        another worker: the fixed cost, the source's and the target's one-token
+        iterations, and the bytes (module doc)."""
+        return self.move_latency_s + 2 * self.step_s(0, self.prefill_work(1, tokens), tokens) \
+            + self.net_transfer_s(tokens)
+
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
@@ -201,7 +216,8 @@ class Calibration:
                    str(fit.get("model", "smollm2-135m")),
                    {**_CPU_ENGINE, "overhead_s": float(fit["overhead_s"]), "attn_scale": float(fit["attn_scale"]),
                     "decode_token_equiv": float(fit["decode_token_equiv"]),
-                    "token_budget": int(fit.get("token_budget", 2048))},
+                    "token_budget": int(fit.get("token_budget", 2048)),
+                    **({"move_latency_s": float(fit["move_latency_s"])} if "move_latency_s" in fit else {})},
                    f"{cpu.get('model', '?')}, {cpu.get('cores', '?')} cores, {' '.join(cpu.get('simd_flags', []))}")
 
 
@@ -223,6 +239,7 @@ _CPU_ENGINE: Mapping[str, Any] = {"mfu": 1.0, "bw_eff": 1.0, "additive": True, "
 _CPU_2CORE_FIT: Mapping[str, Any] = {
     "peak_flops": 2.385e+11, "hbm_bw": 7.282e+09, "overhead_s": 0.02954,
     "attn_scale": 3.449, "decode_token_equiv": 3.098, "token_budget": 2048,
+    "move_latency_s": 1.77,  # benchmarks/kv_move.py (2026-12-01): median NIXL move, 1k-3.5k tokens
     "machine": {"model": "AMD EPYC", "cores": 2,
                 "simd_flags": ["avx", "avx2", "avx512_bf16", "avx512_bitalg", "avx512_vbmi2", "avx512_vnni",
                                "avx512_vpopcntdq", "avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512ifma",

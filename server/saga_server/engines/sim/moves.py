@@ -5,7 +5,8 @@
   KV is resident (GPU or host tier) and which of them are in a tool.
 - **A steal moves the KV**: the session's resident prefix (GPU hold, and the host
   tier's copy beyond it) is sent to the target over the inter-node link
-  (`CostModel.net_transfer_s`, one transfer at a time per worker NIC) and freed on the
+  (`CostModel.move_s`: a fixed cost per move plus the bytes; one transfer at a time
+  per worker NIC) and freed on the
   source at once; when it lands it is inserted into the target's pool, evicting idle
   unpinned prefixes there if needed (what still does not fit is recomputed later), and
   a pin keeps the rest of its TTL. A session in a tool moves at once, so a transfer
@@ -102,7 +103,7 @@ class KvMoves:
         dst.live += 1
         s.worker = dst.wid
         tokens = blocks * self.cost.block_tokens
-        dur = self.cost.net_transfer_s(tokens)
+        dur = self.cost.move_s(tokens) if tokens else 0.0
         start = max(self.now, src.net_free, dst.net_free, s.prefetch_ready_at)
         end = start + dur
         if tokens:

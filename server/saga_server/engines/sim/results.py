@@ -69,7 +69,7 @@ class SimResult:
     steals_in_tool: int = 0  # of those, inside a tool call when the router chose them
     moved_tokens: int = 0  # KV tokens transferred and inserted on the target
     move_dropped_tokens: int = 0  # transferred but no room on the target: recomputed there
-    move_s: float = 0.0  # inter-node transfer time, summed over moves
+    move_s: float = 0.0  # KV move time (fixed cost and transfer), summed over moves
     # (time, session, source, target, in tool when chosen, tokens sent)
     steal_log: list[tuple[float, str, int, int, bool, int]] = field(default_factory=list)
     admitted_after_wait: int = 0  # requests that waited at the admission gate

@@ -62,6 +62,10 @@ class SagaMetrics:
         self.admission_wait = Counter("saga_admission_wait_seconds", "Time requests waited to be admitted")
         self.admission_sessions = Gauge("saga_admission_sessions", "Sessions by admission state", ["state"], **g)
         # state: active, parked, waiting
+        self.kv_pulls = Counter("saga_kv_pulls", "KV pulls from another engine over NIXL (session moves)",
+                                ["outcome"])  # outcome: ok, failed (vLLM recomputed the prefix)
+        self.kv_pulled_tokens = Counter("saga_kv_pulled_tokens", "Prompt tokens whose KV was pulled, not computed")
+        self.kv_pull_seconds = Counter("saga_kv_pull_seconds", "Time from a pull's start to its end")
         self.hints_dropped = Counter("saga_engine_hints_dropped", "Hint events the engine queue dropped (flood)")
         self.plugin_errors = Counter("saga_plugin_errors", "Exceptions the plugin caught to keep vLLM serving",
                                      ["where"])
@@ -100,7 +104,8 @@ class PluginCounters:
     def __init__(self, metrics: SagaMetrics) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
         self._families = {"pins": metrics.pins, "released": metrics.evictions, "prefetch": metrics.prefetch,
-                          "plugin_errors": metrics.plugin_errors, "plugin_seconds": metrics.plugin_seconds}
+                          "plugin_errors": metrics.plugin_errors, "plugin_seconds": metrics.plugin_seconds,
+                          "kv_pulls": metrics.kv_pulls}
 
     def count(self, family: str, label: str, n: float = 1) -> None:
         self._families[family].labels(label).inc(n)

@@ -32,6 +32,8 @@ stock vLLM (everything else is vLLM's own code path):
 - **Hints**: see `intake`; a gRPC hint service runs in this (EngineCore) process and
   feeds the core; tool/session events reach the engine loop through a queue drained
   at each `schedule()`, so block references are only ever touched by the engine loop.
+- **Moves** (`saga serve --kv-transfer nixl`): tokens a request pulled from another
+  engine (`nixl.PullLog`) are counted as pulled, not as prefix hits.
 - **Recording** (`SAGA_RECORD`, see `record`): each session's requests and hints,
   enqueued for a writer thread, become `saga-trace/1` tasks.
 
@@ -161,6 +163,9 @@ class SagaPlugin:
                 host_tokens=_host_tier_tokens(scheduler, self.ledger.capacity_blocks * self.block_size),
                 return_s=self._recompute_s, parkable=self._unpinned)
         self._prefill = _Throughput()
+        self.pulls = getattr(getattr(scheduler, "connector", None), "pulls", None)  # SAGA's NixlConnector
+        if self.pulls is not None:
+            self.pulls.listener = self._pulled
         self.requests: dict[str, Any] = {}  # request id -> RequestMeta (live requests)
         self._had: dict[str, int] = {}  # request id -> its session's context at arrival (until scheduled)
         # session -> its requests admission counts in flight; an end forgets them, so a
@@ -305,13 +310,14 @@ class SagaPlugin:
         metrics, counts = self.metrics, self.counters.counts
         sched = self.scheduler
         for new in output.scheduled_new_reqs:
+            pulled = self.pulls.take(new.req_id) if self.pulls is not None else 0
             meta = self.requests.get(new.req_id)
             if meta is None or meta.session_id is None:
                 continue
             sid = meta.session_id
             req = sched.requests.get(new.req_id)
             prompt = req.num_prompt_tokens if req is not None else 0
-            hit = min(new.num_computed_tokens, prompt)
+            hit = max(0, min(new.num_computed_tokens, prompt) - pulled)  # pulled KV is no prefix hit
             had = self._had.pop(new.req_id, None)  # KV it had computed before this request
             if had is None:  # scheduled before (it was preempted)
                 had = 0
@@ -479,6 +485,15 @@ class SagaPlugin:
         event = _PIN_EVENT.get(r.reason) if r.tier == PINNED else None
         if event:
             self.counters.count("pins", event)
+
+    @_guarded("pulled")
+    def _pulled(self, ok: bool, tokens: int, seconds: float) -> None:
+        self.counters.count("kv_pulls", "ok" if ok else "failed")
+        self.counters.counts["kv_pull_seconds"] += seconds
+        self.metrics.kv_pull_seconds.inc(seconds)
+        if ok:
+            self.counters.counts["kv_pulled_tokens"] += tokens
+            self.metrics.kv_pulled_tokens.inc(tokens)
 
     def _key(self, sid: str, now: float) -> float:
         return self.core.eviction_priority(sid, self.ledger.blocks_of(sid) * self.block_size, now)
