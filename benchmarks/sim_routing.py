@@ -41,7 +41,6 @@ work evens the tail (p90, makespan) more than the mean.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import random
@@ -115,7 +114,7 @@ def main() -> int:
                   concurrency=a.workers * a.per_worker, seed=a.seed)
     cost, cfg = sc.cost_model(), sc.sim_config()
     if a.move_latency_s is not None:
-        cost = dataclasses.replace(cost, move_latency_s=a.move_latency_s)
+        cost = replace(cost, move_latency_s=a.move_latency_s)
     loads = {"headline": build_instances(sc.tenants, a.tasks, seed=a.seed)}
     loads["skewed"], skew_info = skewed_instances(a.trace, a.tasks, a.seed, cost)
 
