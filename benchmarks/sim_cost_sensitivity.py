@@ -13,9 +13,9 @@ measured ones, side by side, and prints the TCT ratios each gives.
 
 | constants | TCT apc-lru / saga | vanilla / saga | kvflow / saga | saga TCT mean s |
 |---|---|---|---|---|
-| preset (mfu 0.50, bw_eff 0.80) | 1.72 | 3.41 | 1.019 | 428 |
-| measured prefill (mfu 0.64) | 1.54 | 2.86 | 1.019 | 428 |
-| measured prefill and small-batch decode (mfu 0.64, bw_eff 0.67) | 1.46 | 2.55 | 1.015 | 501 |
+| preset (mfu 0.50, bw_eff 0.80) | 1.69 | 3.40 | 1.015 | 434 |
+| measured prefill (mfu 0.64) | 1.52 | 2.84 | 1.017 | 431 |
+| measured prefill and small-batch decode (mfu 0.64, bw_eff 0.67) | 1.47 | 2.55 | 1.019 | 504 |
 """
 
 from __future__ import annotations

@@ -60,6 +60,13 @@ class RayCluster:
         raw = internal_kv._internal_kv_get("saga:router:stats")
         return json.loads(raw) if raw else {}
 
+    def wait_for_replicas(self, replicas: int, timeout_s: float) -> None:
+        """Until `replicas` engines have registered and the router routes to them all."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.replica_hints()) < replicas and time.monotonic() < deadline:
+            time.sleep(1)
+        _wait_until_the_router_sees(self, replicas, deadline)
+
     def resident(self) -> dict[str, set[str]]:
         """replica id -> sessions whose KV its engine holds (live, not moved away;
         unreachable replicas: skipped)."""
@@ -142,9 +149,7 @@ def ray_cluster(tmp_path_factory):
                 time.sleep(2)
         ray.init(address="auto", namespace="saga", log_to_driver=False)
         cluster = RayCluster(url, hints, model, metrics_url, kv_transfer)
-        while len(cluster.replica_hints()) < 2 and time.monotonic() < deadline:
-            time.sleep(1)
-        _wait_until_the_router_sees(cluster, 2, deadline)
+        cluster.wait_for_replicas(2, deadline - time.monotonic())
         yield cluster
     except Exception:
         if proc is not None:

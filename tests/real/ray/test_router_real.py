@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 
 from saga_sdk import HintClient
 from saga_server.core.routing import home_replica
 from tests.support.chaos_table import ChaosRow
+from tests.support.processes import listening_pid
 
 LONG = " ".join(f"Rule {i}: keep answers short and precise." for i in range(60))  # ~600 tokens
 
@@ -242,3 +246,79 @@ def test_killing_a_replica_loses_no_completed_work_and_agent_runs_finish(ray_clu
     assert errors == []
     chaos_row(ChaosRow("Ray replica killed under load (4 agents x 5 turns, 2 replicas)", len(errors), "n/a", 0,
                        "Serve replaced the replica; every run finished", "tests/real/ray/test_router_real.py"))
+
+
+def _engine_core_pid(cluster, replica: str) -> int:
+    """The pid of the replica's vLLM EngineCore: the process whose hint service
+    listens at the address the replica registered."""
+    pid = listening_pid(int(cluster.replica_hints()[replica].rsplit(":", 1)[1]))
+    assert pid is not None and b"EngineCore" in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
+    return pid
+
+
+def test_a_move_whose_source_engine_dies_falls_back_and_the_agent_sees_no_error(ray_cluster, chaos_row):
+    """The source's engine freezes with requests in flight (so the router sees it loaded
+    and steals the session in its tool call), then dies while the move waits on it."""
+    ray_cluster.wait_for_replicas(2, timeout_s=600)  # the one the last test killed may still be starting
+    replicas = sorted(ray_cluster.replica_hints())
+    hints = HintClient(endpoint=ray_cluster.hint_addr)
+    tag = uuid.uuid4().hex[:6]
+    victim = next(f"orphan-{tag}-{i}" for i in range(100) if home_replica(f"orphan-{tag}-{i}", replicas) == replicas[0])
+    busy = [s for s in (f"stuck-{tag}-{i}" for i in range(200)) if home_replica(s, replicas) == replicas[0]][:6]
+    moves_before = dict(ray_cluster.router_stats().get("moves", {}))
+    engine = None
+    try:
+        hints.session_start(victim)
+        messages = [{"role": "system", "content": f"Session {victim}. {LONG}"},
+                    {"role": "user", "content": "List three prime numbers."}]
+        first = ray_cluster.chat(messages, session_id=victim, max_tokens=16, temperature=0)
+        assert victim in ray_cluster.resident()[replicas[0]]
+        hints.tool_call_start(victim, "run_tests", call_id="t1")
+        hints.flush(5)
+        time.sleep(2.0)  # the replicas' reports show the victim inside its tool
+        engine = _engine_core_pid(ray_cluster, replicas[0])
+        os.kill(engine, signal.SIGSTOP)  # frozen: its requests stay in flight
+        stuck = []
+
+        def send(sid):
+            try:
+                stuck.append(ray_cluster.chat([{"role": "user", "content": f"Write a story {sid}."}],
+                                              session_id=sid, max_tokens=8, temperature=0, timeout=300))
+            except Exception as exc:  # requests of the dead engine: not the agent under test
+                stuck.append(repr(exc))
+
+        threads = [threading.Thread(target=send, args=(s,), daemon=True) for s in busy]
+        for t in threads:
+            t.start()
+        until = time.monotonic() + 60
+        while not any(s[0] == victim for s in ray_cluster.router_stats().get("steals", [])):
+            assert time.monotonic() < until, "the router never stole the session from the frozen replica"
+            time.sleep(0.5)
+        os.kill(engine, signal.SIGKILL)  # the move's source dies under it
+        engine = None
+        time.sleep(3.0)
+        hints.tool_call_end(victim, "run_tests", call_id="t1")
+        hints.flush(5)
+        messages += [{"role": "assistant", "content": first["choices"][0]["message"]["content"] or "ok"},
+                     {"role": "user", "content": "Tool result: all tests pass. Continue."}]
+        started = time.monotonic()
+        resumed = ray_cluster.chat(messages, session_id=victim, max_tokens=16, temperature=0)
+        took = time.monotonic() - started
+        assert resumed["choices"][0]["message"] is not None  # the agent saw no error
+        moves = ray_cluster.router_stats()["moves"]
+        delta = {k: moves.get(k, 0) - moves_before.get(k, 0) for k in moves}
+        print(f"move with its source killed: {delta}; resumed in {took:.1f} s, "
+              f"cached {_cached(resumed)} of {resumed['usage']['prompt_tokens']}")
+        assert delta.get("pulls_ok", 0) == 0, delta  # nothing was read from the dead engine
+        assert delta.get("pull_fallbacks", 0) >= 1 and delta.get("reprefills_ok", 0) >= 1, delta
+        assert victim in ray_cluster.resident()[replicas[1]]
+        assert _cached(resumed) >= first["usage"]["prompt_tokens"] // 32 * 32 - 32  # re-prefilled there
+        chaos_row(ChaosRow("source engine killed during a KV move (session stolen in its tool call)", 0, "n/a", 0,
+                           "the move re-prefilled on the target; the session resumed warm there",
+                           f"resumed in {took:.1f} s, {_cached(resumed)} tokens cached"))
+    finally:
+        if engine is not None:
+            os.kill(engine, signal.SIGKILL)
+        hints.session_end(victim)
+        hints.flush(5)
+        hints.close()
