@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from saga_server.core import ManualClock
 from saga_server.engines.vllm.pulls import PullLog
 from saga_server.status import render
 
@@ -23,21 +24,13 @@ HERE = Path(__file__).parent
 ROOT = HERE.parents[2]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 10.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_pull_is_heard_once_it_ends_and_taken_once_when_scheduled():
-    clock, heard = Clock(), []
+    clock, heard = ManualClock(10.0), []
     log = PullLog(clock)
     log.listener = lambda ok, tokens, seconds: heard.append((ok, tokens, seconds))
     log.started("a", 992)
     log.started("b", 480)
-    clock.now = 10.5
+    clock.t = 10.5
     log.finished({"a", "b"}, failed={"b"})
     assert sorted(heard) == [(False, 480, 0.5), (True, 992, 0.5)]
     assert log.take("a") == 992 and log.take("a") == 0  # asked once, when scheduled
@@ -45,14 +38,14 @@ def test_a_pull_is_heard_once_it_ends_and_taken_once_when_scheduled():
 
 
 def test_a_report_for_a_request_that_pulled_nothing_is_ignored():
-    log, heard = PullLog(Clock()), []
+    log, heard = PullLog(ManualClock()), []
     log.listener = lambda *a: heard.append(a)
     log.finished({"never-started"}, failed=())
     assert heard == [] and log.take("never-started") == 0
 
 
 def test_ended_pulls_nobody_takes_are_forgotten_oldest_first():
-    log = PullLog(Clock())
+    log = PullLog(ManualClock())
     for i in range(PullLog.MAX_UNTAKEN + 10):
         log.started(f"r{i}", 32)
         log.finished({f"r{i}"}, failed=())

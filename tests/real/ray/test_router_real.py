@@ -74,6 +74,19 @@ def _expected_holder(sid: str, replicas: list[str], steals: list) -> set[str]:
     return {moves[-1][1]} if moves else {home_replica(sid, replicas)}
 
 
+def _first_call_then_a_tool(cluster, hints: HintClient, sid: str, home: str) -> tuple[list[dict], dict]:
+    """The session's first call (on its home replica), then a tool call it stays inside,
+    long enough for the replicas' reports (every 0.5 s) to show it there."""
+    messages = [{"role": "system", "content": f"Session {sid}. {LONG}"},
+                {"role": "user", "content": "List three prime numbers."}]
+    first = cluster.chat(messages, session_id=sid, max_tokens=16, temperature=0)
+    assert sid in cluster.resident()[home]
+    hints.tool_call_start(sid, "run_tests", call_id="t1")
+    hints.flush(5)
+    time.sleep(2.0)
+    return messages, first
+
+
 def _restart_ingress(cluster, timeout_s: float = 300) -> None:
     """Kill the ingress replica (its SAGA router with it) and wait until Serve's new
     one routes and its router has learned homes from the replicas' reports."""
@@ -153,13 +166,7 @@ def test_overloaded_replica_sheds_a_session_in_a_tool_call_it_resumes_warm_and_a
     try:
         for s in [victim, *busy]:
             hints.session_start(s)
-        messages = [{"role": "system", "content": f"Session {victim}. {LONG}"},
-                    {"role": "user", "content": "List three prime numbers."}]
-        first = ray_cluster.chat(messages, session_id=victim, max_tokens=16, temperature=0)
-        assert victim in ray_cluster.resident()[replicas[0]]
-        hints.tool_call_start(victim, "run_tests", call_id="t1")
-        hints.flush(5)
-        time.sleep(2.0)  # the replicas' reports (every 0.5 s) now show the victim inside its tool
+        messages, first = _first_call_then_a_tool(ray_cluster, hints, victim, replicas[0])
         # overload its home: long generations from sessions homed on the same replica
         threads = [threading.Thread(target=ray_cluster.chat,
                                     args=([{"role": "user", "content": f"Write a long story {s}."}],),
@@ -269,13 +276,7 @@ def test_a_move_whose_source_engine_dies_falls_back_and_the_agent_sees_no_error(
     engine = None
     try:
         hints.session_start(victim)
-        messages = [{"role": "system", "content": f"Session {victim}. {LONG}"},
-                    {"role": "user", "content": "List three prime numbers."}]
-        first = ray_cluster.chat(messages, session_id=victim, max_tokens=16, temperature=0)
-        assert victim in ray_cluster.resident()[replicas[0]]
-        hints.tool_call_start(victim, "run_tests", call_id="t1")
-        hints.flush(5)
-        time.sleep(2.0)  # the replicas' reports show the victim inside its tool
+        messages, first = _first_call_then_a_tool(ray_cluster, hints, victim, replicas[0])
         engine = _engine_core_pid(ray_cluster, replicas[0])
         os.kill(engine, signal.SIGSTOP)  # frozen: its requests stay in flight
         stuck = []
