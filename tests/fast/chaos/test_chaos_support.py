@@ -108,12 +108,15 @@ def test_the_relay_passes_answers_through_and_kills_the_armed_exchange(upstream)
 
         relay.cut_next(events=3)
         cut, error = streamed(relay.url)
-        assert isinstance(error, httpx.RemoteProtocolError)  # a broken stream, not a clean end
+        # A broken stream, not a clean end: a close mid-body, or a reset where the close
+        # overtook bytes still in flight (on a loaded machine).
+        assert isinstance(error, (httpx.RemoteProtocolError, httpx.ReadError))
         third = whole.index(b"\n\n", whole.index(b"\n\n", whole.index(b"\n\n") + 2) + 2) + 2
         assert cut == whole[:third]  # three events, not a byte of the fourth
 
         relay.hang_up_next()
-        with pytest.raises(httpx.RemoteProtocolError):
+        # closed unanswered; a reset instead when the request's body arrived after the close
+        with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
             httpx.post(relay.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=30)
 
         again, error = streamed(relay.url)  # disarmed: whole again
