@@ -229,10 +229,13 @@ class SagaRequestRouter(RequestRouter):
     async def _move(self, steal, body: Any, source_addr: str | None) -> None:
         """Pull the KV over NIXL or re-prefill it on the target (when the last request
         is known; otherwise the next request re-prefills there), then release the
-        source's copy."""
+        source's copy (and, after a pull, what the source held for it under its own
+        `saga-move` id)."""
+        released = [steal.session_id]
         if body is not None:
             try:
                 if self._kv_transfer == "nixl":
+                    released.append(move_session_id(steal.source, steal.session_id))
                     await self._pull(steal, body)
                 else:
                     await self._reprefill(steal.session_id, steal.target, body)
@@ -242,7 +245,8 @@ class SagaRequestRouter(RequestRouter):
                     done.set()
         if source_addr:
             try:
-                await asyncio.to_thread(release_session, source_addr, steal.session_id)
+                for session_id in released:
+                    await asyncio.to_thread(release_session, source_addr, session_id)
                 self.moves["releases_ok"] += 1
             except Exception as exc:  # its pins expire on their own
                 self.moves["releases_failed"] += 1

@@ -288,3 +288,40 @@ def test_with_nixl_the_target_pulls_from_the_source_and_a_failed_pull_counts_as_
     else:
         assert router.moves["pull_fallbacks"] == 1 and router.moves["reprefills_ok"] == 1
         assert router.moves["pulled_tokens"] == 0
+
+
+def test_after_a_pull_the_source_drops_what_it_held_for_the_pull_too(monkeypatch):
+    from saga_server.core import WorkflowCore
+    from saga_server.engines.vllm.intake import EngineHintSink, ReleaseKv
+    from saga_server.router import request_router
+    from saga_server.router.kv_move import PrefixMove
+    from saga_server.rpc import HintServer
+
+    # The source answered the handle request under its own `saga-move` id: that KV is a
+    # copy of the moved session's, and stays unless released with it.
+    monkeypatch.setattr(request_router, "move_kv", lambda *a, **k: PrefixMove(96, True, True, 0.25))
+    source = EngineHintSink(WorkflowCore())
+    server = HintServer(source, "127.0.0.1:0").start()
+    try:
+        router = SagaRequestRouter(DeploymentID(name="saga"), DeploymentHandleSource.UNKNOWN)
+        router.initialize_state(steal_period_s=0.05, steal_gap=2.0, ingress_url="http://ingress", kv_transfer="nixl")
+        busy = _Replica(_ReplicaId("busy"), {"saga": {"hint_addr": server.endpoint, "sessions": ["agent"],
+                                                      "in_tool": ["agent"]}})
+        idle = _Replica(_ReplicaId("idle"), {"saga": {"sessions": []}})
+        router._replicas = {r.replica_id: r for r in (busy, idle)}
+
+        async def scenario():
+            await router.choose_replicas([busy, idle], _Pending(_Meta("agent"), [_Body("agent")]))
+            router._inflight["busy"] = 5
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                if router.moves["releases_ok"]:
+                    break
+            router._ticker.cancel()
+
+        asyncio.run(scenario())
+        assert router.moves["pulls_ok"] == 1
+        released = source.drain()
+        assert ReleaseKv("agent") in released and ReleaseKv("saga-move:busy:agent") in released
+    finally:
+        server.close(grace=None)

@@ -60,6 +60,12 @@ class RayCluster:
         raw = internal_kv._internal_kv_get("saga:router:stats")
         return json.loads(raw) if raw else {}
 
+    def live_replicas(self) -> list[str]:
+        """The replicas the SAGA router routes to now (a replaced replica's hint
+        address stays in `replica_hints`)."""
+        routing = self.router_stats().get("routing", {})
+        return sorted(k[len("replica_sessions{"):-1] for k in routing if k.startswith("replica_sessions{"))
+
     def wait_for_replicas(self, replicas: int, timeout_s: float) -> None:
         """Until `replicas` engines have registered and the router routes to them all."""
         deadline = time.monotonic() + timeout_s

@@ -267,7 +267,8 @@ def test_a_move_whose_source_engine_dies_falls_back_and_the_agent_sees_no_error(
     """The source's engine freezes with requests in flight (so the router sees it loaded
     and steals the session in its tool call), then dies while the move waits on it."""
     ray_cluster.wait_for_replicas(2, timeout_s=600)  # the one the last test killed may still be starting
-    replicas = sorted(ray_cluster.replica_hints())
+    replicas = ray_cluster.live_replicas()
+    assert len(replicas) == 2, replicas
     hints = HintClient(endpoint=ray_cluster.hint_addr)
     tag = uuid.uuid4().hex[:6]
     victim = next(f"orphan-{tag}-{i}" for i in range(100) if home_replica(f"orphan-{tag}-{i}", replicas) == replicas[0])
