@@ -251,6 +251,31 @@ def test_a_move_replays_the_last_request_on_the_api_it_came_through():
     assert path == "/v1/chat/completions" and payload["max_tokens"] == 1 and payload["messages"]
 
 
+def _steal_with_nixl(done, source_hints: str | None = None) -> SagaRequestRouter:
+    """A router with NIXL moves, a busy replica whose session `agent` is in a tool and an
+    idle one, run until `done(router)` (or 2 s): it steals `agent` and moves it."""
+    router = SagaRequestRouter(DeploymentID(name="saga"), DeploymentHandleSource.UNKNOWN)
+    router.initialize_state(steal_period_s=0.05, steal_gap=2.0, ingress_url="http://ingress", kv_transfer="nixl")
+    report = {"sessions": ["agent"], "in_tool": ["agent"]}
+    if source_hints:
+        report["hint_addr"] = source_hints
+    busy = _Replica(_ReplicaId("busy"), {"saga": report})
+    idle = _Replica(_ReplicaId("idle"), {"saga": {"sessions": []}})
+    router._replicas = {r.replica_id: r for r in (busy, idle)}
+
+    async def scenario():
+        await router.choose_replicas([busy, idle], _Pending(_Meta("agent"), [_Body("agent")]))
+        router._inflight["busy"] = 5
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if done(router):
+                break
+        router._ticker.cancel()
+
+    asyncio.run(scenario())
+    return router
+
+
 @pytest.mark.parametrize("pulled", [True, False])
 def test_with_nixl_the_target_pulls_from_the_source_and_a_failed_pull_counts_as_a_re_prefill(monkeypatch, pulled):
     from saga_server.router.kv_move import PrefixMove
@@ -264,22 +289,7 @@ def test_with_nixl_the_target_pulls_from_the_source_and_a_failed_pull_counts_as_
 
     monkeypatch.setattr(request_router, "move_kv", move_kv)
     monkeypatch.setattr(request_router, "_post", lambda *a: pytest.fail("re-prefilled beside the pull"))
-    router = SagaRequestRouter(DeploymentID(name="saga"), DeploymentHandleSource.UNKNOWN)
-    router.initialize_state(steal_period_s=0.05, steal_gap=2.0, ingress_url="http://ingress", kv_transfer="nixl")
-    busy = _Replica(_ReplicaId("busy"), {"saga": {"sessions": ["agent"], "in_tool": ["agent"]}})
-    idle = _Replica(_ReplicaId("idle"), {"saga": {"sessions": []}})
-    router._replicas = {r.replica_id: r for r in (busy, idle)}
-
-    async def scenario():
-        await router.choose_replicas([busy, idle], _Pending(_Meta("agent"), [_Body("agent")]))
-        router._inflight["busy"] = 5
-        for _ in range(200):
-            await asyncio.sleep(0.01)
-            if router.steals and not router._moving:
-                break
-        router._ticker.cancel()
-
-    asyncio.run(scenario())
+    router = _steal_with_nixl(lambda r: r.steals and not r._moving)
     assert moves == [({"X-Session-ID": "saga-move:busy:agent"}, {"X-Session-ID": "saga-move:idle:agent"}, 1,
                       "/v1/chat/completions")]
     if pulled:
@@ -303,23 +313,7 @@ def test_after_a_pull_the_source_drops_what_it_held_for_the_pull_too(monkeypatch
     source = EngineHintSink(WorkflowCore())
     server = HintServer(source, "127.0.0.1:0").start()
     try:
-        router = SagaRequestRouter(DeploymentID(name="saga"), DeploymentHandleSource.UNKNOWN)
-        router.initialize_state(steal_period_s=0.05, steal_gap=2.0, ingress_url="http://ingress", kv_transfer="nixl")
-        busy = _Replica(_ReplicaId("busy"), {"saga": {"hint_addr": server.endpoint, "sessions": ["agent"],
-                                                      "in_tool": ["agent"]}})
-        idle = _Replica(_ReplicaId("idle"), {"saga": {"sessions": []}})
-        router._replicas = {r.replica_id: r for r in (busy, idle)}
-
-        async def scenario():
-            await router.choose_replicas([busy, idle], _Pending(_Meta("agent"), [_Body("agent")]))
-            router._inflight["busy"] = 5
-            for _ in range(200):
-                await asyncio.sleep(0.01)
-                if router.moves["releases_ok"]:
-                    break
-            router._ticker.cancel()
-
-        asyncio.run(scenario())
+        router = _steal_with_nixl(lambda r: r.moves["releases_ok"], source_hints=server.endpoint)
         assert router.moves["pulls_ok"] == 1
         released = source.drain()
         assert ReleaseKv("agent") in released and ReleaseKv("saga-move:busy:agent") in released
