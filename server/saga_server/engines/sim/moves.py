@@ -6,8 +6,7 @@
 - **A steal moves the KV**: the session's resident prefix (GPU hold, and the host
   tier's copy beyond it) is sent to the target over the inter-node link
   (`CostModel.move_s`: a fixed cost per move plus the bytes; one transfer at a time
-  per worker NIC) and freed on the
-  source at once; when it lands it is inserted into the target's pool, evicting idle
+  per worker NIC) and freed on the source at once; when it lands it is inserted into the target's pool, evicting idle
   unpinned prefixes there if needed (what still does not fit is recomputed later), and
   a pin keeps the rest of its TTL. A session in a tool moves at once, so a transfer
   shorter than the tool is hidden and the next request is a full hit; a queued request

@@ -19,9 +19,9 @@ pulls them over NIXL (the same prompt with the returned `kv_transfer_params`) an
 caches them, so the session's next request there hits its prefix cache.
 
 vLLM counts pulled tokens as computed, not as cached (`cached_tokens` is 0 for the
-pull), so the scheduler side keeps its own `pulls.PullLog`: what each pull asked for, when
-it ended and whether it failed. The SAGA plugin reads it to count pulled tokens
-apart from prefix hits (`saga_kv_pulled_tokens`, `saga status`).
+pull), so the scheduler side keeps its own `pulls.PullLog`: what each pull asked
+for, when it ended and whether it failed. The SAGA plugin reads it to count pulled
+tokens apart from prefix hits (`saga_kv_pulled_tokens`, `saga status`).
 """
 
 from __future__ import annotations
@@ -65,4 +65,3 @@ class NixlConnector(_VllmNixlConnector):
         super().update_connector_output(connector_output)
         if connector_output.finished_recving:
             self.pulls.finished(connector_output.finished_recving, connector_output.failed_recving or ())
-

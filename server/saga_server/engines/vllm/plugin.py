@@ -33,7 +33,7 @@ stock vLLM (everything else is vLLM's own code path):
   feeds the core; tool/session events reach the engine loop through a queue drained
   at each `schedule()`, so block references are only ever touched by the engine loop.
 - **Moves** (`saga serve --kv-transfer nixl`): tokens a request pulled from another
-  engine (`nixl.PullLog`) are counted as pulled, not as prefix hits.
+  engine (`pulls.PullLog`) are counted as pulled, not as prefix hits.
 - **Recording** (`SAGA_RECORD`, see `record`): each session's requests and hints,
   enqueued for a writer thread, become `saga-trace/1` tasks.
 
