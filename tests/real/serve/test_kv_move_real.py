@@ -3,7 +3,8 @@
 computes only the last token, and the session's next request there hits its prefix
 cache and answers as the source would at temperature 0. With the source gone the
 move falls back to re-prefilling on the target, and nothing fails. NIXL's CPU pinning
-of the engine worker is undone (`engines/vllm/nixl.py`).
+of the engine worker is undone, and an idle engine spins no core for NIXL
+(`engines/vllm/nixl.py`).
 
 STARTS ITS OWN ENGINES: two `saga serve --kv-transfer nixl` (80 KV blocks, 2
 sequences each) with the compute threads unbound (`VLLM_CPU_OMP_THREADS_BIND=nobind`,
@@ -103,23 +104,37 @@ def prompt_of(seed: int, n: int) -> list[int]:
     return [rnd.randrange(1000, 40000) for _ in range(n)]
 
 
-def worker_affinities(serve_pid: int) -> list[str]:
-    """Cpus_allowed_list of every thread of the engine worker processes under `serve_pid`."""
+def worker_pids(serve_pid: int) -> list[int]:
+    """The engine worker processes under `serve_pid`."""
     out = subprocess.run(["pgrep", "-f", "VLLM::Worker"], capture_output=True, text=True).stdout.split()
-    lists = []
-    for pid in out:
-        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        chain = {parent}
+    pids = []
+    for pid in map(int, out):
+        parent = pid
         while parent > 1 and parent != serve_pid:
             parent = int(Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            chain.add(parent)
-        if serve_pid not in chain:
-            continue
+        if parent == serve_pid:
+            pids.append(pid)
+    return pids
+
+
+def worker_affinities(serve_pid: int) -> list[str]:
+    """Cpus_allowed_list of every thread of the engine workers under `serve_pid`."""
+    lists = []
+    for pid in worker_pids(serve_pid):
         for task in Path(f"/proc/{pid}/task").iterdir():
             for line in (task / "status").read_text().splitlines():
                 if line.startswith("Cpus_allowed_list:"):
                     lists.append(line.split(":", 1)[1].strip())
     return lists
+
+
+def worker_cpu_s(serve_pid: int) -> float:
+    """CPU seconds the engine workers under `serve_pid` have used, all threads."""
+    ticks = 0
+    for pid in worker_pids(serve_pid):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def test_a_moved_prefix_is_pulled_and_the_next_request_computes_only_the_new_tokens(engines, saga_server):
@@ -192,3 +207,16 @@ def test_nixl_no_longer_pins_the_engine_worker_to_one_core(engines):
     # NIXL pins the worker's main thread to the last core; SAGA's connector puts it back.
     single = [cpus for cpus in lists if "-" not in cpus and "," not in cpus]
     assert single == [], f"threads pinned to one core: {single}"
+
+
+def test_an_idle_engine_with_nixl_spins_no_core(engines):
+    # NIXL's progress thread polls with a zero delay: a whole core per idle engine.
+    # SAGA's connector runs the agent without it on CPU builds (engines/vllm/nixl.py).
+    target = engines[1]
+    assert worker_pids(target.proc.pid), "no engine worker found"
+    time.sleep(2)  # let the previous test's requests settle
+    window_s = 6.0
+    before = worker_cpu_s(target.proc.pid)
+    time.sleep(window_s)
+    busy = (worker_cpu_s(target.proc.pid) - before) / window_s
+    assert busy < 0.25, f"an idle engine's worker used {busy:.0%} of a core"

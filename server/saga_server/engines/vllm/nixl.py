@@ -13,6 +13,16 @@ affinity before the connector started is put back, so the engine runs where it w
 placed (`taskset`, Ray, `VLLM_CPU_OMP_THREADS_BIND`); `SAGA_NIXL_KEEP_PINNING=1`
 keeps NIXL's choice.
 
+On CPU builds the worker's NIXL agent also runs without NIXL's progress thread.
+NIXL's Python API starts that thread with a zero poll delay, so it spins a whole
+core per engine even while the engine is idle (measured: one thread at 100% in an
+idle engine; two co-hosted replicas then leave the model no core). Transfers do not
+need it: vLLM's worker progresses them on every engine step (`get_finished` polls
+the target's reads and the source's notifications), and an engine keeps stepping
+while it holds blocks for a pull (the scheduler counts such finished requests as
+work). GPU builds keep vLLM's agent; `SAGA_NIXL_PROGRESS_THREAD` set to 1 or 0
+forces the thread on or off.
+
 How a move uses it (`saga_server.router.kv_move`): the source engine holds a
 prefix's blocks for a pull (a one-token request with `do_remote_decode`), the target
 pulls them over NIXL (the same prompt with the returned `kv_transfer_params`) and
@@ -28,16 +38,20 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector as _VllmNixlConnector
+from vllm.distributed.nixl_utils import NixlWrapper, nixl_agent_config
 
 from .pulls import PullLog
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NixlConnector", "KEEP_PINNING_ENV"]
+__all__ = ["NixlConnector", "KEEP_PINNING_ENV", "PROGRESS_THREAD_ENV"]
 
 KEEP_PINNING_ENV = "SAGA_NIXL_KEEP_PINNING"
+PROGRESS_THREAD_ENV = "SAGA_NIXL_PROGRESS_THREAD"
 
 
 class NixlConnector(_VllmNixlConnector):
@@ -53,6 +67,12 @@ class NixlConnector(_VllmNixlConnector):
             os.sched_setaffinity(0, placed)
             log.info("SAGA: NIXL pinned the engine worker to cores %s; restored %s",
                      sorted(pinned), sorted(placed))
+        if role == KVConnectorRole.WORKER and not wants_progress_thread(vllm_config.kv_transfer_config):
+            # Nothing is registered with the agent before `register_kv_caches`, so the
+            # worker can still take another one; vLLM's is dropped, and its thread with it.
+            self.connector_worker.nixl_wrapper = agent_without_progress_thread(
+                vllm_config.kv_transfer_config)
+            log.info("SAGA: NIXL agent runs without its progress thread (engine steps progress it)")
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         # Called with the tokens the scheduler settled on loading, after its trims.
@@ -65,3 +85,26 @@ class NixlConnector(_VllmNixlConnector):
         super().update_connector_output(connector_output)
         if connector_output.finished_recving:
             self.pulls.finished(connector_output.finished_recving, connector_output.failed_recving or ())
+
+
+def wants_progress_thread(kv_transfer_config) -> bool:
+    """Whether the engine's NIXL agent keeps NIXL's progress thread: on device builds,
+    unless `SAGA_NIXL_PROGRESS_THREAD` says otherwise."""
+    forced = os.environ.get(PROGRESS_THREAD_ENV)
+    if forced in ("0", "1"):
+        return forced == "1"
+    return kv_transfer_config.kv_buffer_device != "cpu"
+
+
+def agent_without_progress_thread(kv_transfer_config):
+    """A NIXL agent configured as vLLM's worker configures its own (backends, UCX
+    threads, telemetry), but with no progress thread."""
+    backends = kv_transfer_config.get_from_extra_config("backends", ["UCX"])
+    if any(backend != "UCX" for backend in backends):
+        config = nixl_agent_config(backends=backends, capture_telemetry=True,
+                                   enable_prog_thread=False)
+    else:
+        num_threads = kv_transfer_config.get_from_extra_config("num_threads", 4)
+        config = nixl_agent_config(num_threads=num_threads, capture_telemetry=True,
+                                   enable_prog_thread=False)
+    return NixlWrapper(str(uuid.uuid4()), config)
