@@ -105,7 +105,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--move-latency-s", type=float, default=None,
-                   help="fixed cost per KV move (default: the cost model's; the CPU engine measured 1.77 s)")
+                   help="fixed cost per KV move (default: the cost model's; the CPU engine measured 0.26 s)")
     p.add_argument("--out", default="bench-out/sim-routing")
     a = p.parse_args()
     pols = [x for x in a.policies.split(",") if x]

@@ -30,10 +30,11 @@ Sources for the constants (public datasheets and model configs):
 - A move costs more than its bytes (`move_s`): vLLM's NIXL connector moves a prefix
   with two one-token requests (the source's `do_remote_decode`, the target's pull),
   each an engine iteration, plus `move_latency_s` of request handling and transfer
-  set-up. On the CPU engine that fixed cost is what a move takes: measured 1.3-2.3 s
-  for 1k-3.5k-token prefixes with no trend in size (`benchmarks/kv_move.py`), so
-  the preset's `move_latency_s` is the median, 1.77 s. On GPUs it is not measured
-  here; the presets assume 10 ms (two HTTP requests and a NIXL notification).
+  set-up. On the CPU engine that fixed cost is most of what a move takes: measured
+  0.25-0.69 s for 1k-3.5k-token prefixes with no trend in size
+  (`benchmarks/kv_move.py`), so the preset's `move_latency_s` is the median, 0.32 s,
+  less its two one-token iterations: 0.26 s. On GPUs it is not measured here; the
+  presets assume 10 ms (two HTTP requests and a NIXL notification).
 - Llama-3-8B: 8.03e9 parameters, 32 layers, 32 query heads, 8 KV heads, head dim 128;
   Llama-3.1-70B: 70.6e9 parameters, 80 layers, 64 query heads, 8 KV heads, head dim
   128 (the models' Hugging Face `config.json`). BF16 weights and KV: 2 bytes.
@@ -239,7 +240,7 @@ _CPU_ENGINE: Mapping[str, Any] = {"mfu": 1.0, "bw_eff": 1.0, "additive": True, "
 _CPU_2CORE_FIT: Mapping[str, Any] = {
     "peak_flops": 2.385e+11, "hbm_bw": 7.282e+09, "overhead_s": 0.02954,
     "attn_scale": 3.449, "decode_token_equiv": 3.098, "token_budget": 2048,
-    "move_latency_s": 1.77,  # benchmarks/kv_move.py (2026-12-01): median NIXL move, 1k-3.5k tokens
+    "move_latency_s": 0.26,  # benchmarks/kv_move.py (2026-12-02): median NIXL move, 1k-3.5k tokens, less 2 iterations
     "machine": {"model": "AMD EPYC", "cores": 2,
                 "simd_flags": ["avx", "avx2", "avx512_bf16", "avx512_bitalg", "avx512_vbmi2", "avx512_vnni",
                                "avx512_vpopcntdq", "avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512ifma",
