@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from saga_server.core import CoreConfig, ManualClock, SessionEnd, SessionStart, ToolCallStart, WorkflowCore
 from saga_server.core.admission import ACTIVE, PARKED, WAITING
+from saga_server.core.holds import SOFT
 from saga_server.core.pinning import PinConfig
 from saga_server.engines.vllm import SagaScheduler
 from vllm_builders import Requests, hit_tokens, make_scheduler, run_until_idle, step
@@ -119,3 +120,29 @@ def test_any_arrival_sequence_drains_with_nothing_left_waiting(tiny_model, ops):
     assert s.saga.counters.total("plugin_errors") == 0
     assert all(state in (ACTIVE, PARKED) for state in (s.saga.admission.state(x) for x in started)
                if state is not None)
+
+
+def test_a_parked_session_s_next_request_at_the_gate_leaves_its_kv_first_to_go(tiny_model):
+    # A queued request protects its session's KV, but not while admission holds it back:
+    # a parked session's KV stays first in line until the session is admitted again.
+    s = saga(tiny_model, num_blocks=40, block_size=BS)
+    R = Requests(BS)
+    clock = s.saga.clock
+    hist = tokens(100, 256)
+    for sid in ("A", "busy", "B"):
+        s.saga.core.accept(SessionStart(sid, clock()))
+    s.add_request(R.make(hist, session_id="A"))
+    run_until_idle(s)
+    s.saga.core.accept(ToolCallStart("A", clock(), "pytest", call_id="t", category="test", expected_duration_s=600))
+    s.add_request(R.make(tokens(3000, 48), session_id="busy", max_tokens=40))
+    step(s)
+    s.add_request(R.make(tokens(5000, 300), session_id="B", max_tokens=20))
+    step(s)
+    assert s.saga.admission.state("A") == PARKED
+    nxt = R.make(hist + [7, 8, 9], session_id="A")  # back while B still needs the room
+    s.add_request(nxt)
+    step(s)
+    assert s.saga.admission.state("A") != ACTIVE and s.waiting.held  # held back, unscheduled
+    assert s.saga.ledger.get("A").tier == SOFT  # not protected while it waits at the gate
+    run_until_idle(s)
+    assert s.saga.admission.state("A") == ACTIVE and not s.waiting.held  # admitted and served in the end

@@ -214,13 +214,14 @@ class SagaPlugin:
         if self.admission is not None:  # not admitted: RankedRequestQueue holds it back
             self._admission_requests.setdefault(sid, set()).add(request.request_id)
             self.admission.ready(sid, request.num_prompt_tokens + request.max_tokens, meta.tenant)
-        # Its KV is about to be used: it goes last; among queued sessions the latest
-        # arrival first (the back of a FIFO queue is used last). A pin did its job.
         hold = self.ledger.get(sid)
         if hold is not None:
             if hold.tier == PINNED:
-                self.counters.count("pins", "used")
-            self.ledger.set_key(sid, -meta.arrived_at, PROTECTED)
+                self.counters.count("pins", "used")  # a pin did its job
+            if self.may_schedule(request):
+                self._protect(sid, meta.arrived_at)
+            # else it waits at the admission gate: its KV keeps its place (a parked
+            # session's goes first) until the session is admitted (`_admit`).
 
     @_guarded("finish")
     def on_freed(self, request: Request) -> None:
@@ -416,10 +417,20 @@ class SagaPlugin:
         plan = self.admission.plan()
         for sid in plan.park:
             self.ledger.set_key(sid, -math.inf, SOFT)
+        for sid in plan.admit:
+            queued = [self.requests[rid].arrived_at for rid in self._admission_requests.get(sid, ())
+                      if rid in self.requests]
+            if queued and sid in self.ledger:
+                self._protect(sid, max(queued))
         if plan.admit or plan.park:
             self.metrics.admission.labels("admitted").inc(len(plan.admit))
             self.metrics.admission.labels("parked").inc(len(plan.park))
             self.metrics.admission_wait.inc(self.admission.counts.wait_s - before)
+
+    def _protect(self, sid: str, arrived_at: float) -> None:
+        """The session's queued request will use its KV: it goes last; among queued
+        sessions the latest arrival first (the back of a FIFO queue is used last)."""
+        self.ledger.set_key(sid, -arrived_at, PROTECTED)
 
     def may_schedule(self, request: Request) -> bool:
         """Whether the waiting queue may offer this request to vLLM now: requests
