@@ -96,10 +96,23 @@ class Probe:
 
 
 def lstsq(rows: list[list[float]], ys: list[float], weights: list[float]) -> list[float]:
+    """Weighted least squares with every coefficient >= 0: each is a cost, and on a
+    noisy machine a free fit can trade one cost against another below zero (a decoded
+    token that costs less than nothing). A coefficient that comes out negative is
+    fixed at 0 and the rest refitted, until none is."""
     import numpy as np  # noqa: PLC0415
 
     a = np.array(rows) * np.array(weights)[:, None]
-    return np.linalg.lstsq(a, np.array(ys) * np.array(weights), rcond=None)[0].tolist()
+    y = np.array(ys) * np.array(weights)
+    free = list(range(a.shape[1]))
+    coef = np.zeros(a.shape[1])
+    while free:
+        sol = np.linalg.lstsq(a[:, free], y, rcond=None)[0]
+        if (sol >= 0).all():
+            coef[free] = sol
+            break
+        free.pop(int(np.argmin(sol)))
+    return coef.tolist()
 
 
 def fit(prefill: list[tuple[int, int, float]], decode: list[tuple[int, int, float]], budget: int) -> dict:

@@ -44,9 +44,14 @@ Measured here (2 CPU cores; 8 sessions x 10 steps, KV 400 blocks, --max-num-seqs
   on a quieter machine: saga 91.4 / 136.6 s, worst task 146.7 s; saga-request-fcfs
   176.9 / 185.6 / 188.0 s; no-saga 216.9 / 230.4 / 232.5 s: 2.37x mean, 1.69x p90,
   and SAGA's last task finished before stock's first (--plot draws this).
+  On a faster host (2026-12-02, with session admission, and a request held at the
+  admission gate no longer protecting its session's KV): saga 63.5 / 86.9 s,
+  saga-request-fcfs 98.4 / 113.5 s (hit rate 0.756), no-saga 231.5 / 244.4 s: 3.64x
+  mean, and 2.35x without seniority (before the gate fix, an hour earlier:
+  saga-request-fcfs 154.3 s, hit rate 0.623).
 
-The cache policies alone (pins, WA-LRU, prefetch) reach a 0.57 hit rate and
-0.97-1.28x (0.97x in the first run above, 1.23x in the third and fourth,
+Before session admission, the cache policies alone (pins, WA-LRU, prefetch)
+reached a 0.57 hit rate and 0.97-1.28x (0.97x in the first run above, 1.23x in the third and fourth,
 1.26-1.28x in earlier ones: run-to-run noise on a shared machine is of that
 order); ordering a tenant's requests by task seniority does the rest: tasks
 finish in the order they began instead of all near the end, and the few tasks
