@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from saga_server.core import CoreConfig, ManualClock, SessionEnd, SessionStart, ToolCallStart, WorkflowCore
 from saga_server.core.admission import ACTIVE, PARKED, WAITING
-from saga_server.core.holds import SOFT
+from saga_server.core.holds import PROTECTED, SOFT
 from saga_server.core.pinning import PinConfig
 from saga_server.engines.vllm import SagaScheduler
 from vllm_builders import Requests, hit_tokens, make_scheduler, run_until_idle, step
@@ -146,3 +146,29 @@ def test_a_parked_session_s_next_request_at_the_gate_leaves_its_kv_first_to_go(t
     assert s.saga.ledger.get("A").tier == SOFT  # not protected while it waits at the gate
     run_until_idle(s)
     assert s.saga.admission.state("A") == ACTIVE and not s.waiting.held  # admitted and served in the end
+
+
+def test_a_session_admitted_while_its_request_waits_for_a_slot_has_its_kv_protected(tiny_model):
+    s = saga(tiny_model, num_blocks=40, block_size=BS, max_num_seqs=1)
+    R = Requests(BS)
+    clock = s.saga.clock
+    hist = tokens(100, 256)
+    for sid in ("A", "B"):
+        s.saga.core.accept(SessionStart(sid, clock()))
+    s.add_request(R.make(hist, session_id="A"))
+    run_until_idle(s)
+    s.saga.core.accept(ToolCallStart("A", clock(), "pytest", call_id="t", category="test", expected_duration_s=600))
+    s.add_request(R.make(tokens(5000, 352), session_id="B", max_tokens=20))  # A does not fit beside it
+    step(s)
+    assert s.saga.admission.state("A") == PARKED
+    s.add_request(R.make(tokens(7000, 16), max_tokens=50))  # a request without a session, ahead of A's
+    nxt = R.make(hist + [7, 8, 9], session_id="A")
+    s.add_request(nxt)
+    admitted_waiting = []  # A's hold's tier on steps where A is admitted but its request not yet run
+    for _ in range(300):
+        out = step(s)
+        if nxt.request_id in scheduled(out):
+            break
+        if s.saga.admission.state("A") == ACTIVE:
+            admitted_waiting.append(s.saga.ledger.get("A").tier)
+    assert admitted_waiting and set(admitted_waiting) == {PROTECTED}
