@@ -43,6 +43,17 @@ full gets the room of expired sessions, else of the session that ended first;
 failing that a hint is refused ("too many sessions"), while a session the engine
 must serve takes the least recently active one's place. A live session that leaves
 (expired, evicted or replaced) is handed to the tracker first.
+
+Lifecycle: the table publishes, once per run of an id, how a session stopped being
+live: `ENDED` (its end hint), `EXPIRED` (idle past `idle_ttl_s`) or `EVICTED` (its
+place taken in a full table). A session only the engine has seen that a
+`SessionStart` replaces is the same agent going on: not published. Every
+per-session table outside this one (an engine's holds, admission, prefetcher,
+request maps) subscribes (`subscribe`) instead of being told by hand, so a session
+nobody ends is forgotten everywhere once it idles out. Listeners run with the
+table's lock held, on whichever thread changed the table: they must be quick,
+must not raise, and must not call back into the table (an engine loop queues
+the id and acts on its own thread).
 """
 
 from __future__ import annotations
@@ -71,7 +82,10 @@ from .events import (
     ToolCallStart,
 )
 
-__all__ = ["Session", "SessionTable", "Tracker"]
+__all__ = ["Session", "SessionTable", "Tracker", "SessionGone", "ENDED", "EXPIRED", "EVICTED"]
+
+ENDED, EXPIRED, EVICTED = "ended", "expired", "evicted"
+SessionGone = Callable[[str, str], None]  # (session id, how: ENDED / EXPIRED / EVICTED)
 
 _SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
 _SWEEP = 8  # records expiry may drop per event: bounded work on the hot path
@@ -212,6 +226,13 @@ class SessionTable:
             "list_withheld": 0,
         }
         self._live_owned: dict[str, int] = {}  # owner -> its live (not ended) sessions
+        self._listeners: list[SessionGone] = []
+
+    def subscribe(self, listener: SessionGone) -> None:
+        """Call `listener(session_id, how)` whenever a session stops being live
+        (module docstring, "Lifecycle")."""
+        with self.lock:
+            self._listeners.append(listener)
 
     def attach(self, tracker: Tracker) -> None:
         """Hand the tracked part of every record to `tracker`, once, before use."""
@@ -294,7 +315,7 @@ class SessionTable:
         without it the table refuses (`HintRejected`)."""
         old = self.by_id.get(session_id)
         if old is not None:
-            self._remove(old, t)
+            self._remove(old, t, None)
         elif len(self.by_id) >= self.max_sessions:
             self._make_room(t, evict)
         session = Session(session_id, started_at=t, last_event_at=t, tenant=tenant, workflow=workflow,
@@ -315,6 +336,7 @@ class SessionTable:
         """`session` ended: no call runs and no tool is open; kept `ended_ttl_s`."""
         if not session.ended:
             self._disown(session)
+            self._publish(session.session_id, ENDED)
         session.ended = True
         session.in_llm = False
         session.open_tools.clear()
@@ -331,14 +353,14 @@ class SessionTable:
                 sid = next(iter(self._ended))
                 if now - self.by_id[sid].last_event_at < self.ended_ttl_s:
                     break
-                self._drop(self.by_id[sid], now)
+                self._drop(self.by_id[sid], now, EXPIRED)
                 gone.append(sid)
             while self.by_id and len(gone) < limit:
                 session = next(iter(self.by_id.values()))
                 ttl = self.ended_ttl_s if session.ended else self.idle_ttl_s
                 if now - session.last_event_at < ttl:
                     break
-                self._drop(session, now)
+                self._drop(session, now, EXPIRED)
                 gone.append(session.session_id)
             return gone
 
@@ -439,22 +461,29 @@ class SessionTable:
     def _make_room(self, t: float, evict: bool) -> None:
         self.expire(t)
         if len(self.by_id) >= self.max_sessions and self._ended:
-            self._drop(self.by_id[next(iter(self._ended))], t)
+            self._drop(self.by_id[next(iter(self._ended))], t, EVICTED)
         if len(self.by_id) >= self.max_sessions:
             if not evict:
                 raise HintRejected(f"too many sessions (limit {self.max_sessions})")
-            self._drop(next(iter(self.by_id.values())), t)
+            self._drop(next(iter(self.by_id.values())), t, EVICTED)
 
-    def _drop(self, session: Session, now: float) -> None:
-        self._remove(session, now)
+    def _drop(self, session: Session, now: float, how: str) -> None:
+        self._remove(session, now, how)
         self.counters["sessions_expired"] += 1
 
-    def _remove(self, session: Session, now: float) -> None:
+    def _remove(self, session: Session, now: float, how: str | None) -> None:
+        """`how`: what to publish (None: a replacement, the same agent going on)."""
         if not session.ended:
             self._disown(session)
             self._tracker.on_drop(session, now)
+            if how is not None:
+                self._publish(session.session_id, how)
         del self.by_id[session.session_id]
         self._ended.pop(session.session_id, None)
+
+    def _publish(self, session_id: str, how: str) -> None:
+        for listener in self._listeners:
+            listener(session_id, how)
 
 
 def _kind(event: HintEvent) -> str:

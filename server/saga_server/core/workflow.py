@@ -28,7 +28,7 @@ from .fairshare import FairShare, FairShareConfig, seniority, urgency
 from .graph import Prediction
 from .pinning import PinConfig, PinDecision, decide_pin
 from .prefetch import PrefetchAction, PrefetchCandidate, PrefetchConfig, plan_prefetch
-from .sessions import Session, SessionTable
+from .sessions import Session, SessionGone, SessionTable
 
 __all__ = ["CoreConfig", "WorkflowCore", "KvOutlook"]
 
@@ -123,12 +123,22 @@ class WorkflowCore:
             out = dict(self.table.stats())
             out.update(self._counters)
             out.update({f"aeg_{k}": float(v) for k, v in self.aeg.counters.items()})
-            out["aeg_sessions_expired"] = float(out["sessions_expired"])  # one table: the same count
             out["aeg_sessions"] = float(len(self.aeg))
             out["aeg_workflows"] = float(len(self.aeg.workflows()))
             out["afs_tenants_active"] = float(len(self.fair.active(self._clock())))
             out["afs_peer_tokens"] = self._peer_tokens
             return out
+
+    def subscribe(self, listener: SessionGone) -> None:
+        """`listener(session_id, how)` whenever a session stops being live: its end,
+        its idle expiry, its eviction from the full table (`sessions`, "Lifecycle")."""
+        self.table.subscribe(listener)
+
+    def expire_idle(self) -> list[str]:
+        """Forget every session idle past its time, now (the table also expires a few
+        with every event); an engine calls this each step, so a quiet one forgets too."""
+        with self._lock:
+            return self.table.expire(self._clock())
 
     def served_by_tenant(self) -> dict[str, float]:
         """Tokens served per tenant here, cumulative (`FairShare.served`): what the

@@ -7,9 +7,11 @@ process, which vLLM spawns): the plugin's `__init__` starts the gRPC
 
 1. applies each hint to the `WorkflowCore` at once (the core locks internally;
    its predictions are then current for the next scheduling decision), and
-2. appends the few hints the scheduler must act on (tool start/end, session end,
-   and `ReleaseKv` when the cluster router moved the session away) to a bounded queue that `schedule()` drains on the engine thread, so block
-   references are only ever touched by the engine loop.
+2. appends the few hints the scheduler must act on (tool start/end, and
+   `ReleaseKv` when the cluster router moved the session away) to a bounded queue
+   that `schedule()` drains on the engine thread, so block references are only ever
+   touched by the engine loop. A session's end reaches the engine loop as the core's
+   session table publishes it (`core.kv_policy`, "Lifecycle").
 
 An observer (`on_event`: the engine's recorder, `record`) is handed every hint
 the core accepted, on the hint thread.
@@ -38,7 +40,6 @@ from saga_server.core import (
     Caller,
     HintEvent,
     ResidentSession,
-    SessionEnd,
     SessionSnapshot,
     ToolCallEnd,
     ToolCallStart,
@@ -50,7 +51,7 @@ log = logging.getLogger("vllm.saga")
 __all__ = ["EngineHintSink", "ReleaseKv", "start_hint_service", "HINT_ADDR_ENV"]
 
 HINT_ADDR_ENV = "SAGA_HINT_ADDR"
-_ENGINE_EVENTS = (ToolCallStart, ToolCallEnd, SessionEnd)
+_ENGINE_EVENTS = (ToolCallStart, ToolCallEnd)  # a session's end reaches the engine as the core publishes it
 
 
 @dataclass(frozen=True, slots=True)

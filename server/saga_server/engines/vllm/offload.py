@@ -6,10 +6,11 @@ sessions, so a session about to come back loses its KV as readily as one whose a
 has gone. This is a `CachePolicy` for vLLM's `CPUOffloadingManager` (loaded out of
 tree: `eviction_policy: SagaCachePolicy`, `cache_policy_module_path:
 saga_server.engines.vllm.offload` in the connector's extra config; `saga serve` adds
-them whenever `--kv-offloading-size` is given) that drops chunks in the order the
-workflow core ranks their sessions, the same WA-LRU key the GPU hold ledger uses
-(farthest, least likely and cheapest next use first), a session's tail chunks before
-its head, and chunks of no known session by their last use (the key's LRU case).
+them whenever `--kv-offloading-size` is given) that drops chunks in the host tier's
+order (`saga_server.core.host_tier`, the simulator's host tier runs the same): the
+session the engine's KV policy values least first, keyed when its chunks were last
+used, a session's tail chunks before its head, and chunks of no known session by
+their last use (the key's LRU case).
 
 The policy runs in the EngineCore process next to the scheduler; the `SagaPlugin`
 there `attach`es itself, and tells which session each request belongs to. Without a
@@ -18,13 +19,14 @@ plugin (plain vLLM) every chunk is ranked by its last use: LRU.
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections import OrderedDict
 from typing import Iterable, Sequence
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus, order_request_keys
+
+from saga_server.core.host_tier import HostTierOrder
 
 __all__ = ["SagaCachePolicy", "attach", "POLICY_CONFIG"]
 
@@ -62,8 +64,10 @@ class SagaCachePolicy(CachePolicy):
         self.chunks: dict[OffloadKey, ChunkStatus] = {}
         self._session: dict[OffloadKey, str | None] = {}
         self._position: dict[OffloadKey, int] = {}
-        self._used_at: dict[OffloadKey, float] = {}
+        self._by_session: dict[str, set[OffloadKey]] = {}
         self._evictable: set[OffloadKey] = set()
+        # Sessions, and chunks of no known session, in the host tier's order.
+        self._order = HostTierOrder()
 
     # -- storage -------------------------------------------------------------------
 
@@ -72,22 +76,31 @@ class SagaCachePolicy(CachePolicy):
 
     def insert(self, key: OffloadKey, chunk: ChunkStatus) -> None:
         self.chunks[key] = chunk
-        self._used_at[key] = _now()
-        self._session.setdefault(key, None)
         self._position.setdefault(key, 0)
+        if self._session.setdefault(key, None) is None:
+            self._order.put(key, _now(), -self._position[key])
         if chunk.ref_cnt == 0:
             self._evictable.add(key)
 
     def remove(self, key: OffloadKey) -> None:
         del self.chunks[key]
-        for table in (self._session, self._position, self._used_at):
-            table.pop(key, None)
+        self._position.pop(key, None)
         self._evictable.discard(key)
+        sid = self._session.pop(key, None)
+        if sid is None:
+            self._order.remove(key)
+            return
+        keys = self._by_session[sid]
+        keys.discard(key)
+        if not keys:
+            del self._by_session[sid]
+            self._order.remove(sid)
 
     def clear(self) -> None:
-        for table in (self.chunks, self._session, self._position, self._used_at):
+        for table in (self.chunks, self._session, self._position, self._by_session):
             table.clear()
         self._evictable.clear()
+        self._order = HostTierOrder()
 
     def mark_evictable(self, key: OffloadKey) -> None:
         self._evictable.add(key)
@@ -113,30 +126,41 @@ class SagaCachePolicy(CachePolicy):
                 continue
             position = req_context.get_offload_key_position(key)
             self._position[key] = i if position is None else position
-            self._used_at[key] = now
-            if sid is not None:
+            if sid is None:
+                if self._session[key] is None:
+                    self._order.put(key, now, -self._position[key])
+                continue
+            old = self._session[key]
+            if old != sid:
+                if old is None:
+                    self._order.remove(key)
+                else:
+                    self._by_session[old].discard(key)
                 self._session[key] = sid
+                self._by_session.setdefault(sid, set()).add(key)
+        if sid is not None and sid in self._by_session:
+            self._order.put(sid, _plugin.offload_key(sid, now))
 
     # -- eviction ----------------------------------------------------------------------
 
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
-        """The `n` evictable chunks of lowest (session key, tail first); all or none."""
+        """The `n` evictable chunks first in the host tier's order (`HostTierOrder`:
+        the session of lowest key first, its tail first); all or none."""
         if n == 0:
             return []
-        keys: dict[str, float] = {}
+        tails: dict[object, list[OffloadKey]] = {}
 
-        def rank(key: OffloadKey) -> tuple[float, int]:
-            sid = self._session.get(key)
-            if sid is None or _plugin is None:
-                return self._used_at.get(key, 0.0), -self._position.get(key, 0)
-            if sid not in keys:
-                keys[sid] = _plugin.offload_key(sid)
-            return keys[sid], -self._position.get(key, 0)
+        def droppable(entry) -> int:
+            keys = self._by_session.get(entry, ()) if isinstance(entry, str) else (entry,)
+            ok = [k for k in keys if k in self._evictable and k not in protected and self.chunks[k].ref_cnt == 0]
+            ok.sort(key=lambda k: -self._position.get(k, 0))
+            tails[entry] = ok
+            return len(ok)
 
-        candidates = [k for k in self._evictable if k not in protected and self.chunks[k].ref_cnt == 0]
-        if len(candidates) < n:
+        victims = self._order.victims(n, droppable)
+        chosen = [k for entry, count in victims for k in tails[entry][:count]]
+        if len(chosen) < n:
             return None
-        chosen = heapq.nsmallest(n, candidates, key=rank)
         out = [(k, self.chunks[k]) for k in chosen]
         for k in chosen:
             self.remove(k)

@@ -5,29 +5,23 @@ workflow core, the `HoldLedger` over the scheduler's block pool, what the engine
 of each live request, the prefetcher and the metrics. What it changes relative to
 stock vLLM (everything else is vLLM's own code path):
 
-- **Holds, pins and WA-LRU** (`saga_server.core.holds`): when a request of a known
-  session finishes, its cached prefix is held; the core's `pin_decision` makes the hold
-  a TTL pin (a tool call worth waiting for) or a soft hold, keyed by the core's
-  `eviction_priority`. A tenant's pins stay under its `max_pinned_blocks` (keys
-  file, `saga_server.rpc.keys`); beyond it the hold stays soft. Keys are refreshed
-  when the session changes state (tool start or end, pin expiry); the session's
-  next request, once queued, protects its KV. A
-  hold goes back to vLLM when that request is scheduled (after its prefix hit), on
-  session end, and whenever an allocation fails: then the ledger releases soft holds,
-  pins, protected sessions in that order, each by key, tail first, until it fits. So
-  allocation never fails where stock vLLM would have succeeded.
+- **Holds, pins, WA-LRU and admission**: every KV decision is the core's
+  `SessionKvPolicy` (`saga_server.core.kv_policy`, which documents the rules once),
+  over a `HoldLedger` of vLLM's `BlockPool`; this plugin only reports what vLLM did
+  (a request arrived, was scheduled, finished; a tool hint; an allocation failed) and
+  applies what comes back. A tenant's pins stay under its `max_pinned_blocks` (keys
+  file, `saga_server.rpc.keys`). When an allocation fails the ledger releases held
+  KV in its order until it fits, so allocation never fails where stock vLLM would
+  have succeeded. Under KV overload whole sessions wait instead of evicting each
+  other (`saga_server.core.admission`): a request of a session not admitted stays in
+  the waiting queue without being scheduled (`RankedRequestQueue` holds it).
+  Requests without a session are never held. `SAGA_ADMISSION=0` turns it off.
 - **AFS**: before each step the waiting queue (`RankedRequestQueue`) is stably ordered
   by the core's `request_rank`: tenants' fair-share priority, then within a tenant the
   task's seniority (older tasks first, so tasks finish in the order they began;
   preempted requests stay in front). Service is recorded per tenant after each step.
   `SAGA_SENIORITY_WINDOW_S` bounds how far seniority reaches back (0: request-level
   FCFS within a tenant, as stock).
-- **Admission** (`saga_server.core.admission`): under KV overload whole sessions
-  wait instead of evicting each other. A request of a session the core has not
-  admitted stays in the waiting queue without being scheduled (`RankedRequestQueue`
-  holds it); each step the plan admits waiting sessions in rank order while their
-  working sets fit, and parks idle ones (their hold becomes the first to go). Requests
-  without a session are never held. `SAGA_ADMISSION=0` turns it off.
 - **Prefetch**: see `prefetch`.
 - **Hints**: see `intake`; a gRPC hint service runs in this (EngineCore) process and
   feeds the core; tool/session events reach the engine loop through a queue drained
@@ -57,7 +51,6 @@ from saga_server.core import (
     CoreConfig,
     FairShareConfig,
     HintRejected,
-    SessionEnd,
     SessionStart,
     TenantLimits,
     ToolCallEnd,
@@ -65,7 +58,9 @@ from saga_server.core import (
     WorkflowCore,
 )
 from saga_server.core.admission import ACTIVE, PARKED, WAITING, SessionAdmission
-from saga_server.core.holds import PINNED, PROTECTED, SOFT, Hold, HoldLedger, Release
+from saga_server.core.holds import PINNED, HoldLedger, Release
+from saga_server.core.kv_policy import SessionKvPolicy, WorkflowRules
+from saga_server.core.sessions import ENDED
 
 from .holds import VllmBlockPool, cached_prefix_blocks
 from .intake import EngineHintSink, ReleaseKv, start_hint_service
@@ -155,22 +150,24 @@ class SagaPlugin:
         self.ledger = HoldLedger(VllmBlockPool(pool), pool.num_gpu_blocks - 1, max_pin_fraction=fraction,
                                  on_release=self._released,
                                  owner_pin_cap=lambda tenant: self.tenant_limits(tenant).max_pinned_blocks)
-        self.prefetcher = Prefetcher(scheduler, self.core, self.ledger, self.counters, self.clock)
-        self.admission = None
+        admission = None
         if self.enabled and env_float(ADMISSION_ENV, 1.0, 0.0, 1.0) > 0:
-            self.admission = SessionAdmission(
-                self.core, self.ledger.capacity_blocks * self.block_size,
-                host_tokens=_host_tier_tokens(scheduler, self.ledger.capacity_blocks * self.block_size),
-                return_s=self._recompute_s, parkable=self._unpinned)
+            pool_tokens = self.ledger.capacity_blocks * self.block_size
+            admission = functools.partial(SessionAdmission, self.core, pool_tokens,
+                                          host_tokens=_host_tier_tokens(scheduler, pool_tokens),
+                                          return_s=self._recompute_s)
+        self.kv = SessionKvPolicy(self.ledger, WorkflowRules(self.core), block_tokens=self.block_size,
+                                  core=self.core, count=self.counters.count,
+                                  admission=(lambda parkable: admission(parkable=parkable)) if admission else None)
+        self.admission = self.kv.admission
+        self.prefetcher = Prefetcher(scheduler, self.core, self.kv, self.counters, self.clock)
+        self.kv.on_forget(lambda sid, how: self.prefetcher.forget(sid, ended=how == ENDED))
         self._prefill = _Throughput()
         self.pulls = getattr(getattr(scheduler, "connector", None), "pulls", None)  # SAGA's NixlConnector
         if self.pulls is not None:
             self.pulls.listener = self._pulled
         self.requests: dict[str, Any] = {}  # request id -> RequestMeta (live requests)
         self._had: dict[str, int] = {}  # request id -> its session's context at arrival (until scheduled)
-        # session -> its requests admission counts in flight; an end forgets them, so a
-        # request that outlives its session's end never counts against the id's next use
-        self._admission_requests: dict[str, set[str]] = {}
         self._request_sessions = RequestSessions()  # for vLLM's CPU offload tier (`offload`)
         attach(self)
         self._core_gauges_at = -math.inf
@@ -211,17 +208,9 @@ class SagaPlugin:
         outlook = self.core.kv_outlook(sid)
         self._had[request.request_id] = outlook.context_tokens if outlook is not None else 0
         self.core.on_request_arrival(sid, request.num_prompt_tokens, meta.tenant)
-        if self.admission is not None:  # not admitted: RankedRequestQueue holds it back
-            self._admission_requests.setdefault(sid, set()).add(request.request_id)
-            self.admission.ready(sid, request.num_prompt_tokens + request.max_tokens, meta.tenant)
-        hold = self.ledger.get(sid)
-        if hold is not None:
-            if hold.tier == PINNED:
-                self.counters.count("pins", "used")  # a pin did its job
-            if self.may_schedule(request):
-                self._protect(sid, meta.arrived_at)
-            # else it waits at the admission gate: its KV keeps its place (a parked
-            # session's goes first) until the session is admitted (`_admit`).
+        # Not admitted: RankedRequestQueue holds it back (it asks `may_schedule`).
+        self.kv.arrived(sid, request.request_id, request.num_prompt_tokens + request.max_tokens,
+                        meta.arrived_at, meta.tenant)
 
     @_guarded("finish")
     def on_freed(self, request: Request) -> None:
@@ -241,27 +230,9 @@ class SagaPlugin:
         if self.recording is not None:
             self.recording.finished(request)
         self.core.on_request_finished(sid, request.num_prompt_tokens, request.num_output_tokens)
-        counted = self._admission_requests.get(sid)
-        if counted is not None and rid in counted:
-            counted.discard(rid)
-            if not counted:
-                del self._admission_requests[sid]
-            self.admission.finished(sid)
         self.prefetcher.remember(sid, request)
-        if not self.enabled:
-            return
-        now = self.clock()
-        blocks = self._cached_blocks(rid)
-        if not blocks:  # nothing cached (e.g. aborted before it ran): just unprotect
-            self.ledger.set_key(sid, self._key(sid, now), SOFT)
-            return
-        kv_tokens = len(blocks) * self.block_size
-        decision = self.core.pin_decision(sid, kv_tokens, self.ledger.pressure())
-        hold = self.ledger.hold(sid, blocks, key=self.core.eviction_priority(sid, kv_tokens, now), now=now,
-                                pin_ttl_s=decision.ttl_s if decision.pin else 0.0, reason=decision.reason,
-                                owner=self.core.tenant_of(sid))
-        if decision.pin:
-            self._count_pin(hold, hold.tier == PINNED)
+        blocks = self._cached_blocks(rid) if self.enabled else []
+        self.kv.finished(sid, rid, blocks, self.clock(), owner=self.core.tenant_of(sid))
         self._gauges()
 
     def allocate(self, allocate_slots, request: Request, num_new_tokens: int, *args, **kwargs):
@@ -277,7 +248,7 @@ class SagaPlugin:
         try:
             while len(self.ledger):
                 free = pool.num_free()
-                if not self.ledger.make_room(free + max(1, wanted - free), spare=spare):
+                if not self.kv.make_room(free + max(1, wanted - free), spare=spare):
                     break
                 blocks = allocate_slots(request, num_new_tokens, *args, **kwargs)
                 if blocks is not None:
@@ -297,10 +268,12 @@ class SagaPlugin:
         now = self.clock()
         for event in self.sink.drain():
             self._apply_hint(event, now)
-        for sid in self.ledger.expire(now):
-            self.counters.count("pins", "expired")
-            self.ledger.set_key(sid, self._key(sid, now))
-        self._admit()
+        waited = self.admission.counts.wait_s if self.admission is not None else 0.0
+        plan = self.kv.tick(now)
+        if plan.admit or plan.park:
+            self.metrics.admission.labels("admitted").inc(len(plan.admit))
+            self.metrics.admission.labels("parked").inc(len(plan.park))
+            self.metrics.admission_wait.inc(self.admission.counts.wait_s - waited)
         self._rank_waiting(now)
         if self.enabled:
             self.prefetcher.maybe_issue(now)
@@ -324,16 +297,13 @@ class SagaPlugin:
                 had = 0
             elif self.recording is not None:  # first scheduled: its cached tokens as served
                 self.recording.scheduled(new.req_id, hit)
-            if self.admission is not None:
-                held = min(had, prompt) // self.block_size * self.block_size
-                self.admission.served(sid, held, max(0, held - hit))
+            self.kv.scheduled(sid, min(had, prompt) // self.block_size * self.block_size, hit)
             metrics.prefix_hit_tokens.inc(hit)
             metrics.session_prompt_tokens.inc(prompt)
             if prompt:
                 metrics.session_hit_ratio.observe(hit / prompt)
             counts["session_hit_tokens"] += hit
             counts["session_prompt_tokens"] += prompt
-            self.ledger.release(sid, "arrival")
             self.prefetcher.on_scheduled(sid, hit)
         for rid, n in output.num_scheduled_tokens.items():
             meta = self.requests.get(rid)
@@ -379,81 +349,30 @@ class SagaPlugin:
     # -- internals -----------------------------------------------------------------
 
     def _apply_hint(self, event, now: float) -> None:
-        sid = event.session_id
-        if isinstance(event, (ReleaseKv, SessionEnd)) and self.admission is not None:
-            self._admission_requests.pop(sid, None)
-            self.admission.ended(sid)
+        """A hint the engine loop acts on (a session's end reaches the policy through
+        the core's lifecycle, not here)."""
         if isinstance(event, ReleaseKv):  # moved to another engine; its workflow state stays
-            self.ledger.release(sid, "moved")
-            self.prefetcher.forget(sid, ended=False)
-        elif isinstance(event, SessionEnd):
-            self.ledger.release(sid, "session_end")
-            self.prefetcher.forget(sid, ended=True)
-        elif isinstance(event, (ToolCallStart, ToolCallEnd)):
-            hold = self.ledger.get(sid)
-            if hold is None or hold.tier == PROTECTED:
-                return
-            # The tool is known only now (hints usually arrive after the answer):
-            # re-score the hold, and on a start re-ask whether it deserves a pin (the
-            # hint may carry the tool's expected duration).
-            kv_tokens = len(hold.blocks) * self.block_size
-            key = self.core.eviction_priority(sid, kv_tokens, now)
-            if isinstance(event, ToolCallStart):
-                decision = self.core.pin_decision(sid, kv_tokens, self.ledger.pressure())
-                if decision.pin:
-                    pinned = self.ledger.pin(sid, decision.ttl_s, now, key)
-                    self._count_pin(hold, pinned)
-                    if pinned:
-                        return
-            self.ledger.set_key(sid, key)
-
-    def _admit(self) -> None:
-        """Carry out the admission plan: parked sessions' KV goes first when room is
-        needed; admitted sessions' held requests become schedulable (the queue asks
-        `may_schedule`)."""
-        if self.admission is None:
-            return
-        before = self.admission.counts.wait_s
-        plan = self.admission.plan()
-        for sid in plan.park:
-            self.ledger.set_key(sid, -math.inf, SOFT)
-        for sid in plan.admit:
-            queued = [self.requests[rid].arrived_at for rid in self._admission_requests.get(sid, ())
-                      if rid in self.requests]
-            if queued and sid in self.ledger:
-                self._protect(sid, max(queued))
-        if plan.admit or plan.park:
-            self.metrics.admission.labels("admitted").inc(len(plan.admit))
-            self.metrics.admission.labels("parked").inc(len(plan.park))
-            self.metrics.admission_wait.inc(self.admission.counts.wait_s - before)
-
-    def _protect(self, sid: str, arrived_at: float) -> None:
-        """The session's queued request will use its KV: it goes last; among queued
-        sessions the latest arrival first (the back of a FIFO queue is used last)."""
-        self.ledger.set_key(sid, -arrived_at, PROTECTED)
+            self.kv.moved(event.session_id)
+        elif isinstance(event, ToolCallStart):
+            self.kv.tool_started(event.session_id, now)
+        elif isinstance(event, ToolCallEnd):
+            self.kv.tool_ended(event.session_id, now)
 
     def may_schedule(self, request: Request) -> bool:
         """Whether the waiting queue may offer this request to vLLM now: requests
         without a session always; a session's once admission has admitted it."""
-        if self.admission is None:
-            return True
         meta = self.requests.get(request.request_id)
-        sid = meta.session_id if meta is not None else None
-        return sid is None or self.admission.state(sid) in (None, ACTIVE)
+        return self.kv.may_run(meta.session_id if meta is not None else None)
 
     def session_of_request(self, request_id: str) -> str | None:
         """The session a (possibly finished) request belonged to, for the offload tier."""
         return self._request_sessions.get(request_id)
 
-    def offload_key(self, session_id: str) -> float:
-        """The session's WA-LRU key now, for the offload tier's order."""
+    def offload_key(self, session_id: str, last_use: float) -> float:
+        """The session's key for the offload tier's order (`core.host_tier`): the
+        policy's, as for its KV in the pool."""
         outlook = self.core.kv_outlook(session_id)
-        tokens = outlook.context_tokens if outlook is not None else 0
-        return self.core.eviction_priority(session_id, tokens, self.clock())
-
-    def _unpinned(self, session_id: str) -> bool:
-        hold = self.ledger.get(session_id)
-        return hold is None or not hold.pinned
+        return self.kv.key_of(session_id, outlook.context_tokens if outlook is not None else 0, last_use)
 
     def _recompute_s(self, tokens: int) -> float:
         """Seconds this engine needs to prefill `tokens` (measured, see `_Throughput`)."""
@@ -485,12 +404,6 @@ class SagaPlugin:
         for tenant, prio in tenant_prio.items():
             self.metrics.set_afs(tenant, prio)
 
-    def _count_pin(self, hold: Hold, pinned: bool) -> None:
-        """A pin was asked for `hold`: created, or refused (the tenant's cap counted apart)."""
-        self.counters.count("pins", "created" if pinned else "refused")
-        if not pinned and hold.refused == "over_owner_cap":
-            self.counters.count("pins", "over_tenant_cap")
-
     def _released(self, r: Release) -> None:
         self.counters.count("released", r.reason, r.before - r.after)
         event = _PIN_EVENT.get(r.reason) if r.tier == PINNED else None
@@ -505,9 +418,6 @@ class SagaPlugin:
         if ok:
             self.counters.counts["kv_pulled_tokens"] += tokens
             self.metrics.kv_pulled_tokens.inc(tokens)
-
-    def _key(self, sid: str, now: float) -> float:
-        return self.core.eviction_priority(sid, self.ledger.blocks_of(sid) * self.block_size, now)
 
     def _cached_blocks(self, request_id: str) -> list:
         return cached_prefix_blocks(self.scheduler.kv_cache_manager, request_id)
@@ -531,7 +441,7 @@ class SagaPlugin:
             return
         self._core_gauges_at = now
         stats = self.core.stats()
-        self.metrics.active_sessions.set(stats.get("sessions_live", stats.get("aeg_sessions", 0.0)))
+        self.metrics.active_sessions.set(stats["sessions_live"])
         self.metrics.open_tool_calls.set(stats.get("open_tool_calls", 0.0))
 
 

@@ -36,11 +36,13 @@ def is_prefetch(request_id: str) -> bool:
 
 
 class Prefetcher:
-    def __init__(self, scheduler, core, ledger, counters, clock) -> None:
+    def __init__(self, scheduler, core, kv, counters, clock) -> None:
+        """`kv`: the engine's `SessionKvPolicy` (what a prefetched prefix becomes is its rule)."""
         self.scheduler = scheduler
         self.clock = clock
         self.core = core
-        self.ledger = ledger
+        self.kv = kv
+        self.ledger = kv.ledger
         self.counters = counters
         self.block_size = scheduler.block_size
         self.block_hasher = None  # vLLM's, taken from the first session request
@@ -62,7 +64,8 @@ class Prefetcher:
             known.popitem(last=False)
 
     def forget(self, session_id: str, *, ended: bool) -> None:
-        """The session ended (`ended`) or moved to another engine."""
+        """The session ended (`ended`) or left this engine (moved, idled out, evicted
+        from the core's table): told by the policy's lifecycle (`on_forget`)."""
         self._known.pop(session_id, None)
         if session_id in self._ready:
             self._ready.discard(session_id)
@@ -88,10 +91,7 @@ class Prefetcher:
         self._in_flight.pop(sid, None)
         if request.status == RequestStatus.FINISHED_ABORTED or not blocks:
             return
-        kv_tokens = len(blocks) * self.block_size
-        now = self.clock()
-        self.ledger.hold(sid, blocks, key=self.core.eviction_priority(sid, kv_tokens, now), now=now,
-                         reason="prefetch")
+        self.kv.loaded(sid, self.clock(), blocks=blocks)
         self._ready.add(sid)
 
     def hide(self, outputs):
