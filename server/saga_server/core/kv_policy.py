@@ -274,23 +274,30 @@ class SessionKvPolicy:
 
     # -- KV that comes and goes ---------------------------------------------------------------
 
-    def loaded(self, session_id: str, now: float, *, blocks: Sequence | None = None, pin_until: float = 0.0) -> None:
+    def loaded(self, session_id: str, now: float, *, blocks: Sequence | None = None, pin_until: float = 0.0,
+               queued_at: float | None = None) -> None:
         """KV of the session came back into the pool (a prefetch, or a move from another
-        engine): `blocks` become its hold (None: the engine already grew it). A queued
+        engine): `blocks` become its hold (None: the engine already grew it);
+        `queued_at`: a request of it that came along, already queued. A queued
         request's KV is protected; a pin that moved with TTL left is pinned for the
-        rest; else SOFT under its key."""
+        rest; else it keeps its tier under a fresh key."""
         if blocks is not None:
             self.ledger.hold(session_id, blocks, key=self.rules.key(session_id, len(blocks) * self.block_tokens, now),
                              now=now, reason="prefetch")
+        if queued_at is not None:
+            self._queued_at[session_id] = max(queued_at, self._queued_at.get(session_id, -math.inf))
         hold = self.ledger.get(session_id)
         if hold is None:
             return
         if session_id in self._queued_at and self.may_run(session_id):
             self._queue(session_id, hold)
-        elif pin_until > now and self.ledger.pin(session_id, pin_until - now, now, self._key(hold)):
-            pass
-        else:
-            self.ledger.set_key(session_id, self._key(hold), SOFT if hold.tier != PROTECTED else None)
+        elif not (pin_until > now and self.ledger.pin(session_id, pin_until - now, now, self._key(hold))):
+            self.ledger.set_key(session_id, self._key(hold))
+
+    def room_for_move(self, free_target: int) -> list[Release]:
+        """Room for KV moving in from another engine: it displaces only SOFT holds
+        (never a pin, nor a queued request's KV: a move must not cost what it saves)."""
+        return self.ledger.make_room(free_target, max_tier=SOFT)
 
     def moved(self, session_id: str) -> None:
         """The session's KV left for another engine: released, admission forgets it

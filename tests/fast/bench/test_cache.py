@@ -12,10 +12,17 @@ from saga_server.engines.sim.offline import ORDERS
 
 
 def idle(cache: PrefixCache, sid: str, blocks: int, key: float, tier: int = SOFT) -> None:
+    """A request of `sid` ran on `blocks` and left them held in `tier` (as the KV policy would)."""
     cache.admit(sid, 0, blocks)
-    cache.release(sid, blocks * cache.block_tokens, key, SOFT if tier == PINNED else tier)
-    if tier == PINNED:
-        assert cache.pin(sid, key, ttl_s=1e9)
+    cache.ledger.release(sid, "arrival")
+    hold = cache.ledger.hold(sid, cache.request_blocks(sid, blocks * cache.block_tokens), key=key, now=0.0,
+                             tier=SOFT if tier == PINNED else tier, pin_ttl_s=1e9 if tier == PINNED else 0.0)
+    assert hold.tier == tier
+    cache.unreserve(sid)
+
+
+def make_room(cache: PrefixCache, blocks: int, **kw):
+    return cache.evictions(cache.ledger.make_room(blocks, **kw))
 
 
 def test_lru_evicts_the_least_recent_entry_first_and_tail_first():
@@ -36,8 +43,8 @@ def test_pinned_entries_go_only_when_nothing_unpinned_is_left():
     idle(cache, "new", 4, key=9.0)
     cache.admit("x", 0, 4)
     assert cache.cached("pinned-old") == 4 and cache.cached("new") == 0
-    cache.set_key("pinned-old", 0.0, SOFT)
-    cache.release("x", 4, key=5.0)
+    cache.ledger.set_key("pinned-old", 0.0, SOFT)
+    cache.keep("x", 4, key=5.0)
     cache.admit("y", 0, 4)
     assert cache.cached("pinned-old") == 0 and cache.cached("x") == 4
 
@@ -58,30 +65,34 @@ def test_admit_keeps_the_requested_prefix_and_refuses_what_cannot_fit():
     idle(cache, "s", 6, key=1.0)
     assert cache.can_admit("s", 6, 10)
     assert not cache.can_admit("s", 6, 11)
-    cache.admit("s", 4, 9)  # the tail beyond the reusable prefix is dropped
+    cache.admit("s", 4, 9)
+    cache.ledger.release("s", "arrival")  # the request references its prefix now
     assert cache.active_blocks == 9 and cache.cached_blocks == 0 and cache.free_blocks == 1
     cache.admit("t", 0, 1)
     assert not cache.can_admit("u", 0, 1)  # all the rest is active
 
 
-def test_useful_blocks_exclude_ended_sessions_and_integrate_over_time():
+def test_useful_blocks_integrate_over_time_until_a_session_ends():
     now = [0.0]
     cache = PrefixCache(10, block_tokens=1, clock=lambda: now[0])
     idle(cache, "a", 4, key=1.0)
     now[0] = 2.0
-    cache.mark_dead("a", key=-1.0)  # 4 useful blocks for 2 s
+    cache.flush_time()  # 4 useful blocks for 2 s
+    cache.ledger.release("a", "session_end")
     now[0] = 5.0
     cache.flush_time()  # then 0 useful blocks for 3 s
     assert cache.useful_block_seconds == pytest.approx(8.0)
-    assert cache.dead_blocks == 4 and cache.useful_blocks == 0
+    assert cache.useful_blocks == 0
 
 
-def test_host_tier_drops_least_recently_offloaded_sessions_beyond_capacity():
+def test_host_tier_drops_the_lowest_key_tail_first_beyond_capacity():
     host = HostTier(10)
     host.offload("a", 4, key=1.0)
     host.offload("b", 5, key=2.0)
-    host.offload("a", 6, key=3.0)  # a grows and becomes the most recent
-    assert host.end("a") == 6 and host.end("b") == 0
+    host.offload("a", 6, key=3.0)  # a grows and is re-keyed: b is now the lowest
+    assert host.end("a") == 6 and host.end("b") == 4  # one block over: b's tail block goes
+    host.offload("c", 9, key=0.5)  # nine over, and c has the lowest key: all of c goes
+    assert host.end("c") == 0 and host.end("a") == 6 and host.end("b") == 4
 
 
 def test_replay_lru_on_a_cyclic_pattern_misses_every_time_and_belady_keeps_one():
@@ -123,29 +134,29 @@ def test_a_reused_entry_is_ordered_by_its_new_key_not_a_stale_heap_item():
     cache = PrefixCache(10, block_tokens=1)
     idle(cache, "a", 3, key=1.0)  # a's first entry leaves a heap item at key 1
     cache.admit("a", 3, 3)  # a runs again ...
-    cache.release("a", 3, 5.0)  # ... and is idle again, now the most recent
+    cache.keep("a", 3, 5.0)  # ... and is idle again, now the most recent
     idle(cache, "b", 3, key=3.0)
-    evs = cache.make_room(7)
+    evs = make_room(cache, 7)
     assert [e.session_id for e in evs] == ["b"]  # LRU: b (3) before a (5)
     assert cache.cached("a") == 3
 
 
-def test_drop_frees_an_entry_at_once_without_counting_an_eviction():
+def test_a_move_frees_an_entry_at_once_without_counting_an_eviction():
     cache = PrefixCache(10, block_tokens=1)
     idle(cache, "a", 4, key=1.0)
-    assert cache.holds("a") and cache.drop("a") == 4
+    assert cache.holds("a") and cache.ledger.release("a", "moved") == 4
     assert not cache.holds("a") and cache.free_blocks == 10 and cache.evicted_blocks == 0
-    assert cache.drop("a") == 0
+    assert cache.ledger.release("a", "moved") == 0
     idle(cache, "a", 2, key=9.0)  # a later entry of the same session is not hit by old heap items
     idle(cache, "b", 2, key=2.0)
-    assert [e.session_id for e in cache.make_room(8)] == ["b"]
+    assert [e.session_id for e in make_room(cache, 8)] == ["b"]
 
 
 def test_make_room_up_to_a_tier_leaves_pins_alone():
     cache = PrefixCache(10, block_tokens=1)
     idle(cache, "soft", 3, key=5.0)
     idle(cache, "pinned", 5, key=1.0, tier=PINNED)
-    evs = cache.make_room(8, max_tier=SOFT)
+    evs = make_room(cache, 8, max_tier=SOFT)
     assert [(e.session_id, e.to_blocks) for e in evs] == [("soft", 0)]
     assert cache.free_blocks == 5 and cache.cached("pinned") == 5
-    assert [e.session_id for e in cache.make_room(8)] == ["pinned"]  # without the limit it goes
+    assert [e.session_id for e in make_room(cache, 8)] == ["pinned"]  # without the limit it goes

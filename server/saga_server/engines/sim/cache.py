@@ -14,9 +14,9 @@ therefore "the first n blocks of its history", and a pool only needs counts.
   order by construction. A stock vLLM's free queue is this with every prefix a soft
   hold keyed by its last use (LRU).
 
-Keys are set by the caller whenever a session's state changes (request finished, tool
-started/ended, session ended, pin expired), as the plugin re-scores a session's hold
-on hints.
+This is the pool's mechanics only: which KV a session holds, in which tier and
+under which key, is decided by the worker's `SessionKvPolicy` (the core's, the
+plugin's too), which the simulator drives over `ledger`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from saga_server.core.holds import PINNED, PROTECTED, SOFT, HoldLedger, Release
+from saga_server.core.holds import PINNED, PROTECTED, SOFT, HoldLedger
 
 __all__ = ["PrefixCache", "Eviction", "CountingPool", "SOFT", "PINNED", "PROTECTED"]
 
@@ -102,10 +102,7 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self._clock = clock
         self.pool = CountingPool(capacity_blocks)
-        self.ledger = HoldLedger(self.pool, capacity_blocks, max_pin_fraction=max_pin_fraction,
-                                 on_release=self._released)
-        self._dead: set[str] = set()
-        self.dead_blocks = 0
+        self.ledger = HoldLedger(self.pool, capacity_blocks, max_pin_fraction=max_pin_fraction)
         self.evicted_blocks = 0
         # Time integral of useful blocks (active + cached of live sessions).
         self.useful_block_seconds = 0.0
@@ -126,7 +123,7 @@ class PrefixCache:
 
     @property
     def useful_blocks(self) -> int:
-        return self.pool.used - self.dead_blocks
+        return self.pool.used
 
     def cached(self, session_id: str) -> int:
         """Resident prefix of an idle session, in blocks (0 if none or running)."""
@@ -154,83 +151,57 @@ class PrefixCache:
 
     # --- changing ------------------------------------------------------
     def admit(self, session_id: str, keep_blocks: int, total_blocks: int) -> list[Eviction]:
-        """Turn the session's prefix into an active reservation of `total_blocks`,
-        evicting other prefixes as needed. Call `can_admit` first."""
+        """Reserve `total_blocks` for the session's request (its held prefix counts in
+        them; the policy gives the hold back once scheduled), evicting other prefixes
+        as needed. Call `can_admit` first."""
         self._tick()
         own = self.ledger.blocks_of(session_id)
         evs = self._make_room(total_blocks - own, spare=session_id) if total_blocks > own else []
         self.pool.reserve(session_id, total_blocks)
-        self.ledger.release(session_id, "arrival")
         return evs
 
-    def release(self, session_id: str, keep_tokens: int, key: float, tier: int = SOFT) -> None:
-        """A request finished: keep its first `keep_tokens` (full blocks) as the session's
-        prefix (`tier` SOFT or PROTECTED; pins: `pin`), free the rest."""
+    def request_blocks(self, session_id: str, keep_tokens: int) -> range:
+        """The blocks of the session's finished request that hold its first
+        `keep_tokens` (full blocks only), for the policy to hold."""
         self._tick()
-        keep = min(keep_tokens // self.block_tokens, self.pool.reserved(session_id))
-        if keep > 0:
-            self.ledger.hold(session_id, range(keep), key=key, now=self._clock(), tier=tier)
+        return range(min(keep_tokens // self.block_tokens, self.pool.reserved(session_id)))
+
+    def unreserve(self, session_id: str) -> None:
+        """The session's request is gone: what nobody holds is free."""
+        self._tick()
         self.pool.unreserve(session_id)
 
-    def pin(self, session_id: str, key: float, ttl_s: float) -> bool:
-        """Pin the session's prefix for `ttl_s` (False: no prefix, or over the budget)."""
-        return self.ledger.pin(session_id, ttl_s, self._clock(), key)
+    def keep(self, session_id: str, keep_tokens: int, key: float) -> None:
+        """A request finished: keep its first `keep_tokens` as a SOFT hold under `key`
+        and free the rest (for replays without a policy, `offline`)."""
+        self.ledger.hold(session_id, self.request_blocks(session_id, keep_tokens), key=key, now=self._clock())
+        self.unreserve(session_id)
 
-    def expire_pins(self) -> list[str]:
-        """Pins past their TTL become soft; returns their sessions (re-key them)."""
-        return self.ledger.expire(self._clock())
-
-    def set_key(self, session_id: str, key: float, tier: int | None = None) -> None:
-        self.ledger.set_key(session_id, key, tier)
-
-    def mark_dead(self, session_id: str, key: float) -> None:
-        """The session ended: its prefix stays cached (as in vLLM) but counts as waste."""
-        self._tick()
-        if session_id in self.ledger and session_id not in self._dead:
-            self._dead.add(session_id)
-            self.dead_blocks += self.ledger.blocks_of(session_id)
-            self.ledger.set_key(session_id, key, SOFT)
-
-    def grow(self, session_id: str, blocks: int, key: float) -> None:
+    def grow(self, session_id: str, blocks: int) -> None:
         """Add `blocks` to the tail of an idle session's prefix (loaded from the host
-        tier or another worker); the caller checked `free_blocks`."""
+        tier or another worker); the caller checked `free_blocks`, and the worker's KV
+        policy keys the hold (`SessionKvPolicy.loaded`)."""
         self._tick()
         have = self.ledger.blocks_of(session_id)
         self.pool.reserve(session_id, have + blocks)  # the load's own allocation
         if have:
             self.ledger.replace_blocks(session_id, range(have + blocks))
-            self.ledger.set_key(session_id, key)
         else:
-            self.ledger.hold(session_id, range(blocks), key=key, now=self._clock())
+            self.ledger.hold(session_id, range(blocks), key=-math.inf, now=self._clock())
         self.pool.unreserve(session_id)
 
-    def drop(self, session_id: str) -> int:
-        """Free an idle session's prefix at once (its KV moved to another worker);
-        returns the blocks freed. Not an eviction: nothing is lost."""
-        self._tick()
-        return self.ledger.release(session_id, "moved")
-
-    def make_room(self, blocks: int, max_tier: int | None = None) -> list[Eviction]:
-        """Evict until `blocks` are free (or nothing evictable is left); with
-        `max_tier`, only prefixes of that tier or lower (e.g. `SOFT`: never a pin)."""
-        self._tick()
-        return self._make_room(blocks, max_tier=PROTECTED if max_tier is None else max_tier)
+    def evictions(self, releases) -> list[Eviction]:
+        """`Release`s of a `make_room` as evictions (counted)."""
+        out = [Eviction(r.session_id, r.before, r.after) for r in releases]
+        self.evicted_blocks += sum(e.from_blocks - e.to_blocks for e in out)
+        return out
 
     def flush_time(self) -> None:
         self._tick()
 
     # --- internals -----------------------------------------------------
-    def _make_room(self, blocks: int, *, spare: str | None = None, max_tier: int = PROTECTED) -> list[Eviction]:
-        out = [Eviction(r.session_id, r.before, r.after)
-               for r in self.ledger.make_room(blocks, spare=spare, max_tier=max_tier)]
-        self.evicted_blocks += sum(e.from_blocks - e.to_blocks for e in out)
-        return out
-
-    def _released(self, r: Release) -> None:
-        if r.session_id in self._dead:
-            self.dead_blocks -= r.before - r.after
-            if not r.after:
-                self._dead.discard(r.session_id)
+    def _make_room(self, blocks: int, *, spare: str | None = None) -> list[Eviction]:
+        return self.evictions(self.ledger.make_room(blocks, spare=spare))
 
     def _tick(self) -> None:
         now = self._clock()

@@ -21,6 +21,10 @@ Model (deterministic under a seed; all times in simulated seconds):
   modelled as always resident and not charged to the pool.
 - **Session admission** (policies with one, `admission`): requests of sessions the
   worker's controller has not admitted wait at its gate, outside the queue.
+- **What happens to KV**: each worker's `saga_server.core.kv_policy.SessionKvPolicy`
+  (the object the vLLM plugin runs) with the policy's rules; the simulator reports
+  the engine's facts to it in the plugin's order (a request arrives, is scheduled,
+  finishes; then the agent's tool hints) and applies what it returns.
 - **Continuous batching as a fluid** (`worker`), and the host tier (`host`).
 
 `run()` returns a `SimResult` of raw counters; `saga_server.bench.metrics` turns them
@@ -34,7 +38,9 @@ from collections import deque
 from typing import Callable, Sequence
 
 from .admission import AdmissionGate
-from .cache import PINNED, PROTECTED, SOFT, PrefixCache
+from saga_server.core.kv_policy import SessionKvPolicy
+
+from .cache import PrefixCache
 from .events import LOADED, MOVED, PIN_EXPIRE, PREFETCH, SAMPLE, STEAL, TASK_START, TOOL_END, WORKER
 from .hardware import CostModel
 from .host import HostOffload, HostTier
@@ -69,11 +75,14 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         self.workers = [Worker(i, PrefixCache(cap, bt, clock, policy.max_pin_fraction),
                                HostTier(host_cap) if policy.host_tier else None)
                         for i in range(config.workers)]
-        for w in self.workers:
-            w.adm = policy.admission(cap * bt, host_tokens, cost,
-                                     lambda sid, cache=w.cache: cache.tier(sid) != PINNED)
-        self.capacity_blocks = cap
         self.sessions: dict[str, Session] = {}
+        rules = policy.kv_rules(self.sessions.__getitem__, clock)
+        for w in self.workers:
+            w.kv = SessionKvPolicy(w.cache.ledger, rules, block_tokens=bt, core=policy.core,
+                                   protect_queued=policy.protect_queued,
+                                   admission=lambda parkable: policy.admission(cap * bt, host_tokens, cost, parkable))
+            w.kv.on_forget(lambda sid, how, w=w: self._forgotten(w, sid, how))
+        self.capacity_blocks = cap
         self._live_sessions: dict[str, Session] = {}
         self._names = [f"w{i}" for i in range(config.workers)]  # replica ids for the router
         self._wid = {n: i for i, n in enumerate(self._names)}
@@ -163,13 +172,13 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         self._enqueue(s)
 
     def _enqueue(self, s: Session, gate: bool = True) -> None:
+        """The step's request joins its worker's queue; through the admission gate
+        first unless `gate` is False (admitted there already)."""
         now = self.now
         st = s.task.steps[s.step]
         w = self.workers[s.worker]
         if gate and not self._admitted(w, s, st.prompt_tokens + st.output_tokens - s.base):
             return
-        w.cache.set_key(s.session_id, self.policy.key(s, now),
-                        PROTECTED if self.policy.protect_queued else SOFT)
         reuse = st.reused_tokens if s.step > 0 else min(s.task.shared_prefix_tokens, st.prompt_tokens)
         r = Request(s, st.prompt_tokens, st.output_tokens, reuse, self._next_seq(), s.next_use)
         heapq.heappush(w.queue, (self.policy.queue_priority(s, now), r.seq, r))
@@ -182,17 +191,24 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
     def _tool_end(self, s: Session) -> None:
         if s.tool_names:
             self.policy.on_tool_end(s, self.now)
+            self.workers[s.worker].kv.tool_ended(s.session_id, self.now)
         s.step += 1
         self._arrive(s)
 
-    def _pin(self, w: Worker, s: Session, ttl_s: float) -> None:
-        if w.cache.pin(s.session_id, self.policy.key(s, self.now), ttl_s):
-            self._push(self.now + ttl_s, PIN_EXPIRE, w)
+    def _forgotten(self, w: Worker, sid: str, how: str) -> None:
+        """The core let a session go that still waits at this worker's gate (idle past
+        the core's expiry while it waited): its request is no longer held back."""
+        s = w.gated.pop(sid, None) if how != "moved" else None
+        if s is not None and s.state != "ended":
+            self._enqueue(s, gate=False)
+
+    def _pin_expiry(self, w: Worker, hold) -> None:
+        """A pinned hold gets an event at its TTL's end."""
+        if hold is not None and hold.pinned:
+            self._push(hold.expires_at, PIN_EXPIRE, w)
 
     def _pin_expire(self, w: Worker) -> None:
-        """Pins past their TTL are soft from now on, keyed by their session's state."""
-        for sid in w.cache.expire_pins():
-            w.cache.set_key(sid, self.policy.key(self.sessions[sid], self.now))
+        w.kv.expire_pins(self.now)
 
     # --- worker --------------------------------------------------------
     def _touch(self, w: Worker) -> None:
@@ -234,6 +250,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             evs = cache.admit(sid, hit_b, total)
             if evs:
                 self._evicted(w, evs)
+            held = own_reuse // bt * bt
             w.offloaded.discard(sid)
             s.state = "running"
             w.running += 1
@@ -252,8 +269,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             res.hit_tokens += hit
             res.loaded_tokens += loaded
             res.recomputed_tokens += recomputed
-            if w.adm is not None:
-                w.adm.served(sid, own_reuse // bt * bt, recomputed)
+            w.kv.scheduled(sid, held, held - recomputed)
             res.prefilled_tokens += new
             if recomputed and new:
                 res.regen_gpu_s += (r.work * recomputed / new) * 2.0 * cost.model.params / (
@@ -283,40 +299,35 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         s.kv_tokens = r.prompt + r.output
         pol.on_llm_end(s, r, now)
         st = s.task.steps[s.step]
+        sid = s.session_id
         keep = (r.prompt + r.output - s.base) if pol.caches else 0
-        if s.step + 1 < len(s.task.steps):
-            gap = st.gap_s
-            s.state = "tool"
-            s.next_use = now + gap
-            s.tool_names = tuple(t.name for t in st.tools)
+        last = s.step + 1 == len(s.task.steps)
+        s.state = "ended" if last else "tool"
+        s.next_use = now + (0.0 if last else st.gap_s)
+        s.tool_names = () if last else tuple(t.name for t in st.tools)
+        # The engine's facts, then the agent's hints, in the order the plugin sees them.
+        cache, kv = w.cache, w.kv
+        self._pin_expiry(w, kv.finished(sid, s.step, cache.request_blocks(sid, keep), now))
+        cache.unreserve(sid)
+        if not last:
             if st.tools:
                 pol.on_tool_start(s, now)
-            key = pol.key(s, now)
-            w.cache.release(s.session_id, keep, key)
-            cache = w.cache
-            ttl = pol.pin_ttl(s, now, 1.0 - cache.free_blocks / cache.capacity_blocks) if st.tools else 0.0
-            if ttl > 0.0 and keep > 0:
-                self._pin(w, s, ttl)
-            self._push(now + gap, TOOL_END, s)
-            if w.adm is not None:
-                w.adm.finished(s.session_id)
+                self._pin_expiry(w, kv.tool_started(sid, now))
+            self._push(now + st.gap_s, TOOL_END, s)
+            if kv.admission is not None:
                 self._rebalance(w)
             if w.host is not None and w.offloaded:
                 self._plan_prefetch(w)
             if s.move_to >= 0:  # stolen while running: it moves now, behind its tool
                 self._start_move(s)
         else:
-            s.state = "ended"
             s.move_to = -1
             pol.on_session_end(s, now)
-            if keep > 0:
-                w.cache.release(s.session_id, keep, pol.key(s, now))
-                w.cache.mark_dead(s.session_id, pol.key(s, now))
-            else:
-                w.cache.release(s.session_id, 0, 0.0)
+            cache.flush_time()
+            kv.session_ended(sid)
             if w.host is not None:
-                w.host.drop(s.session_id)
-            w.offloaded.discard(s.session_id)
+                w.host.drop(sid)
+            w.offloaded.discard(sid)
             w.live -= 1
             self._leave_gate(w, s)
             self._end_task(s)

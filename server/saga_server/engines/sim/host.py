@@ -11,8 +11,9 @@ clock, result and event queue.
 
 from __future__ import annotations
 
-import heapq
 from typing import TYPE_CHECKING
+
+from saga_server.core.host_tier import HostTierOrder
 
 from .cache import Eviction
 from .events import PREFETCH
@@ -28,16 +29,15 @@ class HostTier:
     """CPU copies of evicted KV, per session as the end (in blocks) of the offloaded
     range; the range starts where the GPU entry ends, since eviction is tail-first.
     Bounded by `capacity_blocks` (counting each copy from block 0, conservatively, as
-    a write-through tier holds it), whole sessions dropped lowest key first. The key
-    is the policy's `host_key`: by default the time of the offload (least recently
-    offloaded first, like vLLM's LRU CPU tier); SAGA's is its WA-LRU key."""
+    a write-through tier holds it); when full it drops in the core's host-tier order
+    (`saga_server.core.host_tier`, as vLLM's CPU tier under SAGA does): the session of
+    lowest key first, its tail first. The key is the worker's KV policy's, taken when
+    the session's KV is offloaded."""
 
     def __init__(self, capacity_blocks: int) -> None:
         self.capacity_blocks = capacity_blocks
         self._ends: dict[str, int] = {}
-        self._seqs: dict[str, int] = {}
-        self._heap: list[tuple[float, int, str]] = []
-        self._seq = 0
+        self._order = HostTierOrder()
         self._total = 0
 
     def offload(self, session_id: str, end_blocks: int, key: float) -> None:
@@ -45,24 +45,26 @@ class HostTier:
         new = max(old, end_blocks)
         self._ends[session_id] = new
         self._total += new - old
-        self._seq += 1
-        self._seqs[session_id] = self._seq
-        heapq.heappush(self._heap, (key, self._seq, session_id))
-        heap = self._heap
-        while self._total > self.capacity_blocks and heap:
-            _, seq, sid = heapq.heappop(heap)
-            if self._seqs.get(sid) == seq:
-                self.drop(sid)
-        if len(heap) > 2 * len(self._ends) + 64:
-            self._heap = [t for t in heap if self._seqs.get(t[2]) == t[1]]
-            heapq.heapify(self._heap)
+        self._order.put(session_id, key)
+        if self._total > self.capacity_blocks:
+            for sid, blocks in self._order.victims(self._total - self.capacity_blocks, self._ends.__getitem__):
+                self._trim(sid, blocks)
 
     def end(self, session_id: str) -> int:
         return self._ends.get(session_id, 0)
 
     def drop(self, session_id: str) -> None:
         self._total -= self._ends.pop(session_id, 0)
-        self._seqs.pop(session_id, None)
+        self._order.remove(session_id)
+
+    def _trim(self, session_id: str, blocks: int) -> None:
+        """Drop the last `blocks` of the session's copy."""
+        left = self._ends[session_id] - blocks
+        if left <= 0:
+            self.drop(session_id)
+        else:
+            self._ends[session_id] = left
+            self._total -= blocks
 
 
 class HostOffload:
@@ -76,7 +78,7 @@ class HostOffload:
             s = sessions[e.session_id]
             if s.state == "ended" or s.worker != w.wid:
                 continue
-            host.offload(e.session_id, e.from_blocks, self.policy.host_key(s, self.now))
+            host.offload(e.session_id, e.from_blocks, w.kv.key_of(e.session_id, s.kv_tokens, s.last_access))
             w.offloaded.add(e.session_id)
 
     def _plan_prefetch(self, w: Worker) -> None:
@@ -104,7 +106,8 @@ class HostOffload:
         blocks = min(missing, cache.free_blocks)
         if blocks <= 0:
             return
-        cache.grow(s.session_id, blocks, self.policy.key(s, self.now))
+        cache.grow(s.session_id, blocks)
+        w.kv.loaded(s.session_id, self.now)
         if blocks == missing:
             w.offloaded.discard(s.session_id)
         tokens = blocks * self.cost.block_tokens

@@ -24,7 +24,7 @@ import heapq
 
 from saga_server.core.routing import ReplicaView, Steal
 
-from .cache import PINNED, PROTECTED, SOFT
+from .cache import PINNED
 from .events import MOVED, STEAL
 from .session import ARRIVE, Session
 
@@ -80,7 +80,6 @@ class KvMoves:
         sid = s.session_id
         queued = None
         gated = sid in src.gated
-        self._leave_gate(src, s)  # admission is per worker: the target decides afresh
         if gated:
             queued = ARRIVE  # its request arrives at the target with the KV
         elif s.state == "queued":  # its request leaves this queue and waits for the KV there
@@ -94,7 +93,9 @@ class KvMoves:
         if self.policy.caches:
             blocks = max(src.cache.cached(sid), src.host.end(sid) if src.host is not None else 0)
         tier, pin_until = src.cache.tier(sid), src.cache.pin_expires_at(sid)
-        src.cache.drop(sid)
+        src.cache.flush_time()
+        src.kv.moved(sid)  # admission is per worker: the target decides afresh
+        self._leave_gate(src, s)
         if src.host is not None:
             src.host.drop(sid)
         src.offloaded.discard(sid)
@@ -130,18 +131,19 @@ class KvMoves:
             have = cache.cached(sid)
             need = blocks - have
             if need > 0 and cache.free_blocks < need:
-                evs = cache.make_room(need, SOFT)  # idle unpinned prefixes only
+                cache.flush_time()
+                evs = cache.evictions(w.kv.room_for_move(need))
                 if evs:
                     self._evicted(w, evs)
             put = max(min(need, cache.free_blocks), 0)
             if put:
-                cache.grow(sid, put, pol.key(s, self.now))
+                cache.grow(sid, put)
             self.result.moved_tokens += put * bt
             self.result.move_dropped_tokens += (blocks - have - put) * bt
-            if s.state == "queued":
-                cache.set_key(sid, pol.key(s, self.now), PROTECTED if pol.protect_queued else SOFT)
-            elif tier == PINNED and s.state == "tool" and pin_until > self.now:
-                self._pin(w, s, pin_until - self.now)  # the rest of its TTL
+            held = s.held if isinstance(s.held, tuple) else None  # a queued request moves with it
+            w.kv.loaded(sid, self.now, queued_at=held[2].arrived_at if held is not None else None,
+                        pin_until=pin_until if tier == PINNED and s.state == "tool" else 0.0)
+            self._pin_expiry(w, cache.ledger.get(sid))
         held, s.held = s.held, None
         if held is ARRIVE:
             self._enqueue(s)

@@ -46,6 +46,7 @@ def replay_accesses(accesses: Sequence[tuple[str, int]], capacity_blocks: int,
         if not cache.can_admit(sid, hit_blocks, total):
             raise ValueError(f"access {i} needs {total} blocks, more than the capacity")
         cache.admit(sid, hit_blocks, total)
-        cache.release(sid, tokens, key_fn(sid, i, nxt[i]))
+        cache.ledger.release(sid, "arrival")  # the request references them now
+        cache.keep(sid, tokens, key_fn(sid, i, nxt[i]))
         had[sid] = max(had.get(sid, 0), tokens)
     return recomputed

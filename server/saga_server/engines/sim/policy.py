@@ -1,13 +1,17 @@
 """Scheduling policies the simulator can run, and the contract they follow.
 
 A policy is bound to the simulator's clock (`bind`), then decides these things; the
-simulator applies them exactly where a vLLM scheduler would:
+simulator applies them exactly where a vLLM scheduler would. What happens to a
+session's KV is the core's `SessionKvPolicy` for every policy alike (one per worker,
+the object the vLLM plugin runs); a policy only brings its rules (`kv_rules`), and by
+default those are its `key` and `pin_ttl`:
 
 1. `key(session, now)`: the eviction key of a session's cached prefix (lower = evicted
-   first), asked whenever the session changes state (request queued, request done and
-   tool started, tool ended, session ended, pin expired).
-2. `pin_ttl(session, now, pressure)`: seconds to pin the prefix when a tool starts
-   (0: no pin). A pinned prefix is evicted only when no unpinned one is left.
+   first, also the host tier's order), asked whenever the session changes state
+   (request done, tool started or ended, pin expired, KV loaded back).
+2. `pin_ttl(session, now, pressure)`: seconds to pin the prefix when its request ends
+   and again when a tool starts (0: no pin; the later decision wins). A pinned prefix
+   is evicted only when no unpinned one is left.
 3. `plan_prefetch(worker_id, candidates, free_tokens, now)`: for sessions in a tool
    whose KV sits partly in the host tier, which to bring back and when.
 4. `queue_priority(session, now)`: the order of a worker's waiting queue (lower first;
@@ -17,9 +21,7 @@ simulator applies them exactly where a vLLM scheduler would:
    `saga_server.core.routing.Steal` or None; `views` are `ReplicaView`s of every
    worker (see `cluster`). Without `steals` the simulator places a session on the
    worker with the fewest live sessions, as a stock router would, and never moves it.
-6. `host_key(session, now)`: the order in which the host tier drops sessions when
-   full (lower first; default: the time of the offload, i.e. LRU).
-7. `admission(capacity_tokens, host_tokens, cost, parkable)`: a per-worker controller deciding
+6. `admission(capacity_tokens, host_tokens, cost, parkable)`: a per-worker controller deciding
    which sessions may hold KV at all (see `admission`); None (default): all of them.
 
 Flags say which machinery it uses: `caches` (prefix caching at all), `host_tier`
@@ -28,7 +30,8 @@ through `place`/`plan_steal`; a stolen session's KV moves with it), `unbounded`
 (infinite GPU KV), `protect_queued` (a session whose request is queued keeps its KV until every idle
 and pinned prefix is gone; among them `key` orders, as the SAGA vLLM plugin does), and
 `max_pin_fraction` (most of the pool that pins may hold; the cache is the plugin's
-`HoldLedger`, see `cache`).
+`HoldLedger`, see `cache`), `core` (a `WorkflowCore` whose session lifecycle the KV
+policy follows; None: the simulator reports ends).
 Hint hooks (`on_*`) see what an SDK would send; baselines ignore most of them.
 
 Sessions are `saga_server.engines.sim.session.Session` objects; policies read
@@ -43,6 +46,8 @@ import math
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from saga_server.core.admission import AdmissionPlan
+from saga_server.core.kv_policy import KvRules
+from saga_server.core.pinning import PinDecision
 
 if TYPE_CHECKING:  # pragma: no cover
     from saga_server.core.routing import ReplicaView, Steal
@@ -86,8 +91,12 @@ class SimPolicy:
     def key(self, s: "Session", now: float) -> float:
         return s.last_access  # LRU
 
-    def host_key(self, s: "Session", now: float) -> float:
-        return now  # the host tier drops the least recently offloaded session first
+    core = None
+
+    def kv_rules(self, session: Callable[[str], "Session"], clock: Callable[[], float]) -> KvRules:
+        """The rules the worker's `SessionKvPolicy` runs: `key` and `pin_ttl` over the
+        simulator's sessions (`session(id)`)."""
+        return _SessionRules(self, session, clock)
 
     def admission(self, capacity_tokens: int, host_tokens: int, cost: "CostModel",
                   parkable: Callable[[str], bool]):
@@ -115,6 +124,22 @@ class SimPolicy:
     def on_tool_start(self, s: "Session", now: float) -> None: ...
     def on_tool_end(self, s: "Session", now: float) -> None: ...
     def on_session_end(self, s: "Session", now: float) -> None: ...
+
+
+class _SessionRules:
+    """A policy's `key` and `pin_ttl` as the core's `KvRules`."""
+
+    __slots__ = ("policy", "session", "clock")
+
+    def __init__(self, policy: SimPolicy, session: Callable[[str], "Session"], clock: Callable[[], float]) -> None:
+        self.policy, self.session, self.clock = policy, session, clock
+
+    def key(self, session_id: str, kv_tokens: int, last_use: float) -> float:
+        return self.policy.key(self.session(session_id), self.clock())
+
+    def pin(self, session_id: str, kv_tokens: int, pressure: float) -> PinDecision:
+        ttl = self.policy.pin_ttl(self.session(session_id), self.clock(), pressure)
+        return PinDecision(ttl > 0.0, ttl, "pin" if ttl > 0.0 else "no_pin")
 
 
 class Vanilla(SimPolicy):
@@ -235,6 +260,9 @@ class _BestFitAdmission:
         self._pending: set[str] = set()  # a request waits or runs
         self.active_tokens = 0
 
+    def __len__(self) -> int:
+        return len(self._kv)
+
     def ready(self, session_id: str, tokens: int, tenant: str = "") -> bool:
         self._pending.add(session_id)
         if session_id in self._active:
@@ -244,6 +272,11 @@ class _BestFitAdmission:
 
     def finished(self, session_id: str) -> None:
         self._pending.discard(session_id)
+
+    def state(self, session_id: str) -> str | None:
+        if session_id not in self._kv:
+            return None
+        return "active" if session_id in self._active else "waiting"
 
     def served(self, session_id: str, held_tokens: int, recomputed_tokens: int) -> None:
         pass  # its limit is the pool, fixed

@@ -3,18 +3,19 @@ the same object the vLLM plugin calls, fed the hints an SDK would send (session
 start, LLM call start/end, tool start/end with the trace's tool name and category,
 session end) and the engine events (request arrival/finish) on simulated time.
 
-Each mechanism can be switched off for ablations; switched off, the simulator falls
-back to what `apc-lru` does there (LRU key, no pin, no host tier, FCFS, stock
-placement by fewest live sessions and no stealing).
-`walru` is the plugin's whole reclaim order: idle prefixes by the core's WA-LRU key,
-then pins, then sessions whose next request is already queued, the back of the queue
-first (Belady for a FIFO; arrival order stands in for queue position).
+What happens to each session's KV is the core's `SessionKvPolicy` over
+`WorkflowRules`, the objects the vLLM plugin runs (one per worker here). Each
+mechanism can be switched off for ablations; switched off, the simulator falls back
+to what `apc-lru` does there (recency key, no pin, no host tier, FCFS, stock
+placement by fewest live sessions and no stealing). `walru` is the core's WA-LRU
+key, in the pool and in the host tier (`core.host_tier`); without it keys are the
+last use. Sessions whose next request is queued keep their KV last (protected) in
+every SAGA variant, as in the plugin.
 
 `admit` is session admission by the core's `SessionAdmission`, one per worker, the
 same object the vLLM plugin runs: requests of sessions it has not admitted wait at the
 worker's gate (`admission`), idle ones may be parked; its limit's host part is the
-worker's host tier, a parked session's return cost its prefill. With `walru` the host
-tier also drops sessions in WA-LRU order (`host_key`).
+worker's host tier, a parked session's return cost its prefill.
 
 Difference from the vLLM plugin today: the plugin prefetches by re-prefilling a
 paused session's prefix when the engine is idle; the simulated cluster has a CPU
@@ -54,6 +55,7 @@ from saga_server.core import (
     WorkflowCore,
 )
 from saga_server.core.admission import AdmissionConfig, SessionAdmission
+from saga_server.core.kv_policy import WorkflowRules
 from saga_server.core.routing import ReplicaView, RoutingConfig, SessionRouter, Steal
 
 from .policy import PrefetchRequest, SimPolicy
@@ -79,7 +81,7 @@ class SagaPolicy(SimPolicy):
         self.mechanisms = frozenset(mechanisms)
         self.host_tier = "prefetch" in self.mechanisms
         self.steals = "steal" in self.mechanisms
-        self.protect_queued = "walru" in self.mechanisms
+        self.protect_queued = True
         self._config = config
         self.routing = routing or SIM_ROUTING
         self.admission_config = admission
@@ -105,17 +107,8 @@ class SagaPolicy(SimPolicy):
         return self.router.plan_steal()
 
     # --- decisions ------------------------------------------------------
-    def key(self, s: "Session", now: float) -> float:
-        if "walru" not in self.mechanisms:
-            return s.last_access
-        if s.state == "queued":
-            return -s.next_use  # protected tier: the latest arrival goes first
-        return self.core.eviction_priority(s.session_id, s.kv_tokens, s.last_access)
-
-    def host_key(self, s: "Session", now: float) -> float:
-        if "walru" not in self.mechanisms:
-            return now
-        return self.core.eviction_priority(s.session_id, s.kv_tokens, s.last_access)
+    def kv_rules(self, session: Callable[[str], "Session"], clock: Callable[[], float]) -> WorkflowRules:
+        return WorkflowRules(self.core, wa_lru="walru" in self.mechanisms, pins="ttl" in self.mechanisms)
 
     def admission(self, capacity_tokens: int, host_tokens: int, cost: "CostModel",
                   parkable: Callable[[str], bool]) -> SessionAdmission | None:
@@ -123,12 +116,6 @@ class SagaPolicy(SimPolicy):
             return None
         return SessionAdmission(self.core, capacity_tokens, host_tokens=host_tokens, config=self.admission_config,
                                 return_s=lambda tokens: cost.prefill_s(tokens, 0.0), parkable=parkable)
-
-    def pin_ttl(self, s: "Session", now: float, pressure: float) -> float:
-        if "ttl" not in self.mechanisms:
-            return 0.0
-        d = self.core.pin_decision(s.session_id, s.kv_tokens, min(max(pressure, 0.0), 1.0))
-        return d.ttl_s if d.pin else 0.0
 
     def plan_prefetch(self, worker_id: int, candidates: Sequence[PrefetchRequest],
                       free_tokens: int, now: float) -> list[tuple[str, float]]:

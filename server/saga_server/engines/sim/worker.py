@@ -29,7 +29,7 @@ _EPS = 1e-6
 class Worker:
     __slots__ = ("wid", "cache", "host", "queue", "dec", "pf", "pf_total", "pf_done",
                  "dec_clock", "ctx", "tau", "pf_rate", "t", "version", "busy", "running",
-                 "link_free", "net_free", "live", "offloaded", "adm", "gated", "iterations")
+                 "link_free", "net_free", "live", "offloaded", "kv", "gated", "iterations")
 
     def __init__(self, wid: int, cache: PrefixCache, host: HostTier | None) -> None:
         self.wid = wid
@@ -52,7 +52,7 @@ class Worker:
         self.net_free = 0.0  # when its NIC is free (KV moves between workers)
         self.live = 0  # live sessions placed here
         self.offloaded: set[str] = set()  # sessions with a host copy beyond their GPU prefix
-        self.adm = None  # the policy's admission controller, if any
+        self.kv = None  # its SessionKvPolicy (set by the simulator): every KV decision
         self.gated: dict[str, Session] = {}  # sessions whose request waits for admission
 
     def advance(self, now: float) -> None:
