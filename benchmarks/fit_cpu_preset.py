@@ -16,8 +16,8 @@ included: no point separates the two), u = 2 * params / flops, v = u * attn_scal
 w = u * decode_token_equiv, z = 1 / bandwidth and r the per-request cost outside the
 engine loop (HTTP, detokenising; reported, not simulated). It prints the CPU's model
 and flags, each point measured against fitted, and the constants as JSON for
-`saga bench --calibration FILE` (refit on any machine: the AVX-512 note in
-ENGINE_NOTES is why the constants are per machine).
+`saga bench --calibration FILE` (refit on any machine: docs/CPU_ENGINE.md, "Why the
+constants are per machine").
 
     PYTHONPATH=sdk:server .venv/bin/python benchmarks/fit_cpu_preset.py --json cpu-fit.json
     PYTHONPATH=sdk:server .venv/bin/python benchmarks/fit_cpu_preset.py --refit cpu-fit.json   # no engine

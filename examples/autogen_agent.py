@@ -16,7 +16,7 @@ a temporary directory on start) and `multiply`. The researcher may call tools tw
 plain text; `MaxMessageTermination(3)` ends the team (task, researcher, reviewer).
 
 Why the tool choice is forced: the default model, SmolLM2-135M-Instruct, never picks a
-tool by itself (ENGINE_NOTES, trap 5), and `AssistantAgent` always asks with
+tool by itself (docs/CPU_ENGINE.md, trap 5), and `AssistantAgent` always asks with
 `tool_choice="auto"`. `RequiredToolChoice` turns "auto" into "required" whenever tools
 are offered, so each of the researcher's steps calls a tool (guided decoding makes the
 call valid), and the tool-iteration limit ends its turn. `read_file` takes a file name

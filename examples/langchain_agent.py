@@ -12,7 +12,7 @@ structure, and (through the OpenAI SDK patch) puts the session id on every reque
 Setting `SAGA_LANGCHAIN=1` instead of passing the handler does the same.
 
 Why the tool choice is forced: the default model, SmolLM2-135M-Instruct, never chooses
-a tool by itself (see ENGINE_NOTES, trap 5). The `force_tools` middleware therefore asks
+a tool by itself (see docs/CPU_ENGINE.md, trap 5). The `force_tools` middleware therefore asks
 for a tool on every step (`tool_choice="required"`, with `strict` tool schemas so the
 server's guided decoding yields valid calls), lets the model pick which, and on the last
 step names `final_answer`, so the run always terminates. Every argument is bounded (an

@@ -4,7 +4,7 @@ It helps an airline customer: looks the customer up, searches flights, then
 answers. Its loop is the ordinary one (ask the model, run the tools it asks
 for, send the results back, repeat). Which tool each step must use is fixed by
 `tool_choice`, because the small model `saga serve` runs on CPU never picks a tool
-by itself (see ENGINE_NOTES, trap 5); with a capable model, use "auto". The
+by itself (see docs/CPU_ENGINE.md, trap 5); with a capable model, use "auto". The
 argument schemas are bounded (`maxLength`, `pattern`) so that guided decoding
 cannot ramble past `max_tokens` and cut a tool call in half.
 

@@ -19,7 +19,7 @@ shows what the server learned.
 The procedure: `booking` looks the customer up (`get_user_details`), searches flights
 (`search_flights`), hands off to `writer`, which answers in one sentence: four model
 calls, two tool calls, one handoff. Why it is forced: the default model,
-SmolLM2-135M-Instruct, never picks a tool by itself (ENGINE_NOTES, trap 5), so
+SmolLM2-135M-Instruct, never picks a tool by itself (docs/CPU_ENGINE.md, trap 5), so
 `booking` asks with `tool_choice="required"` (and `reset_tool_choice=False`, or the
 SDK would drop back to "auto" after the first tool), and each tool, like the handoff,
 is enabled only at its turn of the procedure (`is_enabled`, from the run's context):

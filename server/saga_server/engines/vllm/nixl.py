@@ -8,7 +8,7 @@ vLLM's configuration checks (layouts, context parallelism) look for that name.
 On CPU builds vLLM's NIXL worker pins the calling thread, the engine worker's main
 thread, to the last core of each NUMA node, to keep KV transfers off the cores that
 run the model. On a small host that is the one core every co-hosted engine then
-shares (two replicas measured on one core of two, ENGINE_NOTES.md). The worker's
+shares (two replicas measured on one core of two, docs/CPU_ENGINE.md). The worker's
 affinity before the connector started is put back, so the engine runs where it was
 placed (`taskset`, Ray, `VLLM_CPU_OMP_THREADS_BIND`); `SAGA_NIXL_KEEP_PINNING=1`
 keeps NIXL's choice.
