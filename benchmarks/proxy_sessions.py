@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 import sys
 import time
@@ -43,6 +44,14 @@ CHARS_PER_TOKEN = 3.36
 WORDS = ("flight reservation passenger baggage cabin economy business refund cancel change seat "
          "insurance payment certificate gift card membership gold silver regular origin destination "
          "date airport direct one-stop price total booking user id confirm").split()
+
+
+_SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def _kind(hint) -> str:
+    """A hint's kind as the hint protocol names it ("tool_call_start", ...)."""
+    return _SNAKE.sub("_", type(hint.event).__name__).lower()
 
 
 def text(rng: random.Random, tokens: int, tag: str) -> str:
@@ -155,7 +164,7 @@ def run(args) -> dict:
             t0 = time.perf_counter_ns()
             turn, evs = tracker.begin(d.body())
             cost_ns.append(time.perf_counter_ns() - t0)
-            events.update(e.kind for e in evs)
+            events.update(_kind(e) for e in evs)
             in_flight.append((d, turn, evs))
             assigned.append((id(d), turn.session_id, d.style))
             home.setdefault(id(d), turn.session_id)
@@ -164,18 +173,18 @@ def run(args) -> dict:
             d, turn, _ = in_flight.pop(rng.randrange(len(in_flight)))
             if rng.random() < args.fail:
                 failures += 1
-                events.update(e.kind for e in tracker.fail(turn))
+                events.update(_kind(e) for e in tracker.fail(turn))
                 continue  # the dialogue re-sends the same request later
             answer = d.answer()
             t0 = time.perf_counter_ns()
             evs = tracker.finish(turn, [answer], {"prompt_tokens": 1, "completion_tokens": 1})
             cost_ns.append(time.perf_counter_ns() - t0)
-            events.update(e.kind for e in evs)
+            events.update(_kind(e) for e in evs)
             d.take(answer)
             if d.done:
                 active.remove(d)
             peak_index = max(peak_index, tracker.index_size())
-    events.update(e.kind for e in tracker.close())  # the proxy stops: open tools end, sessions end
+    events.update(_kind(e) for e in tracker.close())  # the proxy stops: open tools end, sessions end
     right = Counter()
     total = Counter()
     for did, sid, style in assigned:

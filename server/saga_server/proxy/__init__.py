@@ -4,19 +4,21 @@
 read into protocol-neutral turns (`turns`) by one adapter per API: Chat
 Completions (`chat`), Responses (`responses`) and Anthropic Messages
 (`messages`); `TextActions` (`actions`) sees tool calls written as text.
-`SagaProxy` (ASGI, `app`) forwards requests and emits hints; `saga proxy` (`cli`)
-runs it; `record` reads those hints into a `saga-trace/1` recording (`--record`).
+`SagaProxy` (ASGI, `app`) forwards requests and sends the tracker's hints, core
+events wrapped in `Hint`s (`hints`), through `send_hint`; `saga proxy` (`cli`) runs
+it; `record` reads those hints into a `saga-trace/1` recording (`--record`).
 `tenants` keeps the tenants of a keys file apart (keys, session ids, prefix-cache
 salts). The proxy's third-party imports (httpx, starlette, uvicorn) load only
 when `SagaProxy` is used, so the tracker stays importable on its own.
 """
 
 from .actions import TextActions
-from .sessions import HintEvent, SessionTracker, TrackerStats, Turn
+from .hints import Hint, HintFacts, send_hint
+from .sessions import SessionTracker, TrackerStats, Turn
 from .turns import Message, Reply, Request, ToolCall, explicit_session_id
 
-__all__ = ["HintEvent", "Message", "ProxyConfig", "Reply", "Request", "SagaProxy", "SessionTracker",
-           "TextActions", "ToolCall", "TrackerStats", "Turn", "explicit_session_id"]
+__all__ = ["Hint", "HintFacts", "Message", "ProxyConfig", "Reply", "Request", "SagaProxy", "SessionTracker",
+           "TextActions", "ToolCall", "TrackerStats", "Turn", "explicit_session_id", "send_hint"]
 
 
 def __getattr__(name: str):

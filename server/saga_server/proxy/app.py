@@ -9,7 +9,8 @@ API's adapter: Chat Completions (`.../chat/completions`), Responses
 `SessionTracker` names their session, the session id is added to the forwarded
 request (`X-Session-ID` header; and, where the API's vLLM server reads one, the
 body field `session_id`, unless the body has one or `inject_body_session_id` is
-off), and hints go to the hint service through a `HintClient`, which never blocks.
+off), and hints go to the hint service through a `HintClient`, which never blocks
+(`hints.send_hint`).
 (The header only when the id is a valid header value: an id from the body may hold
 control characters, which must not reach the upstream as a broken request.)
 `/v1/completions` requests that carry an explicit session id are tracked the same
@@ -63,7 +64,8 @@ from .actions import TextActions
 from .chat import CHAT
 from .messages import MESSAGES
 from .responses import RESPONSES
-from .sessions import HintEvent, SessionTracker, Turn
+from .hints import Hint, send_hint
+from .sessions import SessionTracker, Turn
 from .tenants import Tenants
 
 __all__ = ["ProxyConfig", "SagaProxy"]
@@ -371,7 +373,7 @@ class SagaProxy:
         if turn is not None:
             self._emit(self._safe(self.tracker.fail, turn))
 
-    def _safe(self, fn, *args, **kwargs) -> list[HintEvent]:
+    def _safe(self, fn, *args, **kwargs) -> list[Hint]:
         try:
             return fn(*args, **kwargs)
         except Exception:
@@ -379,12 +381,12 @@ class SagaProxy:
             self._log_once(fn.__name__, "session tracker failed", exc_info=True)
             return []
 
-    def _emit(self, events: list[HintEvent]) -> None:
+    def _emit(self, events: list[Hint]) -> None:
         if events and self.recorder is not None:
             self.recorder.submit(events)
-        for event in events:
+        for hint in events:
             try:
-                event.send(self.hints)
+                send_hint(self.hints, hint.event)
             except Exception:
                 self._log_once("emit", "dropping a hint after an internal error", exc_info=True)
 

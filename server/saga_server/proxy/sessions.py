@@ -2,11 +2,11 @@
 
 An unchanged agent sends every LLM call as an independent request carrying its whole
 history (or, on the Responses API, naming the answer it continues). `SessionTracker`
-turns that stream back into sessions and hint events, with no HTTP in sight: it
-works on protocol-neutral `turns.Request`s and `turns.Reply`s, which a small
-adapter per API reads (`chat`, `responses`, `messages`); a chat-completion body
-may be given as it is. The proxy feeds it; tests and the benchmark feed it
-synthetic requests.
+turns that stream back into sessions and hints (`hints.Hint`s: the core's own events),
+with no HTTP in sight: it works on protocol-neutral `turns.Request`s and
+`turns.Reply`s, which a small adapter per API reads (`chat`, `responses`,
+`messages`); a chat-completion body may be given as it is. The proxy feeds it; tests
+and the benchmark feed it synthetic requests.
 
 How a request finds its session, first rule that applies:
   1. an explicit id: a header in `SESSION_HEADERS` or a body field in
@@ -32,10 +32,10 @@ identical so far (same prompt and same answers) are indistinguishable; they shar
 session until they diverge. That is the one documented inaccuracy.
 
 Tool boundaries: an answer's tool calls start tool calls; the session's next request
-ends each call a tool result answers (outcome "ok") and cancels the rest. An answer
+ends each call a tool result answers (outcome OK) and cancels the rest. An answer
 without tool calls may still act: `actions.TextActions` finds shell commands written
-as fenced blocks; each starts a tool call, which the next request ends ("ok" when its
-first new user message looks like the command's output, else "cancelled").
+as fenced blocks; each starts a tool call, which the next request ends (OK when its
+first new user message looks like the command's output, else CANCELLED).
 
 Sessions end on in-band signals, or when quiet:
   - an action carrying a submit marker: the agent is done once it runs;
@@ -47,11 +47,11 @@ Sessions end on in-band signals, or when quiet:
     of the gaps its sessions leave between calls, within [`idle_min_s`,
     `idle_ttl_s`]; `idle_ttl_s` until enough gaps are known).
 A session the tracker ended stays known until `idle_ttl_s` after its last request:
-one that continues after all is the same session again (a fresh `session_start`
+one that continues after all is the same session again (a fresh `SessionStart`
 under its id, counted as revived), so an end guessed too early costs little.
 
 Memory is bounded: at most `max_sessions` sessions (least recently used first out,
-with a `session_end` if live), ended ones forgotten after `idle_ttl_s`, and each
+with a `SessionEnd` if live), ended ones forgotten after `idle_ttl_s`, and each
 session indexes at most `points_per_session` answers and as many response ids.
 Nothing here stores credentials: the tracker never sees the caller's headers beyond
 the session ids it reads.
@@ -67,14 +67,25 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
+from saga_server.core.events import (
+    LlmCallEnd,
+    LlmCallStart,
+    SessionEnd,
+    SessionOutcome,
+    SessionStart,
+    ToolCallEnd,
+    ToolCallStart,
+    ToolOutcome,
+)
+
 from .actions import TextActions
 from .chat import CHAT
+from .hints import Hint, HintFacts
 from .pauses import WorkflowPauses
 from .tenants import namespaced
 from .turns import SESSION_BODY_FIELDS, SESSION_HEADERS, Message, Reply, Request, explicit_session_id
 
 __all__ = [
-    "HintEvent",
     "SESSION_BODY_FIELDS",
     "SESSION_HEADERS",
     "SessionTracker",
@@ -84,27 +95,6 @@ __all__ = [
 ]
 
 _RULES = ("explicit", "previous", "answer", "request", "retry", "new")
-
-
-@dataclass(frozen=True, slots=True)
-class HintEvent:
-    """One hint to send: `getattr(hint_client, kind)(session_id, **args)`.
-
-    `facts` are what an observer (the recorder, `saga_server.proxy.record`) may
-    learn beyond the hint; never text, only sizes and labels: on `llm_call_start`,
-    `extends` (what the request's history continues: "answer" for the session's
-    previous request plus its answer, "request" for that request alone, "" for
-    neither), `prompt_chars` and `model`; on `llm_call_end`, `cached_tokens` (None
-    where the upstream did not say), `output_chars`, or `failed`; on
-    `session_end`, `reason` (submit, final, idle, gone, evicted, closed)."""
-
-    kind: str
-    session_id: str
-    args: Mapping[str, Any] = field(default_factory=dict)
-    facts: Mapping[str, Any] = field(default_factory=dict)
-
-    def send(self, client) -> None:
-        getattr(client, self.kind)(self.session_id, **self.args)
 
 
 @dataclass(slots=True)
@@ -198,17 +188,17 @@ class SessionTracker:
     # -- the three calls the proxy makes per request ----------------------------------
 
     def begin(self, request: Request | Mapping[str, Any],
-              headers: Mapping[str, str] | None = None) -> tuple[Turn, list[HintEvent]]:
+              headers: Mapping[str, str] | None = None) -> tuple[Turn, list[Hint]]:
         """Assign a request to a session: a `Request`, or a chat-completion body
         (with `headers`, lower-case names). Returns the turn and the hints to send:
-        `session_start` for a new (or revived) session, `tool_call_end` for the
-        tool calls this request answers or abandons, and `llm_call_start`."""
+        `SessionStart` for a new (or revived) session, `ToolCallEnd` for the
+        tool calls this request answers or abandons, and `LlmCallStart`."""
         if not isinstance(request, Request):
             request = CHAT.read(request if isinstance(request, Mapping) else {}, headers or {})
         if request.tenant and request.explicit is not None:
             request = replace(request, explicit=namespaced(request.tenant, request.explicit))
         now = self._clock()
-        events: list[HintEvent] = []
+        events: list[Hint] = []
         with self._lock:
             self._counts["requests"] += 1
             if not request.messages and request.explicit is None:
@@ -220,45 +210,45 @@ class SessionTracker:
             if new:
                 session = self._open(request, now, events)
             elif session.ended:
-                self._revive(session, events)
+                self._revive(session, now, events)
             self._counts[how] += 1
             extends = self._extends(session, request, how, chain[matched - 1] if matched else None)
             self._sessions.move_to_end(session.session_id)
             self._resume(session, now)
             if session.open_tools:
-                self._end_tools(session, request.messages[matched:], events)
+                self._end_tools(session, request.messages[matched:], now, events)
             session.steps += 1
             session.in_flight += 1
             session.last_failed = False
             if chain:
                 self._index_request(session, chain[-1])
-            events.append(HintEvent("llm_call_start", session.session_id,
-                                    {"step": session.steps, "node": "llm",
-                                     "request_id": f"{session.session_id}:{session.steps}"},
-                                    {"extends": extends, "prompt_chars": _chars(request.messages),
-                                     "model": request.model[:64]}))
+            sid = session.session_id
+            events.append(Hint(LlmCallStart(sid, now, step=session.steps, node="llm",
+                                            request_id=_request_id(sid, session.steps)),
+                               HintFacts(extends=extends, prompt_chars=_chars(request.messages),
+                                         model=request.model[:64])))
             return Turn(session.session_id, session.steps, how, new, chain, root), events
 
     def finish(self, turn: Turn, reply: Reply | Iterable[Mapping[str, Any]] = (),
-               usage: Mapping[str, Any] | None = None) -> list[HintEvent]:
+               usage: Mapping[str, Any] | None = None) -> list[Hint]:
         """The request succeeded with this `Reply` (or these chat assistant messages,
-        one per choice, and `usage`). Returns `llm_call_end`, then what the answer
-        starts: a `tool_call_start` per tool call of the first answer that asks
-        for any (or per text action), or a `session_end`."""
+        one per choice, and `usage`). Returns `LlmCallEnd`, then what the answer
+        starts: a `ToolCallStart` per tool call of the first answer that asks
+        for any (or per text action), or a `SessionEnd`."""
         if not isinstance(reply, Reply):
             reply = CHAT.reply(reply, usage)
-        events = [HintEvent("llm_call_end", turn.session_id,
-                            {"step": turn.step, "node": "llm", "request_id": f"{turn.session_id}:{turn.step}",
-                             "prompt_tokens": reply.prompt_tokens, "output_tokens": reply.output_tokens},
-                            {"cached_tokens": reply.cached_tokens, "output_chars": _chars(reply.messages[:1])})]
         with self._lock:
+            now = self._clock()
+            events = [Hint(LlmCallEnd(turn.session_id, now, step=turn.step, node="llm",
+                                      request_id=_request_id(turn.session_id, turn.step),
+                                      prompt_tokens=reply.prompt_tokens, output_tokens=reply.output_tokens),
+                           HintFacts(cached_tokens=reply.cached_tokens, output_chars=_chars(reply.messages[:1])))]
             session = self._sessions.get(turn.session_id)
             if session is None:  # forgotten while the request ran
                 return events
             session.in_flight = max(0, session.in_flight - 1)
             if session.ended:  # ended meanwhile (another of its calls submitted)
                 return events
-            now = self._clock()
             session.last_seen = session.answered_at = now
             self._sessions.move_to_end(turn.session_id)
             if turn._chain:
@@ -270,34 +260,35 @@ class SessionTracker:
                         self._alias(session, reply.response_id, point)
             answer = next((m for m in reply.messages if m.calls), reply.messages[0] if reply.messages else None)
             if answer is not None:
-                self._act(session, turn, answer, reply.truncated, events)
+                self._act(session, turn, answer, reply.truncated, now, events)
         return events
 
-    def fail(self, turn: Turn, *, abandoned: bool = False) -> list[HintEvent]:
+    def fail(self, turn: Turn, *, abandoned: bool = False) -> list[Hint]:
         """The request failed, or (`abandoned`) the client went away before its
         answer was whole: end the LLM call, and let an identical retry find this
         session. An abandoned session that stays quiet ends after `abandon_grace_s`."""
         with self._lock:
+            now = self._clock()
             session = self._sessions.get(turn.session_id)
             if session is not None:
                 session.in_flight = max(0, session.in_flight - 1)
             if session is not None and not session.ended:
                 session.last_failed = True
                 session.abandoned = abandoned
-                session.last_seen = session.answered_at = self._clock()
+                session.last_seen = session.answered_at = now
                 self._sessions.move_to_end(turn.session_id)
-        return [HintEvent("llm_call_end", turn.session_id,
-                          {"step": turn.step, "node": "llm", "request_id": f"{turn.session_id}:{turn.step}"},
-                          {"failed": True})]
+        return [Hint(LlmCallEnd(turn.session_id, now, step=turn.step, node="llm",
+                                request_id=_request_id(turn.session_id, turn.step)),
+                     HintFacts(failed=True))]
 
     # -- housekeeping -------------------------------------------------------------------
 
-    def expire(self) -> list[HintEvent]:
+    def expire(self) -> list[Hint]:
         """End sessions quiet for their timeout (none in flight), and forget ended
         ones after `idle_ttl_s`. Call every `sweep_period_s`."""
         now = self._clock()
         soonest = min(self.pauses.floor_s, self.abandon_grace_s)
-        events: list[HintEvent] = []
+        events: list[Hint] = []
         with self._lock:
             for session in list(self._sessions.values()):
                 quiet = now - session.last_seen
@@ -310,20 +301,22 @@ class SessionTracker:
                     self.pauses.after_final(session.workflow, resumed=False)
                     session.after_final = False
                 if not session.ended and (quiet >= timeout or session.abandoned and quiet >= self.abandon_grace_s):
-                    self._end(session, events, "cancelled" if session.abandoned else "completed",
+                    self._end(session, now, events,
+                              SessionOutcome.CANCELLED if session.abandoned else SessionOutcome.COMPLETED,
                               "gone" if session.abandoned else "idle")
                     self._counts["expired"] += not session.abandoned
                 if session.ended and quiet >= self.idle_ttl_s:
                     self._forget(session)
         return events
 
-    def close(self) -> list[HintEvent]:
+    def close(self) -> list[Hint]:
         """End every session (the proxy is stopping)."""
-        events: list[HintEvent] = []
+        now = self._clock()
+        events: list[Hint] = []
         with self._lock:
             for session in list(self._sessions.values()):
                 if not session.ended:
-                    self._end(session, events, "cancelled" if session.in_flight else "completed", "closed")
+                    self._end(session, now, events, _outcome_if_ended_now(session), "closed")
                 self._forget(session)
         return events
 
@@ -375,7 +368,7 @@ class SessionTracker:
         return None, "new", 0
 
     def _extends(self, session: _Session, request: Request, how: str, known: int | None) -> str:
-        """What the request's history continues (`HintEvent.facts`); `known`: the
+        """What the request's history continues (`HintFacts.extends`); `known`: the
         chain key of its longest known prefix, if any."""
         if how in ("answer", "previous"):
             return "answer"
@@ -400,11 +393,11 @@ class SessionTracker:
                 return i
         return 0
 
-    def _open(self, request: Request, now: float, events: list[HintEvent]) -> _Session:
+    def _open(self, request: Request, now: float, events: list[Hint]) -> _Session:
         while len(self._sessions) >= self.max_sessions:
             oldest = next(iter(self._sessions.values()))
             if not oldest.ended:
-                self._end(oldest, events, "cancelled" if oldest.in_flight else "completed", "evicted")
+                self._end(oldest, now, events, _outcome_if_ended_now(oldest), "evicted")
                 self._counts["evicted"] += 1
             self._forget(oldest)
         explicit = request.explicit
@@ -412,13 +405,13 @@ class SessionTracker:
         session = _Session(sid, explicit is not None, self._workflow(request), now, request.tenant)
         self._sessions[sid] = session
         self._counts["started"] += 1
-        events.append(_session_start(session))
+        events.append(_session_start(session, now))
         return session
 
-    def _revive(self, session: _Session, events: list[HintEvent]) -> None:
+    def _revive(self, session: _Session, now: float, events: list[Hint]) -> None:
         session.ended = False
         self._counts["revived"] += 1
-        events.append(_session_start(session))
+        events.append(_session_start(session, now))
 
     def _resume(self, session: _Session, now: float) -> None:
         """A request of `session` arrives: what its pause was."""
@@ -430,19 +423,19 @@ class SessionTracker:
         session.answered_at = None
         session.after_final = session.abandoned = False
 
-    def _end_tools(self, session: _Session, new: tuple[Message, ...], events: list[HintEvent]) -> None:
+    def _end_tools(self, session: _Session, new: tuple[Message, ...], now: float, events: list[Hint]) -> None:
         """The tool calls answered by messages after the matched prefix end; the rest are abandoned."""
         answered = {m.answers for m in new if m.role == "tool" and m.answers}
         user = next((m for m in new if m.role == "user"), None)
         observed = user is not None and self.text_actions is not None and self.text_actions.is_observation(user.text)
         for call_id, tool in session.open_tools.items():
             ok = observed if tool.text else call_id in answered
-            events.append(HintEvent("tool_call_end", session.session_id,
-                                    {"tool": tool.tool, "call_id": call_id, "outcome": "ok" if ok else "cancelled"}))
+            events.append(Hint(ToolCallEnd(session.session_id, now, tool=tool.tool, call_id=call_id,
+                                           outcome=ToolOutcome.OK if ok else ToolOutcome.CANCELLED)))
         session.open_tools.clear()
 
-    def _act(self, session: _Session, turn: Turn, answer: Message, truncated: bool,
-             events: list[HintEvent]) -> None:
+    def _act(self, session: _Session, turn: Turn, answer: Message, truncated: bool, now: float,
+             events: list[Hint]) -> None:
         """What `answer` starts: its tool calls, its text actions, or the session's end."""
         if answer.calls:
             session.used_tools = True
@@ -450,23 +443,23 @@ class SessionTracker:
                 call_id = call.call_id or f"{call.name}#{i}"
                 if call_id not in session.open_tools:
                     session.open_tools[call_id] = _Open(call.name or "unknown", False)
-                    events.append(HintEvent("tool_call_start", session.session_id,
-                                            {"tool": call.name or "unknown", "call_id": call_id}))
+                    events.append(Hint(ToolCallStart(session.session_id, now, tool=call.name or "unknown",
+                                                     call_id=call_id)))
             return
         actions = self.text_actions.find(answer.text) if self.text_actions is not None and answer.text else []
         if any(a.submit for a in actions):
-            self._end(session, events, "completed", "submit")
+            self._end(session, now, events, SessionOutcome.COMPLETED, "submit")
         elif actions:
             session.used_tools = True
             for i, action in enumerate(actions):
                 call_id = f"text-{turn.step}-{i}"
                 session.open_tools[call_id] = _Open(action.tool, True)
-                events.append(HintEvent("tool_call_start", session.session_id,
-                                        {"tool": action.tool, "call_id": call_id, "category": action.category}))
+                events.append(Hint(ToolCallStart(session.session_id, now, tool=action.tool, call_id=call_id,
+                                                 category=action.category)))
         elif session.used_tools and not truncated:
             session.after_final = True
             if self.pauses.final_is_end(session.workflow):
-                self._end(session, events, "completed", "final")
+                self._end(session, now, events, SessionOutcome.COMPLETED, "final")
 
     def _workflow(self, request: Request) -> str:
         """Agents of one kind share a model and a system prompt: name the workflow
@@ -498,12 +491,13 @@ class SessionTracker:
             if self._aliases.get(old, ("",))[0] == session.session_id:
                 del self._aliases[old]
 
-    def _end(self, session: _Session, events: list[HintEvent], outcome: str, reason: str) -> None:
+    def _end(self, session: _Session, now: float, events: list[Hint], outcome: SessionOutcome,
+             reason: str) -> None:
         for call_id, tool in session.open_tools.items():
-            events.append(HintEvent("tool_call_end", session.session_id,
-                                    {"tool": tool.tool, "call_id": call_id, "outcome": "cancelled"}))
+            events.append(Hint(ToolCallEnd(session.session_id, now, tool=tool.tool, call_id=call_id,
+                                           outcome=ToolOutcome.CANCELLED)))
         session.open_tools.clear()
-        events.append(HintEvent("session_end", session.session_id, {"outcome": outcome}, {"reason": reason}))
+        events.append(Hint(SessionEnd(session.session_id, now, outcome=outcome), HintFacts(end_reason=reason)))
         session.ended = True
         self._ended[reason] += 1
 
@@ -522,11 +516,18 @@ class SessionTracker:
 
 # -- pure helpers --------------------------------------------------------------------------
 
-def _session_start(session: _Session) -> HintEvent:
-    args = {"workflow": session.workflow}
-    if session.tenant:
-        args["tenant"] = session.tenant
-    return HintEvent("session_start", session.session_id, args)
+def _session_start(session: _Session, now: float) -> Hint:
+    return Hint(SessionStart(session.session_id, now, tenant=session.tenant, workflow=session.workflow))
+
+
+def _outcome_if_ended_now(session: _Session) -> SessionOutcome:
+    """A session the tracker ends from outside (evicted, the proxy stopping) was cut
+    short if a call of it was still running."""
+    return SessionOutcome.CANCELLED if session.in_flight else SessionOutcome.COMPLETED
+
+
+def _request_id(session_id: str, step: int) -> str:
+    return f"{session_id}:{step}"
 
 
 def _chars(messages: Iterable[Message]) -> int:

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from saga_sdk import HintClient
-from saga_server.proxy import ProxyConfig, SagaProxy, SessionTracker
+from saga_server.proxy import ProxyConfig, SagaProxy, SessionTracker, send_hint
 from tests.fast.proxy.agents import SECRET, kinds, session_ids, tool_events
 
 
@@ -426,8 +426,8 @@ def test_leaving_an_async_with_block_ends_the_proxys_sessions(upstream, hint_ser
     tracker = SessionTracker()
     _, started = tracker.begin({"messages": [SYSTEM, {"role": "user", "content": "hi"}]},
                                {"x-session-id": "direct"})
-    for event in started:
-        event.send(hints)
+    for hint in started:
+        send_hint(hints, hint.event)
 
     async def scenario():
         async with SagaProxy(ProxyConfig(upstream=upstream.url + "/v1"), hints=hints, tracker=tracker):

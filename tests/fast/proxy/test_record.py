@@ -13,9 +13,9 @@ import pytest
 
 from saga_server.bench.workload import load_trace, materialize
 from saga_server.core.categories import guess_category
-from saga_server.proxy import cli
+from saga_server.core.events import LlmCallEnd, LlmCallStart, SessionEnd, SessionStart
+from saga_server.proxy import Hint, HintFacts, cli
 from saga_server.proxy.record import feed_hints, proxy_recorder
-from saga_server.proxy.sessions import HintEvent
 from saga_server.record import RecordConfig, Recorder, TraceBuilder
 from tests.fast.proxy.agents import SECRET, run_messages_agent, run_responses_agent, run_text_agent
 from tests.support.proxies import start_proxy
@@ -208,8 +208,10 @@ def test_saga_proxy_record_flags(tmp_path, capsys):
 
 def test_a_sessions_tenant_is_recorded():
     b = TraceBuilder()
-    feed_hints(b, 0.0, [HintEvent("session_start", "team-a/s1", {"workflow": "wf", "tenant": "team-a"}),
-                        HintEvent("llm_call_start", "team-a/s1", {"step": 1}),
-                        HintEvent("llm_call_end", "team-a/s1", {"step": 1, "prompt_tokens": 9, "output_tokens": 1}),
-                        HintEvent("session_end", "team-a/s1", {}, {"reason": "submit"})])
-    assert b.take()[0]["tenant"] == "team-a"
+    sid = "team-a/s1"
+    feed_hints(b, 0.0, [Hint(SessionStart(sid, 0.0, tenant="team-a", workflow="wf")),
+                        Hint(LlmCallStart(sid, 0.0, step=1)),
+                        Hint(LlmCallEnd(sid, 0.0, step=1, prompt_tokens=9, output_tokens=1)),
+                        Hint(SessionEnd(sid, 0.0), HintFacts(end_reason="submit"))])
+    [task] = b.take()
+    assert (task["tenant"], task["end_reason"], task["steps"][0]["prompt_tokens"]) == ("team-a", "submit", 9)

@@ -8,12 +8,33 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from saga_server.proxy import SessionTracker, explicit_session_id
+from saga_server.core.events import (
+    LlmCallEnd,
+    LlmCallStart,
+    SessionEnd,
+    SessionOutcome,
+    SessionStart,
+    ToolCallEnd,
+    ToolCallStart,
+)
+from saga_server.proxy import HintFacts, SessionTracker, explicit_session_id
 from saga_server.proxy.chat import CHAT
 from saga_server.proxy.messages import MESSAGES, JsonMessages
 from saga_server.proxy.responses import RESPONSES, JsonResponses
 
 SYSTEM = {"role": "system", "content": "You are an airline agent. Tools: get_user, search, book."}
+
+
+def kinds(hints) -> list[type]:
+    return [type(h.event) for h in hints]
+
+
+def of(hints, kind: type) -> list:
+    return [h.event for h in hints if isinstance(h.event, kind)]
+
+
+def ends(hints) -> list[tuple[str, str]]:
+    return [(e.call_id, e.outcome.value) for e in of(hints, ToolCallEnd)]
 
 
 class Agent:
@@ -83,7 +104,7 @@ def accuracy(log) -> float:
     owners: dict[str, str] = {}
     right = total = 0
     for agent, turn, events in log:
-        if not any(e.kind == "llm_call_start" for e in events):
+        if not of(events, LlmCallStart):
             continue
         total += 1
         home = first.setdefault(agent.name, turn.session_id)
@@ -121,18 +142,21 @@ def test_tool_calls_start_with_the_answer_and_end_with_the_next_request():
     tracker = SessionTracker()
     agent = Agent("a", [["search", "get_user"], []], rng)
     turn, events = tracker.begin(agent.body())
-    assert [e.kind for e in events] == ["session_start", "llm_call_start"]
+    sid = turn.session_id
+    assert kinds(events) == [SessionStart, LlmCallStart]
+    assert events[1].event == LlmCallStart(sid, events[1].event.time, step=1, node="llm", request_id=f"{sid}:1")
     answer = agent.answer()
     events = tracker.finish(turn, [answer], {"prompt_tokens": 12, "completion_tokens": 3})
-    assert [(e.kind, e.args.get("tool")) for e in events] == [
-        ("llm_call_end", None), ("tool_call_start", "search"), ("tool_call_start", "get_user")]
-    assert events[0].args["prompt_tokens"] == 12
+    ids = [c["id"] for c in answer["tool_calls"]]
+    t = events[0].event.time
+    assert [h.event for h in events] == [
+        LlmCallEnd(sid, t, step=1, node="llm", request_id=f"{sid}:1", prompt_tokens=12, output_tokens=3),
+        ToolCallStart(sid, t, tool="search", call_id=ids[0]), ToolCallStart(sid, t, tool="get_user", call_id=ids[1])]
     agent.take(answer)
     turn2, events = tracker.begin(agent.body())
-    assert turn2.session_id == turn.session_id and turn2.step == 2
-    ids = [c["id"] for c in answer["tool_calls"]]
-    assert [(e.kind, e.args.get("call_id"), e.args.get("outcome")) for e in events] == [
-        ("tool_call_end", ids[0], "ok"), ("tool_call_end", ids[1], "ok"), ("llm_call_start", None, None)]
+    assert turn2.session_id == sid and turn2.step == 2
+    assert kinds(events) == [ToolCallEnd, ToolCallEnd, LlmCallStart]
+    assert ends(events) == [(ids[0], "ok"), (ids[1], "ok")]
 
 
 def test_tool_calls_the_next_request_leaves_unanswered_are_cancelled():
@@ -144,8 +168,7 @@ def test_tool_calls_the_next_request_leaves_unanswered_are_cancelled():
         {"id": "c2", "type": "function", "function": {"name": "book", "arguments": "{}"}}]}
     tracker.finish(turn, [answer])
     _, events = tracker.begin({"messages": msgs + [answer, {"role": "tool", "tool_call_id": "c2", "content": "x"}]})
-    assert {(e.args["call_id"], e.args["outcome"]) for e in events if e.kind == "tool_call_end"} == {
-        ("c1", "cancelled"), ("c2", "ok")}
+    assert set(ends(events)) == {("c1", "cancelled"), ("c2", "ok")}
 
 
 def test_a_retry_after_a_failure_stays_but_a_twin_request_is_new():
@@ -158,7 +181,7 @@ def test_a_retry_after_a_failure_stays_but_a_twin_request_is_new():
     tracker.finish(retry, [{"role": "assistant", "content": "hello"}])
     twin, events = tracker.begin(body)
     assert twin.session_id != first.session_id and twin.how == "new"
-    assert events[0].kind == "session_start"
+    assert isinstance(events[0].event, SessionStart)
 
 
 def test_explicit_ids_come_first():
@@ -172,7 +195,7 @@ def test_explicit_ids_come_first():
     a, events = tracker.begin({"messages": msgs}, {"x-session-id": "mine"})
     b, _ = tracker.begin({"messages": msgs + [{"role": "user", "content": "more"}]}, {"x-session-id": "other"})
     assert (a.session_id, a.how, b.session_id) == ("mine", "explicit", "other")
-    assert events[0].kind == "session_start"
+    assert isinstance(events[0].event, SessionStart)
 
 
 def test_memory_is_bounded_by_the_cap_and_by_expiry():
@@ -181,13 +204,13 @@ def test_memory_is_bounded_by_the_cap_and_by_expiry():
     tracker = SessionTracker(max_sessions=5, idle_ttl_s=60, points_per_session=2, clock=lambda: now[0])
     agents = [Agent(f"agent{i}", [["search"], [], ["book", "book"], [], []], rng) for i in range(20)]
     log = interleave(tracker, agents, rng, max_in_flight=3)
-    ends = [e for _, _, events in log for e in events if e.kind == "session_end"]
+    evicted = [e for _, _, events in log for e in of(events, SessionEnd)]
     stats = tracker.stats()
-    assert stats.sessions <= 5 and stats.sessions_evicted == len(ends) > 0
+    assert stats.sessions <= 5 and stats.sessions_evicted == len(evicted) > 0
     assert tracker.index_size() <= 5 * (2 + 1)
     now[0] += 61
     expired = tracker.expire()
-    assert [e.kind for e in expired].count("session_end") == stats.sessions
+    assert kinds(expired).count(SessionEnd) == stats.sessions
     assert tracker.stats().sessions == 0 and tracker.index_size() == 0
 
 
@@ -199,7 +222,7 @@ def test_expiry_spares_sessions_with_a_request_in_flight():
     assert tracker.expire() == []
     tracker.finish(turn, [{"role": "assistant", "content": "ok"}])
     now[0] = 111
-    assert [e.kind for e in tracker.expire()] == ["session_end"]
+    assert kinds(tracker.expire()) == [SessionEnd]
 
 
 message = st.one_of(
@@ -217,7 +240,7 @@ message = st.one_of(
 def test_junk_never_raises(body, answers):
     tracker = SessionTracker()
     turn, events = tracker.begin(body)
-    assert events[-1].kind == "llm_call_start"
+    assert isinstance(events[-1].event, LlmCallStart)
     tracker.finish(turn, answers, {"prompt_tokens": "x"})
     tracker.begin(body)
 
@@ -233,14 +256,10 @@ def test_tool_arguments_nested_deeper_than_the_parser_goes_still_match():
     history += [{"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c1", "content": "r"}]
     again, events = tracker.begin({"messages": history})
     assert (again.session_id, again.how) == (turn.session_id, "answer")
-    assert [e.kind for e in events] == ["tool_call_end", "llm_call_start"]
+    assert kinds(events) == [ToolCallEnd, LlmCallStart]
 
 
 # -- the other APIs, text actions and session ends ----------------------------------------------
-
-def ends(events) -> list[tuple[str, str]]:
-    return [(e.args["call_id"], e.args["outcome"]) for e in events if e.kind == "tool_call_end"]
-
 
 def test_responses_histories_match_with_or_without_what_clients_drop():
     """A resent history keeps or drops reasoning items, drops `id` and `status`
@@ -257,9 +276,9 @@ def test_responses_histories_match_with_or_without_what_clients_drop():
               {"type": "function_call", "id": "fc_2", "call_id": "c2", "name": "book", "arguments": "{}"}]
     events = tracker.finish(turn, JsonResponses().read({"id": "resp_1", "output": output,
                                                         "usage": {"input_tokens": 9, "output_tokens": 4}}))
-    assert [(e.kind, e.args.get("tool")) for e in events] == [
-        ("llm_call_end", None), ("tool_call_start", "search"), ("tool_call_start", "book")]
-    assert events[0].args["prompt_tokens"] == 9
+    assert kinds(events) == [LlmCallEnd, ToolCallStart, ToolCallStart]
+    assert [e.tool for e in of(events, ToolCallStart)] == ["search", "book"]
+    assert events[0].event.prompt_tokens == 9
     resent = [{"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "e"},
               {"role": "assistant", "content": "Looking."},
               {"type": "function_call", "call_id": "c1", "name": "search", "arguments": '{ "q": "x" }'},
@@ -281,7 +300,7 @@ def test_previous_response_ids_chain_and_an_unknown_one_starts_a_session():
     assert (turn2.session_id, turn2.how) == (turn.session_id, "previous")
     assert ends(events) == [("c1", "ok")]
     lost, events = tracker.begin(RESPONSES.read({**follow, "previous_response_id": "resp_gone"}, {}))
-    assert lost.how == "new" and events[0].kind == "session_start"
+    assert lost.how == "new" and isinstance(events[0].event, SessionStart)
 
 
 def test_messages_histories_match_across_moved_cache_markers_and_dropped_thinking():
@@ -297,8 +316,9 @@ def test_messages_histories_match_across_moved_cache_markers_and_dropped_thinkin
     events = tracker.finish(turn, JsonMessages().read({"id": "msg_1", "content": content, "stop_reason": "tool_use",
                                                        "usage": {"input_tokens": 3, "cache_read_input_tokens": 7,
                                                                  "output_tokens": 2}}))
-    assert events[0].args["prompt_tokens"] == 10
-    assert [e.args.get("tool") for e in events[1:]] == ["read", "grep"]
+    assert events[0].event.prompt_tokens == 10
+    assert kinds(events[1:]) == [ToolCallStart, ToolCallStart]
+    assert [h.event.tool for h in events[1:]] == ["read", "grep"]
     resent = [{"role": "user", "content": [image, {"type": "text", "text": "fix the bug"}]},  # the markers moved on
               {"role": "assistant", "content": content[1:]},
               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x = 1",
@@ -320,7 +340,7 @@ def test_text_actions_start_a_tool_per_block_and_end_on_an_observation():
     messages = [SYSTEM, {"role": "user", "content": "Fix the failing test."}]
     answer = "THOUGHT: look.\n\n```bash\ngrep -rn foo src\n```\nthen\n```sh\ncd repo && timeout 60 python -m pytest -x\n```"
     turn, _, done = text_agent_turn(tracker, messages, answer)
-    starts = [(e.args["tool"], e.args["category"]) for e in done if e.kind == "tool_call_start"]
+    starts = [(e.tool, e.category) for e in of(done, ToolCallStart)]
     assert starts == [("grep", "search"), ("pytest", "test")]
     messages.append({"role": "user", "content": "<returncode>1</returncode>\n<output>\n1 failed\n</output>"})
     turn2, begun, done = text_agent_turn(tracker, messages, "THOUGHT: edit.\n```bash\nsed -i s/a/b/ f.py\n```")
@@ -335,12 +355,13 @@ def test_a_submit_marker_ends_the_session_and_a_continuation_revives_it():
     tracker = SessionTracker()
     messages = [SYSTEM, {"role": "user", "content": "Fix it."}]
     turn, _, done = text_agent_turn(tracker, messages, "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff\n```")
-    assert [e.kind for e in done] == ["llm_call_end", "session_end"]
+    assert kinds(done) == [LlmCallEnd, SessionEnd]
+    assert of(done, SessionEnd)[0].outcome is SessionOutcome.COMPLETED
     assert tracker.session_ids() == [] and tracker.stats().sessions_ended == {"submit": 1}
     messages.append({"role": "user", "content": "<returncode>0</returncode>"})
     again, begun = tracker.begin({"model": "m", "messages": messages})
     assert again.session_id == turn.session_id and not again.new_session
-    assert [e.kind for e in begun] == ["session_start", "llm_call_start"]
+    assert kinds(begun) == [SessionStart, LlmCallStart]
     assert tracker.stats().sessions_revived == 1 and tracker.stats().sessions_started == 1
 
 
@@ -363,10 +384,10 @@ def test_the_idle_timeout_is_learnt_per_workflow_within_its_bounds():
     for turn in (fresh, other):
         tracker.finish(turn, [{"role": "assistant", "content": "ok"}])
     now[0] += learnt + 0.5
-    ended = {e.session_id for e in tracker.expire() if e.kind == "session_end"}
+    ended = {e.session_id for e in of(tracker.expire(), SessionEnd)}
     assert fresh.session_id in ended and other.session_id not in ended and len(ended) == 5  # the workflow's
     now[0] += 600
-    assert [e.session_id for e in tracker.expire() if e.kind == "session_end"] == [other.session_id]
+    assert [e.session_id for e in of(tracker.expire(), SessionEnd)] == [other.session_id]
     assert tracker.stats().sessions == 0 and tracker.stats().sessions_expired == 6
 
 
@@ -387,18 +408,18 @@ def test_final_answers_end_sessions_once_the_workflow_shows_they_are_final():
     now = [0.0]
     tracker = SessionTracker(idle_ttl_s=600, idle_min_s=5, clock=lambda: now[0])
     _, _, done = final_answer_session(tracker, now, "first")
-    assert "session_end" not in [e.kind for e in done]  # nothing known yet: the idle timeout decides
+    assert SessionEnd not in kinds(done)  # nothing known yet: the idle timeout decides
     now[0] += 601
-    assert [e.kind for e in tracker.expire()] == ["session_end"]
+    assert kinds(tracker.expire()) == [SessionEnd]
     turn, messages, done = final_answer_session(tracker, now, "second")
-    assert [e.kind for e in done] == ["llm_call_end", "session_end"]  # quiet after a final answer: it was final
+    assert kinds(done) == [LlmCallEnd, SessionEnd]  # quiet after a final answer: it was final
     assert tracker.stats().sessions_ended["final"] == 1
     # This one does come back (its user replied): the same session, and the workflow learns it.
     again, begun = tracker.begin({"model": "m", "messages": messages + [
         {"role": "assistant", "content": "Here you are."}, {"role": "user", "content": "And a hotel?"}]})
-    assert again.session_id == turn.session_id and begun[0].kind == "session_start"
+    assert again.session_id == turn.session_id and isinstance(begun[0].event, SessionStart)
     _, _, done = final_answer_session(tracker, now, "third")
-    assert "session_end" not in [e.kind for e in done]  # one quiet, one resumed: not final enough
+    assert SessionEnd not in kinds(done)  # one quiet, one resumed: not final enough
 
 
 def test_an_abandoned_call_ends_its_session_after_the_grace_unless_retried():
@@ -412,45 +433,46 @@ def test_an_abandoned_call_ends_its_session_after_the_grace_unless_retried():
     assert (retry.session_id, retry.how) == (turn.session_id, "retry")
     tracker.fail(retry, abandoned=True)
     now[0] += 6
-    assert [(e.kind, e.args.get("outcome")) for e in tracker.expire()] == [("session_end", "cancelled")]
+    assert [(type(e), e.outcome) for e in (h.event for h in tracker.expire())] == [
+        (SessionEnd, SessionOutcome.CANCELLED)]
     assert tracker.stats().sessions_ended == {"gone": 1}
 
 
 # -- what an observer (the recorder) learns beyond the hints -------------------------------------
 
-def facts(events, kind):
-    return [e.facts for e in events if e.kind == kind]
+def facts(hints, kind: type) -> list[HintFacts]:
+    return [h.facts for h in hints if isinstance(h.event, kind)]
 
 
 def test_facts_say_what_each_request_continues_its_sizes_and_why_a_session_ended():
     tracker = SessionTracker(idle_ttl_s=1.0, idle_min_s=1.0)
     first = [SYSTEM, {"role": "user", "content": "hello"}]
     turn, events = tracker.begin({"model": "gpt-4o", "messages": first})
-    [start] = facts(events, "llm_call_start")
-    assert start == {"extends": "", "prompt_chars": len(SYSTEM["content"]) + 5, "model": "gpt-4o"}
+    [start] = facts(events, LlmCallStart)
+    assert start == HintFacts(extends="", prompt_chars=len(SYSTEM["content"]) + 5, model="gpt-4o")
     answer = {"role": "assistant", "content": None,
               "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{}"}}]}
     events = tracker.finish(turn, [answer], {"prompt_tokens": 30, "completion_tokens": 4,
                                              "prompt_tokens_details": {"cached_tokens": 16}})
-    assert facts(events, "llm_call_end") == [{"cached_tokens": 16, "output_chars": len("search{}")}]
+    assert facts(events, LlmCallEnd) == [HintFacts(cached_tokens=16, output_chars=len("search{}"))]
     extended = first + [answer, {"role": "tool", "tool_call_id": "c1", "content": "r"}]
     turn, events = tracker.begin({"model": "gpt-4o", "messages": extended})
-    assert facts(events, "llm_call_start")[0]["extends"] == "answer"
-    assert facts(tracker.fail(turn), "llm_call_end") == [{"failed": True}]
+    assert facts(events, LlmCallStart)[0].extends == "answer"
+    assert facts(tracker.fail(turn), LlmCallEnd) == [HintFacts(failed=True)]
     turn, events = tracker.begin({"model": "gpt-4o", "messages": extended})  # the retry
-    assert (turn.how, facts(events, "llm_call_start")[0]["extends"]) == ("retry", "request")
+    assert (turn.how, facts(events, LlmCallStart)[0].extends) == ("retry", "request")
     rewritten = extended + [{"role": "assistant", "content": "DONE"}, {"role": "user", "content": "more"}]
     tracker.finish(turn, [{"role": "assistant", "content": "done"}], {"prompt_tokens": 40})
     turn, events = tracker.begin({"model": "gpt-4o", "messages": rewritten})
-    assert (turn.how, facts(events, "llm_call_start")[0]["extends"]) == ("request", "request")
+    assert (turn.how, facts(events, LlmCallStart)[0].extends) == ("request", "request")
     tracker.finish(turn, [{"role": "assistant", "content": "ok"}])
     explicit, events = tracker.begin({"model": "m", "messages": first}, {"x-session-id": "mine"})
     tracker.finish(explicit, [{"role": "assistant", "content": "ok"}])
     _, events = tracker.begin({"model": "m", "messages": first + [{"role": "assistant", "content": "ok"},
                                                                 {"role": "user", "content": "and?"}]},
                               {"x-session-id": "mine"})
-    assert facts(events, "llm_call_start")[0]["extends"] == "answer"
-    assert [f["reason"] for f in facts(tracker.close(), "session_end")] == ["closed", "closed"]
+    assert facts(events, LlmCallStart)[0].extends == "answer"
+    assert [f.end_reason for f in facts(tracker.close(), SessionEnd)] == ["closed", "closed"]
 
 
 def test_cached_tokens_are_read_from_each_apis_usage_and_none_when_not_reported():

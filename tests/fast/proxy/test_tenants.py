@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from saga_sdk import HintClient
+from saga_server.core.events import SessionStart
 from saga_server.proxy import ProxyConfig, Request, SagaProxy, SessionTracker
 from saga_server.proxy.server import BackgroundServer
 from saga_server.proxy.tenants import Tenants, namespaced
@@ -195,10 +196,9 @@ def test_the_tracker_namespaces_every_id_and_starts_sessions_as_their_tenant():
     same = (Request((), "s-1", tenant="team-a"), Request((), "s-1", tenant="team-b"), Request((), "s-1"))
     turns = [tracker.begin(r) for r in same]
     assert [t.session_id for t, _ in turns] == ["team-a/s-1", "team-b/s-1", "s-1"]
-    assert [e.args for _, events in turns for e in events if e.kind == "session_start"] == [
-        {"workflow": turns[0][1][0].args["workflow"], "tenant": "team-a"},
-        {"workflow": turns[0][1][0].args["workflow"], "tenant": "team-b"},
-        {"workflow": turns[0][1][0].args["workflow"]}]
+    starts = [h.event for _, hints in turns for h in hints if isinstance(h.event, SessionStart)]
+    workflow = starts[0].workflow
+    assert [(e.tenant, e.workflow) for e in starts] == [("team-a", workflow), ("team-b", workflow), ("", workflow)]
 
 
 def test_namespaced_ids_are_unambiguous_and_bounded():
