@@ -9,13 +9,16 @@ the session can load. Both engines run this order: vLLM's CPU offload tier chunk
 chunk (`engines/vllm/offload.py`), the simulator's host tier by block counts.
 
 A session's key is set when its KV enters the tier or is used (`put`); a key that is
-not refreshed ages like an LRU timestamp (`eviction`). Not thread-safe: owned by the
+not refreshed ages like an LRU timestamp (`eviction`). A session the engine forgot
+(ended, idle past the core's time, evicted from its table, moved away: `forget`) has
+no next use here, so its KV is the first to go. Not thread-safe: owned by the
 tier's owner.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Callable, Hashable
 
 __all__ = ["HostTierOrder"]
@@ -42,6 +45,11 @@ class HostTierOrder:
         if len(self._heap) > 2 * len(self._seq) + 64:
             self._heap = [item for item in self._heap if self._seq.get(item[3]) == item[2]]
             heapq.heapify(self._heap)
+
+    def forget(self, entry: Hashable) -> None:
+        """The session has no next use here: its KV goes first (if the tier has any)."""
+        if entry in self._seq:
+            self.put(entry, -math.inf)
 
     def remove(self, entry: Hashable) -> None:
         self._seq.pop(entry, None)

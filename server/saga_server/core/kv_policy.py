@@ -21,7 +21,7 @@ The state machine of one session's KV (tiers, order and budget: `holds`):
 | admission parked it (`plan`) | SOFT with the lowest key: the first KV to go, kept while nobody needs the room |
 | admission admitted it (`plan`) | PROTECTED, keyed by its waiting request's arrival |
 | memory ran short (`make_room`) | the ledger's order: soft, then pins, then protected, each by key, tail first |
-| KV came back (`loaded`: a prefetch, a move) | SOFT under its key; a queued request's is PROTECTED, a pin moved with its TTL left is pinned again |
+| KV came back (`loaded`: a prefetch, a move) | SOFT under its key; a queued request's is PROTECTED; a pin with TTL left (the session's here, or one that moved with it) is pinned for the rest |
 | it moved to another engine (`moved`) | released ("moved"); admission forgets it; its workflow state stays |
 | it ended, idled out or was evicted from the core's session table | released ("session_end", "expired", "evicted"); admission, the request map and every `on_forget` listener forget it |
 
@@ -111,7 +111,8 @@ class SessionKvPolicy:
         `admission(parkable)`: builds the engine's admission controller, given
         which sessions it may park (not pinned); None: every session runs at once.
         `count(name, label)`: told of pin events ("pins": "used", "created",
-        "refused", "over_tenant_cap", "unpinned", "expired")."""
+        "refused", "over_tenant_cap", "unpinned", "expired") and of each session it
+        forgets ("forgotten": ENDED, "expired", "evicted", "moved")."""
         self.ledger = ledger
         self.rules = rules
         self.block_tokens = block_tokens
@@ -279,8 +280,12 @@ class SessionKvPolicy:
         """KV of the session came back into the pool (a prefetch, or a move from another
         engine): `blocks` become its hold (None: the engine already grew it);
         `queued_at`: a request of it that came along, already queued. A queued
-        request's KV is protected; a pin that moved with TTL left is pinned for the
-        rest; else it keeps its tier under a fresh key."""
+        request's KV is protected; a pin with TTL left (the session's own here, or
+        `pin_until`: one that moved with it) is pinned for the rest; else it keeps
+        its tier under a fresh key."""
+        before = self.ledger.get(session_id)
+        if before is not None and before.tier == PINNED:
+            pin_until = max(pin_until, before.expires_at)  # what came back joins a pin still running
         if blocks is not None:
             self.ledger.hold(session_id, blocks, key=self.rules.key(session_id, len(blocks) * self.block_tokens, now),
                              now=now, reason="prefetch")
@@ -304,6 +309,7 @@ class SessionKvPolicy:
         (the target decides afresh); its workflow state stays."""
         self.ledger.release(session_id, "moved")
         self._drop(session_id)
+        self._count("forgotten", "moved")
         for listener in self._listeners:
             listener(session_id, "moved")
 
@@ -330,6 +336,7 @@ class SessionKvPolicy:
             sid, how = gone.popleft()
             self.ledger.release(sid, FORGET_REASON.get(how, how))
             self._drop(sid)
+            self._count("forgotten", how)
             for listener in self._listeners:
                 listener(sid, how)
             out.append(sid)

@@ -104,6 +104,20 @@ def test_an_expired_pin_turns_soft():
     assert kv.expire_pins(clock()) == ["a"] and kv.ledger.get("a").tier == SOFT
 
 
+def test_kv_that_comes_back_to_a_pinned_session_joins_its_pin_for_the_ttl_left():
+    kv, core, clock = policy()
+    core.accept(SessionStart("a", clock()))
+    run_request(kv, core, clock, "a", 8)
+    core.accept(ToolCallStart("a", clock(), "ls", call_id="1", expected_duration_s=2.0))
+    kv.tool_started("a", clock())
+    expires = kv.ledger.get("a").expires_at
+    kv.ledger.truncate("a", 2, "pressure")  # memory ran short: the pin kept its head
+    clock.t += 1.0
+    kv.loaded("a", clock(), blocks=blocks("a", 8))  # a prefetch brought the rest back
+    hold = kv.ledger.get("a")
+    assert hold.tier == PINNED and len(hold.blocks) == 8 and hold.expires_at == expires
+
+
 def test_a_parked_session_goes_first_and_an_admitted_one_is_protected():
     kv, core, clock = policy(pins=False, admission=True, capacity=40)  # limit 0.9 x 640 tokens
     for sid in ("idle", "new"):

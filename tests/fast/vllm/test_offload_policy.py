@@ -14,6 +14,7 @@ from saga_server.core import (
     LlmCallEnd,
     LlmCallStart,
     ManualClock,
+    SessionEnd,
     SessionStart,
     ToolCallEnd,
     ToolCallStart,
@@ -112,3 +113,25 @@ def test_the_engines_own_offload_manager_runs_the_policy_saga_serve_configures(t
     s = make_scheduler(SagaScheduler, tiny_model, start_hints=False, num_blocks=16, block_size=BS,
                        kv_offloading_size=0.001, kv_transfer_extra=offload.POLICY_CONFIG)
     assert type(s.connector.connector_scheduler.manager._policy) is offload.SagaCachePolicy
+
+
+def test_a_session_the_engine_forgets_is_the_first_the_tier_drops_and_leaves_the_request_map(tiny_model):
+    s = learned_scheduler(tiny_model)
+    core, clock, R = s.saga.core, s.saga.clock, Requests(BS)
+    manager = CPUOffloadingManager(num_chunks=8, cache_policy="SagaCachePolicy",
+                                   cache_policy_module_path=offload.__name__)
+    reqs = {}
+    for sid in ("stays", "ends"):  # "ends" is used last: by recency the tier would keep it
+        core.accept(SessionStart(sid, clock()))
+        reqs[sid] = R.make(list(range(100, 164)), session_id=sid)
+        s.add_request(reqs[sid])
+        run_until_idle(s)
+        store(manager, keys(sid, 4), reqs[sid].request_id)
+        clock.t += 1.0
+    core.accept(SessionEnd("ends", clock()))
+    run_until_idle(s)
+    s.schedule()  # the engine loop forgets it at its next step
+    assert s.saga.session_of_request(reqs["ends"].request_id) is None
+    assert s.saga.session_of_request(reqs["stays"].request_id) == "stays"
+    ends = keys("ends", 4)
+    assert store(manager, keys("new", 2), "anonymous").evicted_keys == [ends[3], ends[2]]

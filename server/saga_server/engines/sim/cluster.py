@@ -118,28 +118,32 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         while ev:
             t, _, kind, a, b = pop(ev)
             self.now = t
-            if kind == WORKER:
-                if a.version == b:
-                    self._touch(a)
-            elif kind == TOOL_END:
-                self._tool_end(a)
-            elif kind == LOADED:
-                a.advance(t)
-                a.start_prefill(b)
-                self._settle(a)
-            elif kind == PIN_EXPIRE:
-                self._pin_expire(a)
-            elif kind == PREFETCH:
-                self._prefetch(a, b)
-            elif kind == TASK_START:
-                self._start_task(a)
-            elif kind == SAMPLE:
-                self._sample()
-            elif kind == STEAL:
-                self._steal_tick()
-            elif kind == MOVED:
-                self._moved(a, b)
+            self._handle(kind, a, b)
         return self._finish_result()
+
+    def _handle(self, kind: int, a, b) -> None:
+        """One event, at `now`."""
+        if kind == WORKER:
+            if a.version == b:
+                self._touch(a)
+        elif kind == TOOL_END:
+            self._tool_end(a)
+        elif kind == LOADED:
+            a.advance(self.now)
+            a.start_prefill(b)
+            self._settle(a)
+        elif kind == PIN_EXPIRE:
+            self._pin_expire(a)
+        elif kind == PREFETCH:
+            self._prefetch(a, b)
+        elif kind == TASK_START:
+            self._start_task(a)
+        elif kind == SAMPLE:
+            self._sample()
+        elif kind == STEAL:
+            self._steal_tick()
+        elif kind == MOVED:
+            self._moved(a, b)
 
     # --- sessions ------------------------------------------------------
     def _start_task(self, inst: TaskInstance) -> None:
@@ -196,9 +200,15 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         self._arrive(s)
 
     def _forgotten(self, w: Worker, sid: str, how: str) -> None:
-        """The core let a session go that still waits at this worker's gate (idle past
-        the core's expiry while it waited): its request is no longer held back."""
-        s = w.gated.pop(sid, None) if how != "moved" else None
+        """The worker's policy forgot a session: its host-tier copy goes (unless its
+        KV moved on, which `moves` carries), and a request of it still waiting at the
+        gate (the core let it go while it waited) is no longer held back."""
+        if how == "moved":
+            return
+        if w.host is not None:
+            w.host.drop(sid)
+        w.offloaded.discard(sid)
+        s = w.gated.pop(sid, None)
         if s is not None and s.state != "ended":
             self._enqueue(s, gate=False)
 
@@ -325,9 +335,6 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             pol.on_session_end(s, now)
             cache.flush_time()
             kv.session_ended(sid)
-            if w.host is not None:
-                w.host.drop(sid)
-            w.offloaded.discard(sid)
             w.live -= 1
             self._leave_gate(w, s)
             self._end_task(s)

@@ -58,6 +58,9 @@ class SagaMetrics:
         self.afs_priority = Gauge("saga_afs_priority", "Agent Fair Share priority of waiting work (lower = sooner)",
                                   ["tenant"], **g)
         self.admission = Counter("saga_admission", "Session admission decisions", ["event"])
+        self.forgotten = Counter("saga_sessions_forgotten",
+                                 "Sessions this engine forgot (every per-session table), by how they stopped being live",
+                                 ["how"])  # how: ended, expired (idle), evicted (the core's table was full), moved
         # event: admitted (a waiting session may run), parked (an idle one gave way)
         self.admission_wait = Counter("saga_admission_wait_seconds", "Time requests waited to be admitted")
         self.admission_sessions = Gauge("saga_admission_sessions", "Sessions by admission state", ["state"], **g)
@@ -105,7 +108,7 @@ class PluginCounters:
         self.counts: collections.Counter[str] = collections.Counter()
         self._families = {"pins": metrics.pins, "released": metrics.evictions, "prefetch": metrics.prefetch,
                           "plugin_errors": metrics.plugin_errors, "plugin_seconds": metrics.plugin_seconds,
-                          "kv_pulls": metrics.kv_pulls}
+                          "kv_pulls": metrics.kv_pulls, "forgotten": metrics.forgotten}
 
     def count(self, family: str, label: str, n: float = 1) -> None:
         self._families[family].labels(label).inc(n)

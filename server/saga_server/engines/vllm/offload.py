@@ -13,13 +13,16 @@ used, a session's tail chunks before its head, and chunks of no known session by
 their last use (the key's LRU case).
 
 The policy runs in the EngineCore process next to the scheduler; the `SagaPlugin`
-there `attach`es itself, and tells which session each request belongs to. Without a
-plugin (plain vLLM) every chunk is ranked by its last use: LRU.
+there `attach`es itself, and tells which session each request belongs to. A session
+the plugin's KV policy forgets (ended, idled out, evicted from the core's table,
+moved away) is forgotten here too: its chunks go first and its requests leave the
+request map. Without a plugin (plain vLLM) every chunk is ranked by its last use: LRU.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections import OrderedDict
 from typing import Iterable, Sequence
 
@@ -34,28 +37,54 @@ __all__ = ["SagaCachePolicy", "attach", "POLICY_CONFIG"]
 POLICY_CONFIG = {"eviction_policy": "SagaCachePolicy", "cache_policy_module_path": __name__}
 
 _plugin = None  # the SagaPlugin of this EngineCore process, if any
+_policies: weakref.WeakSet = weakref.WeakSet()  # this process's tiers (vLLM builds them)
 _MAX_REQUESTS = 65_536  # request -> session entries kept for the connector's late calls
 
 
 def attach(plugin) -> None:
-    """Rank chunks by `plugin`'s sessions from now on (see the module docstring)."""
+    """Rank chunks by `plugin`'s sessions from now on, and forget the sessions its KV
+    policy forgets (see the module docstring); None: plain LRU."""
     global _plugin
     _plugin = plugin
+    if plugin is not None:
+        plugin.kv.on_forget(_forgotten)
+
+
+def _forgotten(session_id: str, how: str) -> None:
+    for policy in list(_policies):
+        policy.forget(session_id)
 
 
 class RequestSessions:
-    """Request id -> session id, for requests the connector may still ask about."""
+    """Request id -> session id, for requests the connector may still ask about;
+    at most `_MAX_REQUESTS`, oldest first out, and none of a forgotten session."""
 
     def __init__(self) -> None:
         self._map: OrderedDict[str, str] = OrderedDict()
+        self._of: dict[str, set[str]] = {}  # session -> its request ids in the map
+
+    def __len__(self) -> int:
+        return len(self._map)
 
     def add(self, request_id: str, session_id: str) -> None:
         self._map[request_id] = session_id
+        self._of.setdefault(session_id, set()).add(request_id)
         while len(self._map) > _MAX_REQUESTS:
-            self._map.popitem(last=False)
+            self._unlink(*self._map.popitem(last=False))
 
     def get(self, request_id: str) -> str | None:
         return self._map.get(request_id)
+
+    def forget(self, session_id: str) -> None:
+        for request_id in self._of.pop(session_id, ()):
+            self._map.pop(request_id, None)
+
+    def _unlink(self, request_id: str, session_id: str) -> None:
+        ids = self._of.get(session_id)
+        if ids is not None:
+            ids.discard(request_id)
+            if not ids:
+                del self._of[session_id]
 
 
 class SagaCachePolicy(CachePolicy):
@@ -68,6 +97,7 @@ class SagaCachePolicy(CachePolicy):
         self._evictable: set[OffloadKey] = set()
         # Sessions, and chunks of no known session, in the host tier's order.
         self._order = HostTierOrder()
+        _policies.add(self)
 
     # -- storage -------------------------------------------------------------------
 
@@ -140,6 +170,10 @@ class SagaCachePolicy(CachePolicy):
                 self._by_session.setdefault(sid, set()).add(key)
         if sid is not None and sid in self._by_session:
             self._order.put(sid, _plugin.offload_key(sid, now))
+
+    def forget(self, session_id: str) -> None:
+        """The engine forgot the session: its chunks are the first to go."""
+        self._order.forget(session_id)
 
     # -- eviction ----------------------------------------------------------------------
 

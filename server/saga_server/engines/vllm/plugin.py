@@ -74,11 +74,12 @@ from .sessions import request_meta
 # Under "vllm." so vLLM's own log handler (and level) shows these lines.
 log = logging.getLogger("vllm.saga")
 
-__all__ = ["SagaPlugin", "PIN_FRACTION_ENV", "SENIORITY_WINDOW_ENV", "ADMISSION_ENV"]
+__all__ = ["SagaPlugin", "PIN_FRACTION_ENV", "SENIORITY_WINDOW_ENV", "ADMISSION_ENV", "PREFETCH_ENV"]
 
 PIN_FRACTION_ENV = "SAGA_PIN_MAX_FRACTION"
 SENIORITY_WINDOW_ENV = "SAGA_SENIORITY_WINDOW_S"
 ADMISSION_ENV = "SAGA_ADMISSION"
+PREFETCH_ENV = "SAGA_PREFETCH"
 _AFS_MAX_QUEUE = 2048  # longer queues keep FCFS: ranking costs one core call per request per step
 _PIN_EVENT = {"pressure": "reclaimed", "session_end": "ended"}  # "used": see on_arrival
 
@@ -161,6 +162,7 @@ class SagaPlugin:
                                   admission=(lambda parkable: admission(parkable=parkable)) if admission else None)
         self.admission = self.kv.admission
         self.prefetcher = Prefetcher(scheduler, self.core, self.kv, self.counters, self.clock)
+        self._prefetching = self.enabled and env_float(PREFETCH_ENV, 1.0, 0.0, 1.0) > 0
         self.kv.on_forget(lambda sid, how: self.prefetcher.forget(sid, ended=how == ENDED))
         self._prefill = _Throughput()
         self.pulls = getattr(getattr(scheduler, "connector", None), "pulls", None)  # SAGA's NixlConnector
@@ -169,9 +171,12 @@ class SagaPlugin:
         self.requests: dict[str, Any] = {}  # request id -> RequestMeta (live requests)
         self._had: dict[str, int] = {}  # request id -> its session's context at arrival (until scheduled)
         self._request_sessions = RequestSessions()  # for vLLM's CPU offload tier (`offload`)
+        self.kv.on_forget(lambda sid, how: self._request_sessions.forget(sid))
         attach(self)
         self._core_gauges_at = -math.inf
         self.recording = EngineRecording.from_env(scheduler, self.core, self.clock)
+        if self.recording is not None:
+            self.kv.on_forget(self.recording.forgotten)
         self.sink = EngineHintSink(self.core, self.engine_stats, on_drop=self.metrics.hints_dropped.inc,
                                    on_accept=self._core_gauges,
                                    on_event=self.recording.hint if self.recording is not None else None)
@@ -275,7 +280,7 @@ class SagaPlugin:
             self.metrics.admission.labels("parked").inc(len(plan.park))
             self.metrics.admission_wait.inc(self.admission.counts.wait_s - waited)
         self._rank_waiting(now)
-        if self.enabled:
+        if self._prefetching:
             self.prefetcher.maybe_issue(now)
         self._gauges()
 

@@ -27,8 +27,10 @@ recorder's thread `EngineFeed` reads them into `TraceBuilder` facts:
 A session's first request opens its task as well as its start hint does (either may
 come first: hints and requests travel apart), and the request's `vllm_xargs.tenant`
 stands in for a tenant no hint gave. Requests without a session and SAGA's own
-prefetches are not recorded. A session whose end never comes is written after
-`idle_s` (default: the core's session idle TTL) as `recorder_idle`, `truncated`.
+prefetches are not recorded. A session the engine forgets without an end (idle
+past the core's time, or evicted from its full table) is written then, as
+`expired` or `evicted`; one the recorder hears nothing of for `idle_s` (default:
+the core's session idle TTL) as `recorder_idle`; both `truncated`.
 A recorder that cannot start (an unwritable file, a bad variable) is logged, and
 the engine serves without it.
 """
@@ -44,6 +46,7 @@ from typing import Any, NamedTuple, Sequence
 from vllm.v1.request import Request, RequestStatus
 
 from saga_server.core import HintEvent, SessionEnd, SessionStart, ToolCallEnd, ToolCallStart
+from saga_server.core.sessions import EVICTED, EXPIRED
 from saga_server.record import Recorder, TokenBlocks, TraceBuilder, block_hashes
 from saga_server.record.options import config_from_env
 
@@ -73,6 +76,11 @@ class _Arrival(NamedTuple):
 class _Scheduled(NamedTuple):
     request_id: str
     cached: int
+
+
+class _Forgotten(NamedTuple):
+    session_id: str
+    how: str                # EXPIRED or EVICTED (the core's session table)
 
 
 class _Finished(NamedTuple):
@@ -120,6 +128,8 @@ class EngineFeed:
                                 tokens=self._tokens(item))
         elif isinstance(item, _Hint):
             _feed_hint(builder, t, item.event, item.tenant)
+        elif isinstance(item, _Forgotten):
+            builder.session_end(item.session_id, t, reason=item.how)
 
     def _tokens(self, item: _Arrival | _Finished) -> TokenBlocks:
         # vLLM hashes blocks only with prefix caching (or a KV connector) on
@@ -181,6 +191,13 @@ class EngineRecording:
     def finished(self, request: Request) -> None:
         self.recorder.submit(_Finished(request.request_id, request.num_prompt_tokens, request.num_output_tokens,
                                        request.status in _FAILED, request.all_token_ids, request.block_hashes))
+
+    def forgotten(self, session_id: str, how: str) -> None:
+        """The engine forgot the session (`SessionKvPolicy.on_forget`): one that stopped
+        without an end is written now. An ended one was written by its end hint; a
+        moved one goes on at another engine."""
+        if how in (EXPIRED, EVICTED):
+            self.recorder.submit(_Forgotten(session_id, how))
 
     # -- the hint thread ------------------------------------------------------------
 
