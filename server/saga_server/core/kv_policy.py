@@ -64,7 +64,7 @@ class KvRules(Protocol):
         """Eviction key of the session's KV now (LOWER = goes first); `last_use`: when
         the KV was last used (a key without a prediction is plain recency)."""
 
-    def pin(self, session_id: str, kv_tokens: int, pressure: float) -> PinDecision:
+    def pin_decision(self, session_id: str, kv_tokens: int, pressure: float) -> PinDecision:
         """Whether to pin the session's KV now, and for how long (`pressure`: the
         share of the pool not free, 0..1)."""
 
@@ -96,7 +96,7 @@ class WorkflowRules:
             return last_use
         return self.core.eviction_priority(session_id, kv_tokens, last_use)
 
-    def pin(self, session_id: str, kv_tokens: int, pressure: float) -> PinDecision:
+    def pin_decision(self, session_id: str, kv_tokens: int, pressure: float) -> PinDecision:
         if not self.pins:
             return NO_PIN
         return self.core.pin_decision(session_id, kv_tokens, min(max(pressure, 0.0), 1.0))
@@ -199,7 +199,7 @@ class SessionKvPolicy:
                 ledger.set_key(session_id, self._key(hold), SOFT)
             return hold
         kv_tokens = len(blocks) * self.block_tokens
-        decision = self.rules.pin(session_id, kv_tokens, ledger.pressure())
+        decision = self.rules.pin_decision(session_id, kv_tokens, ledger.pressure())
         hold = ledger.hold(session_id, blocks, key=self.rules.key(session_id, kv_tokens, now), now=now,
                            pin_ttl_s=decision.ttl_s if decision.pin else 0.0, reason=decision.reason, owner=owner)
         if decision.pin and hold is not None:
@@ -215,7 +215,7 @@ class SessionKvPolicy:
         if hold is None or hold.tier == PROTECTED:
             return hold
         key = self._key(hold)
-        decision = self.rules.pin(session_id, len(hold.blocks) * self.block_tokens, self.ledger.pressure())
+        decision = self.rules.pin_decision(session_id, len(hold.blocks) * self.block_tokens, self.ledger.pressure())
         if decision.pin:
             pinned = self.ledger.pin(session_id, decision.ttl_s, now, key)
             self._count_pin(hold, pinned)

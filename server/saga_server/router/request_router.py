@@ -90,7 +90,7 @@ class SagaRequestRouter(RequestRouter):
                          ingress_url: str | None = None, seed: int = 0, report_ttl_s: float = 30.0,
                          cluster_fair_share: bool = True, move_wait_s: float = 10.0, kv_transfer: str | None = None,
                          **kwargs: Any) -> None:
-        self.saga = SessionRouter(RoutingConfig(kv_weight=kv_weight, steal_gap=steal_gap,
+        self.routing = SessionRouter(RoutingConfig(kv_weight=kv_weight, steal_gap=steal_gap,
                                                 steal_only_in_tool=steal_only_in_tool,
                                                 steal_cooldown_s=steal_cooldown_s), seed=seed)
         self._steal_period_s = steal_period_s
@@ -139,7 +139,7 @@ class SagaRequestRouter(RequestRouter):
                 self._last_body.move_to_end(sid)
                 while len(self._last_body) > _LAST_BODIES:
                     self._last_body.popitem(last=False)
-            route = self.saga.route(sid, list(by_id), dict(self._inflight))
+            route = self.routing.route(sid, list(by_id), dict(self._inflight))
             self._maybe_steal(list(by_id))
             self._maybe_publish()
             chosen = by_id[route.replica]
@@ -201,14 +201,14 @@ class SagaRequestRouter(RequestRouter):
             queue = self._inflight.get(r.replica_id.unique_id, 0)
             views.append(ReplicaView(r.replica_id.unique_id, queue_len=queue, kv_usage=rep.kv_usage,
                                      sessions=sessions, in_tool=rep.in_tool & sessions if sessions else rep.in_tool))
-        self.saga.update(views)
+        self.routing.update(views)
 
     def _maybe_steal(self, candidates: list[str]) -> None:
         now = time.monotonic()
         if now < self._next_steal_at or len(candidates) < 2:
             return
         self._next_steal_at = now + self._steal_period_s
-        steal = self.saga.plan_steal(candidates)
+        steal = self.routing.plan_steal(candidates)
         if steal is None:
             return
         self.moves["steals"] += 1
@@ -258,7 +258,7 @@ class SagaRequestRouter(RequestRouter):
         moves = dict(self.moves)
         if self._peers is not None:
             moves.update(self._peers.counters)
-        return {"routing": self.saga.stats(), "moves": moves, "steals": list(self.steals),
+        return {"routing": self.routing.stats(), "moves": moves, "steals": list(self.steals),
                 "inflight": dict(self._inflight), "at": time.time()}
 
     def _maybe_publish(self) -> None:

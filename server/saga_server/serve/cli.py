@@ -130,9 +130,9 @@ class ServeConfig:
     """The resolved command line and environment of one vLLM child."""
 
     def __init__(self, argv: list[str], env: dict[str, str], api_url: str, hint_addr: str | None,
-                 saga: bool, model: str) -> None:
-        self.argv, self.env, self.api_url, self.hint_addr, self.saga, self.model = (
-            argv, env, api_url, hint_addr, saga, model)
+                 with_saga: bool, model: str) -> None:
+        self.argv, self.env, self.api_url, self.hint_addr, self.with_saga, self.model = (
+            argv, env, api_url, hint_addr, with_saga, model)
 
 
 def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: str, default_model: bool,
@@ -325,7 +325,7 @@ def main(argv: list[str]) -> int:
     if opts.kv_transfer and opts.nixl_port is None and "VLLM_NIXL_SIDE_CHANNEL_PORT" not in os.environ:
         opts.nixl_port = _free_port(opts.host)  # vLLM's default, 5600, would collide on a shared host
     cfg = build_command(opts, passthrough, model_dir, default_model)
-    keys_file = cfg.env.get(KEYS_FILE_ENV) if cfg.saga else None
+    keys_file = cfg.env.get(KEYS_FILE_ENV) if cfg.with_saga else None
     problem = _check_keys(keys_file) or _check_record(opts, touch=not opts.dry_run)
     if problem:
         print(f"saga serve: {problem}", file=sys.stderr)
@@ -344,7 +344,7 @@ def main(argv: list[str]) -> int:
     cfg.env["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     pid_dir = tempfile.mkdtemp(prefix="saga-engines-")
     cfg.env[RELOAD_DIR_ENV] = pid_dir
-    mode = "SAGA scheduler" if cfg.saga else "stock vLLM scheduler (--no-saga)"
+    mode = "SAGA scheduler" if cfg.with_saga else "stock vLLM scheduler (--no-saga)"
     print(f"[saga] starting vLLM ({mode}) with model {model_dir}", flush=True)
     print(f"[saga] OpenAI API : {cfg.api_url}/v1", flush=True)
     if cfg.hint_addr:

@@ -83,7 +83,7 @@ def test_the_ticker_moves_a_session_in_a_tool_call_off_an_overloaded_replica_wit
     router._reports.get("busy", last_good)
     asyncio.run(scenario())
     assert list(router.steals) == [("agent", "busy", "idle", True)]
-    assert router.saga.home_of("agent") == "idle"
+    assert router.routing.home_of("agent") == "idle"
 
 
 def test_no_steal_when_the_load_gap_is_small():
@@ -170,7 +170,7 @@ def test_a_stolen_session_is_released_on_its_source_engine():
             router._ticker.cancel()
 
         asyncio.run(scenario())
-        assert router.saga.home_of("agent") == "idle"
+        assert router.routing.home_of("agent") == "idle"
         assert ReleaseKv("agent") in source.drain()
     finally:
         server.close(grace=None)

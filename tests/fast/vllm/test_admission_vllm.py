@@ -87,7 +87,7 @@ def test_one_slot_and_a_pool_for_one_session_still_finish_everything(tiny_model)
         for sid, hist in history.items():
             s.add_request(R.make(hist + tokens(90000 + turn, turn), session_id=sid))
         run_until_idle(s)
-    assert not s.waiting.held and s.saga.counters.total("plugin_errors") == 0
+    assert not s.waiting.gated and s.saga.counters.total("plugin_errors") == 0
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -116,7 +116,7 @@ def test_any_arrival_sequence_drains_with_nothing_left_waiting(tiny_model, ops):
         else:
             step(s)
     run_until_idle(s, max_steps=2000)
-    assert not s.waiting.held and not s.has_unfinished_requests()
+    assert not s.waiting.gated and not s.has_unfinished_requests()
     assert s.saga.counters.total("plugin_errors") == 0
     assert all(state in (ACTIVE, PARKED) for state in (s.saga.admission.state(x) for x in started)
                if state is not None)
@@ -142,10 +142,10 @@ def test_a_parked_session_s_next_request_at_the_gate_leaves_its_kv_first_to_go(t
     nxt = R.make(hist + [7, 8, 9], session_id="A")  # back while B still needs the room
     s.add_request(nxt)
     step(s)
-    assert s.saga.admission.state("A") != ACTIVE and s.waiting.held  # held back, unscheduled
+    assert s.saga.admission.state("A") != ACTIVE and s.waiting.gated  # held back, unscheduled
     assert s.saga.ledger.get("A").tier == SOFT  # not protected while it waits at the gate
     run_until_idle(s)
-    assert s.saga.admission.state("A") == ACTIVE and not s.waiting.held  # admitted and served in the end
+    assert s.saga.admission.state("A") == ACTIVE and not s.waiting.gated  # admitted and served in the end
 
 
 def test_a_session_admitted_while_its_request_waits_for_a_slot_has_its_kv_protected(tiny_model):

@@ -171,7 +171,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         s.next_use = self.now
         self.policy.on_llm_start(s, self.now)
         if s.in_transit:  # its KV is on the way to its new worker: wait for it there
-            s.held = ARRIVE
+            s.awaiting_kv = ARRIVE
             return
         self._enqueue(s)
 

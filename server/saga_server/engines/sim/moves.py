@@ -110,7 +110,7 @@ class KvMoves:
             src.net_free = dst.net_free = end
         s.prefetch_ready_at = 0.0
         s.in_transit = True
-        s.held = queued
+        s.awaiting_kv = queued
         res = self.result
         res.steals += 1
         res.steals_in_tool += s.move_in_tool
@@ -140,15 +140,15 @@ class KvMoves:
                 cache.grow(sid, put)
             self.result.moved_tokens += put * bt
             self.result.move_dropped_tokens += (blocks - have - put) * bt
-            held = s.held if isinstance(s.held, tuple) else None  # a queued request moves with it
-            w.kv.loaded(sid, self.now, queued_at=held[2].arrived_at if held is not None else None,
+            waiting = s.awaiting_kv if isinstance(s.awaiting_kv, tuple) else None  # a queued request moves with it
+            w.kv.loaded(sid, self.now, queued_at=waiting[2].arrived_at if waiting is not None else None,
                         pin_until=pin_until if tier == PINNED and s.state == "tool" else 0.0)
             self._pin_expiry(w, cache.ledger.get(sid))
-        held, s.held = s.held, None
-        if held is ARRIVE:
+        waiting, s.awaiting_kv = s.awaiting_kv, None
+        if waiting is ARRIVE:
             self._enqueue(s)
-        elif held is not None:
-            heapq.heappush(w.queue, held)
+        elif waiting is not None:
+            heapq.heappush(w.queue, waiting)
             self._touch(w)
         if s.move_to >= 0 and s.state in ("tool", "queued"):
             self._start_move(s)

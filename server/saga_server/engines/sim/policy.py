@@ -137,7 +137,7 @@ class _SessionRules:
     def key(self, session_id: str, kv_tokens: int, last_use: float) -> float:
         return self.policy.key(self.session(session_id), self.clock())
 
-    def pin(self, session_id: str, kv_tokens: int, pressure: float) -> PinDecision:
+    def pin_decision(self, session_id: str, kv_tokens: int, pressure: float) -> PinDecision:
         ttl = self.policy.pin_ttl(self.session(session_id), self.clock(), pressure)
         return PinDecision(ttl > 0.0, ttl, "pin" if ttl > 0.0 else "no_pin")
 

@@ -6,14 +6,14 @@ from .tasks import TaskInstance
 
 __all__ = ["Session", "Request", "ARRIVE"]
 
-ARRIVE = "arrive"  # Session.held: its next request arrived while its KV was in flight
+ARRIVE = "arrive"  # Session.awaiting_kv: its next request arrived while its KV was in flight
 
 
 class Session:
     __slots__ = ("session_id", "task", "tenant", "worker", "step", "started_at",
                  "last_access", "state", "next_use", "tool_names", "kv_tokens", "base",
                  "prefetch_ready_at", "unloaded_s", "deadline_s",
-                 "move_to", "move_in_tool", "in_transit", "held")
+                 "move_to", "move_in_tool", "in_transit", "awaiting_kv")
 
     def __init__(self, inst: TaskInstance, now: float, base: int) -> None:
         self.session_id = inst.session_id
@@ -34,7 +34,7 @@ class Session:
         self.move_to = -1  # a planned move not yet started (the session was running)
         self.move_in_tool = False  # the router chose it while it was in a tool
         self.in_transit = False  # its KV is on the way to `worker`
-        self.held = None  # what waits for the KV: _ARRIVE or a stolen queue item
+        self.awaiting_kv = None  # what waits for its KV in flight: ARRIVE or a stolen queue item
 
 
 class Request:

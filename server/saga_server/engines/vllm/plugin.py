@@ -387,8 +387,8 @@ class SagaPlugin:
         waiting = self.scheduler.waiting
         if not isinstance(waiting, RankedRequestQueue):
             return
-        if waiting.held:
-            waiting.release()
+        if waiting.gated:
+            waiting.ungate()
         if not 2 <= len(waiting) <= _AFS_MAX_QUEUE:
             return
         core, requests = self.core, self.requests

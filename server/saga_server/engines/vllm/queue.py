@@ -4,9 +4,9 @@ It is a `RequestQueue` (vLLM's own queue abstraction; the FCFS one, extended), s
 scheduler pops, peeks, prepends and removes exactly as with its stock queue. Between
 steps `rerank(rank)` sorts it by `rank(request)`, stably; preempted requests stay in
 front, where vLLM put them to resume first. Requests that may not be scheduled yet
-(`may_schedule`: their session waits for admission) are held back: they count in the
+(`may_schedule`: their session waits for admission) wait behind the gate: they count in the
 queue's length (vLLM still sees unfinished work and keeps stepping) and can be removed
-(aborts), but vLLM is offered them only once `release` finds them schedulable.
+(aborts), but vLLM is offered them only once `ungate` finds them schedulable.
 """
 
 from __future__ import annotations
@@ -23,22 +23,22 @@ class RankedRequestQueue(FCFSRequestQueue):
     def __init__(self, may_schedule: Callable[[Request], bool] = lambda request: True) -> None:
         super().__init__()
         self._may_schedule = may_schedule
-        self.held: list[Request] = []  # arrival order
+        self.gated: list[Request] = []  # arrival order
 
     def add_request(self, request: Request) -> None:
         if self._may_schedule(request):
             self.append(request)
         else:
-            self.held.append(request)
+            self.gated.append(request)
 
-    def release(self) -> bool:
-        """Offer vLLM the held requests that may be scheduled now (in arrival order,
+    def ungate(self) -> bool:
+        """Offer vLLM the gated requests that may be scheduled now (in arrival order,
         behind the others until the next `rerank`); returns whether any were."""
-        released = [r for r in self.held if self._may_schedule(r)]
-        if released:
-            self.held = [r for r in self.held if r not in released]
-            self.extend(released)
-        return bool(released)
+        ready = [r for r in self.gated if self._may_schedule(r)]
+        if ready:
+            self.gated = [r for r in self.gated if r not in ready]
+            self.extend(ready)
+        return bool(ready)
 
     def rerank(self, rank: Callable[[Request], tuple]) -> bool:
         """Order the schedulable requests by `rank` (lower first); returns whether the
@@ -52,18 +52,18 @@ class RankedRequestQueue(FCFSRequestQueue):
         return True
 
     def remove_request(self, request: Request) -> None:
-        if request in self.held:
-            self.held.remove(request)
+        if request in self.gated:
+            self.gated.remove(request)
         else:
             super().remove_request(request)
 
     def remove_requests(self, requests: Iterable[Request]) -> None:
         gone = requests if isinstance(requests, set) else set(requests)
-        self.held = [r for r in self.held if r not in gone]
+        self.gated = [r for r in self.gated if r not in gone]
         super().remove_requests(gone)
 
     def __len__(self) -> int:
-        return super().__len__() + len(self.held)
+        return super().__len__() + len(self.gated)
 
     def __bool__(self) -> bool:
         return super().__len__() > 0  # only what vLLM may schedule
