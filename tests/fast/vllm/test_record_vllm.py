@@ -33,13 +33,13 @@ def engine(tiny_model, tmp_path, monkeypatch):
     into `path` (tmp_path/rec.jsonl) with `SAGA_RECORD_<KEY>` set from `env`."""
     made = []
 
-    def make(path=None, prefix_caching=True, **env):
+    def make(path=None, prefix_caching=True, session_idle_s=1800.0, **env):
         path = path or tmp_path / "rec.jsonl"
         monkeypatch.setenv("SAGA_RECORD", str(path))
         for key, value in env.items():
             monkeypatch.setenv(f"SAGA_RECORD_{key.upper()}", str(value))
         clock = ManualClock(100.0)
-        core = WorkflowCore(CoreConfig(pin=PinConfig(min_tokens=2 * BS)), clock=clock)
+        core = WorkflowCore(CoreConfig(pin=PinConfig(min_tokens=2 * BS), session_idle_s=session_idle_s), clock=clock)
         s = make_scheduler(SagaScheduler, tiny_model, num_blocks=64, block_size=BS, core=core, clock=clock,
                            start_hints=False, prefix_caching=prefix_caching)
         made.append(s)
@@ -163,6 +163,21 @@ def test_a_session_without_hints_is_recorded_from_its_requests_and_flushed_when_
     steps = task["steps"]
     assert [st["reused_prefix_tokens"] for st in steps] == [0, 48]
     assert steps[0]["idle_s"] == pytest.approx(0.2, abs=1e-3) and steps[0]["tools"] == []
+
+
+def test_a_session_the_engine_forgets_without_an_end_is_written_then(engine):
+    s, clock, path = engine(session_idle_s=60.0, idle_s=3600)  # the recorder alone would wait an hour
+    R = Requests(BS)
+    s.saga.sink.accept(SessionStart("gone", clock(), tenant="t"))
+    call(s, clock, R, tokens(100, 40), "gone", max_tokens=2)
+    call(s, clock, R, tokens(300, 40), "stays", max_tokens=2)
+    clock.t += 30.0
+    call(s, clock, R, tokens(300, 40) + [7, 7] + tokens(500, 8), "stays", max_tokens=2)
+    clock.t += 31.0  # "gone" is idle past the core's 60 s; "stays" is not
+    step(s)  # the engine loop forgets it
+    [task] = written(s, path)
+    assert (task["task_id"], task["end_reason"], task["truncated"]) == ("gone", "expired", True)
+    assert len(task["steps"]) == 1
 
 
 def test_without_prefix_caching_reuse_is_still_counted_on_the_tokens(engine):
