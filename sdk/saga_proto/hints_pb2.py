@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13saga/v1/hints.proto\x12\x07saga.v1\"*\n\x0cWorkflowNode\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\"(\n\x0cWorkflowEdge\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\"_\n\x11WorkflowStructure\x12$\n\x05nodes\x18\x01 \x03(\x0b\x32\x15.saga.v1.WorkflowNode\x12$\n\x05\x65\x64ges\x18\x02 \x03(\x0b\x32\x15.saga.v1.WorkflowEdge\"s\n\x0cSessionStart\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\x12\n\ndeadline_s\x18\x03 \x01(\x01\x12-\n\tstructure\x18\x04 \x01(\x0b\x32\x1a.saga.v1.WorkflowStructure\">\n\x0cLlmCallStart\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"j\n\nLlmCallEnd\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x15\n\routput_tokens\x18\x05 \x01(\r\"]\n\rToolCallStart\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61tegory\x18\x03 \x01(\t\x12\x1b\n\x13\x65xpected_duration_s\x18\x04 \x01(\x01\"S\n\x0bToolCallEnd\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12%\n\x07outcome\x18\x03 \x01(\x0e\x32\x14.saga.v1.ToolOutcome\"6\n\nSessionEnd\x12(\n\x07outcome\x18\x01 \x01(\x0e\x32\x17.saga.v1.SessionOutcome\"\xd8\x02\n\tHintEvent\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63lient_time\x18\x02 \x01(\x01\x12.\n\rsession_start\x18\n \x01(\x0b\x32\x15.saga.v1.SessionStartH\x00\x12/\n\x0ellm_call_start\x18\x0b \x01(\x0b\x32\x15.saga.v1.LlmCallStartH\x00\x12+\n\x0cllm_call_end\x18\x0c \x01(\x0b\x32\x13.saga.v1.LlmCallEndH\x00\x12\x31\n\x0ftool_call_start\x18\r \x01(\x0b\x32\x16.saga.v1.ToolCallStartH\x00\x12-\n\rtool_call_end\x18\x0e \x01(\x0b\x32\x14.saga.v1.ToolCallEndH\x00\x12*\n\x0bsession_end\x18\x0f \x01(\x0b\x32\x13.saga.v1.SessionEndH\x00\x42\x06\n\x04kind\"T\n\tHintBatch\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\"\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x12.saga.v1.HintEvent\"*\n\tRejection\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06reason\x18\x02 \x01(\t\"z\n\x07HintAck\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\r\x12\x10\n\x08rejected\x18\x03 \x01(\r\x12&\n\nrejections\x18\x04 \x03(\x0b\x32\x12.saga.v1.Rejection\x12\x11\n\tduplicate\x18\x05 \x01(\x08\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"@\n\x0cOpenToolCall\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x11\n\trunning_s\x18\x03 \x01(\x01\";\n\x0cHistoryEntry\x12\r\n\x05\x61ge_s\x18\x01 \x01(\x01\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\xfa\x02\n\x0cSessionState\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x10\n\x08workflow\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\r\n\x05steps\x18\x05 \x01(\r\x12\x12\n\ntool_calls\x18\x06 \x01(\r\x12\x14\n\x0c\x63urrent_node\x18\x07 \x01(\t\x12\r\n\x05\x61ge_s\x18\x08 \x01(\x01\x12\x0e\n\x06idle_s\x18\t \x01(\x01\x12\x15\n\rdeadline_in_s\x18\n \x01(\x01\x12)\n\nopen_tools\x18\x0b \x03(\x0b\x32\x15.saga.v1.OpenToolCall\x12&\n\x07history\x18\x0c \x03(\x0b\x32\x15.saga.v1.HistoryEntry\x12\x33\n\x07metrics\x18\r \x03(\x0b\x32\".saga.v1.SessionState.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"$\n\x13ListSessionsRequest\x12\r\n\x05limit\x18\x01 \x01(\r\"6\n\x0bSessionList\x12\'\n\x08sessions\x18\x01 \x03(\x0b\x32\x15.saga.v1.SessionState\"\x11\n\x0fGetStatsRequest\"\xf9\x01\n\x0bServerStats\x12.\n\x05stats\x18\x01 \x03(\x0b\x32\x1f.saga.v1.ServerStats.StatsEntry\x12O\n\x17served_tokens_by_tenant\x18\x02 \x03(\x0b\x32..saga.v1.ServerStats.ServedTokensByTenantEntry\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a;\n\x19ServedTokensByTenantEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x91\x01\n\x0bPeerService\x12=\n\rtenant_tokens\x18\x01 \x03(\x0b\x32&.saga.v1.PeerService.TenantTokensEntry\x12\x0e\n\x06source\x18\x02 \x01(\t\x1a\x33\n\x11TenantTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"!\n\x0ePeerServiceAck\x12\x0f\n\x07tenants\x18\x01 \x01(\r\";\n\x15ReleaseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"#\n\x11ReleaseSessionAck\x12\x0e\n\x06queued\x18\x01 \x01(\x08\"$\n\x13ListResidentRequest\x12\r\n\x05limit\x18\x01 \x01(\r\"6\n\x0fResidentSession\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07in_tool\x18\x02 \x01(\x08\">\n\x10ResidentSessions\x12*\n\x08sessions\x18\x01 \x03(\x0b\x32\x18.saga.v1.ResidentSession*t\n\x0bToolOutcome\x12\x1c\n\x18TOOL_OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n\x0fTOOL_OUTCOME_OK\x10\x01\x12\x16\n\x12TOOL_OUTCOME_ERROR\x10\x02\x12\x1a\n\x16TOOL_OUTCOME_CANCELLED\x10\x03*\x8b\x01\n\x0eSessionOutcome\x12\x1f\n\x1bSESSION_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n\x19SESSION_OUTCOME_COMPLETED\x10\x01\x12\x1a\n\x16SESSION_OUTCOME_FAILED\x10\x02\x12\x1d\n\x19SESSION_OUTCOME_CANCELLED\x10\x03\x32\x97\x04\n\rWorkflowHints\x12\x37\n\x0bStreamHints\x12\x12.saga.v1.HintBatch\x1a\x10.saga.v1.HintAck(\x01\x30\x01\x12\x31\n\tSendHints\x12\x12.saga.v1.HintBatch\x1a\x10.saga.v1.HintAck\x12?\n\nGetSession\x12\x1a.saga.v1.GetSessionRequest\x1a\x15.saga.v1.SessionState\x12\x42\n\x0cListSessions\x12\x1c.saga.v1.ListSessionsRequest\x1a\x14.saga.v1.SessionList\x12:\n\x08GetStats\x12\x18.saga.v1.GetStatsRequest\x1a\x14.saga.v1.ServerStats\x12\x42\n\x11ReportPeerService\x12\x14.saga.v1.PeerService\x1a\x17.saga.v1.PeerServiceAck\x12L\n\x0eReleaseSession\x12\x1e.saga.v1.ReleaseSessionRequest\x1a\x1a.saga.v1.ReleaseSessionAck\x12G\n\x0cListResident\x12\x1c.saga.v1.ListResidentRequest\x1a\x19.saga.v1.ResidentSessionsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13saga/v1/hints.proto\x12\x07saga.v1\"*\n\x0cWorkflowNode\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\"(\n\x0cWorkflowEdge\x12\x0b\n\x03src\x18\x01 \x01(\t\x12\x0b\n\x03\x64st\x18\x02 \x01(\t\"_\n\x11WorkflowStructure\x12$\n\x05nodes\x18\x01 \x03(\x0b\x32\x15.saga.v1.WorkflowNode\x12$\n\x05\x65\x64ges\x18\x02 \x03(\x0b\x32\x15.saga.v1.WorkflowEdge\"s\n\x0cSessionStart\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\x12\n\ndeadline_s\x18\x03 \x01(\x01\x12-\n\tstructure\x18\x04 \x01(\x0b\x32\x1a.saga.v1.WorkflowStructure\">\n\x0cLlmCallStart\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"j\n\nLlmCallEnd\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x15\n\routput_tokens\x18\x05 \x01(\r\"]\n\rToolCallStart\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61tegory\x18\x03 \x01(\t\x12\x1b\n\x13\x65xpected_duration_s\x18\x04 \x01(\x01\"S\n\x0bToolCallEnd\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12%\n\x07outcome\x18\x03 \x01(\x0e\x32\x14.saga.v1.ToolOutcome\"6\n\nSessionEnd\x12(\n\x07outcome\x18\x01 \x01(\x0e\x32\x17.saga.v1.SessionOutcome\"\xd8\x02\n\tHintEvent\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63lient_time\x18\x02 \x01(\x01\x12.\n\rsession_start\x18\n \x01(\x0b\x32\x15.saga.v1.SessionStartH\x00\x12/\n\x0ellm_call_start\x18\x0b \x01(\x0b\x32\x15.saga.v1.LlmCallStartH\x00\x12+\n\x0cllm_call_end\x18\x0c \x01(\x0b\x32\x13.saga.v1.LlmCallEndH\x00\x12\x31\n\x0ftool_call_start\x18\r \x01(\x0b\x32\x16.saga.v1.ToolCallStartH\x00\x12-\n\rtool_call_end\x18\x0e \x01(\x0b\x32\x14.saga.v1.ToolCallEndH\x00\x12*\n\x0bsession_end\x18\x0f \x01(\x0b\x32\x13.saga.v1.SessionEndH\x00\x42\x06\n\x04kind\"T\n\tHintBatch\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\"\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x12.saga.v1.HintEvent\"*\n\tRejection\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06reason\x18\x02 \x01(\t\"z\n\x07HintAck\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\r\x12\x10\n\x08rejected\x18\x03 \x01(\r\x12&\n\nrejections\x18\x04 \x03(\x0b\x32\x12.saga.v1.Rejection\x12\x11\n\tduplicate\x18\x05 \x01(\x08\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"@\n\x0cOpenToolCall\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x11\n\trunning_s\x18\x03 \x01(\x01\";\n\x0cHistoryEntry\x12\r\n\x05\x61ge_s\x18\x01 \x01(\x01\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\xfa\x02\n\x0cSessionState\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x10\n\x08workflow\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\r\n\x05steps\x18\x05 \x01(\r\x12\x12\n\ntool_calls\x18\x06 \x01(\r\x12\x14\n\x0c\x63urrent_node\x18\x07 \x01(\t\x12\r\n\x05\x61ge_s\x18\x08 \x01(\x01\x12\x0e\n\x06idle_s\x18\t \x01(\x01\x12\x15\n\rdeadline_in_s\x18\n \x01(\x01\x12)\n\nopen_tools\x18\x0b \x03(\x0b\x32\x15.saga.v1.OpenToolCall\x12&\n\x07history\x18\x0c \x03(\x0b\x32\x15.saga.v1.HistoryEntry\x12\x33\n\x07metrics\x18\r \x03(\x0b\x32\".saga.v1.SessionState.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"$\n\x13ListSessionsRequest\x12\r\n\x05limit\x18\x01 \x01(\r\"6\n\x0bSessionList\x12\'\n\x08sessions\x18\x01 \x03(\x0b\x32\x15.saga.v1.SessionState\"\x11\n\x0fGetStatsRequest\"g\n\x0e\x41\x64missionStats\x12\x0e\n\x06\x61\x63tive\x18\x01 \x01(\x04\x12\x0e\n\x06parked\x18\x02 \x01(\x04\x12\x0f\n\x07waiting\x18\x03 \x01(\x04\x12\x14\n\x0climit_tokens\x18\x04 \x01(\x01\x12\x0e\n\x06wait_s\x18\x05 \x01(\x01\"\x8d\x02\n\x0b\x45ngineStats\x12\x15\n\rheld_sessions\x18\x01 \x01(\x04\x12\x13\n\x0bheld_blocks\x18\x02 \x01(\x04\x12\x15\n\rpinned_blocks\x18\x03 \x01(\x04\x12\x11\n\tkv_blocks\x18\x04 \x01(\x04\x12\x15\n\rhints_dropped\x18\x05 \x01(\x04\x12*\n\tadmission\x18\x06 \x01(\x0b\x32\x17.saga.v1.AdmissionStats\x12\x34\n\x08\x63ounters\x18\x07 \x03(\x0b\x32\".saga.v1.EngineStats.CountersEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xb3\x03\n\x0bServerStats\x12.\n\x05stats\x18\x01 \x03(\x0b\x32\x1f.saga.v1.ServerStats.StatsEntry\x12O\n\x17served_tokens_by_tenant\x18\x02 \x03(\x0b\x32..saga.v1.ServerStats.ServedTokensByTenantEntry\x12$\n\x06\x65ngine\x18\x03 \x01(\x0b\x32\x14.saga.v1.EngineStats\x12\x44\n\x11\x65ngine_by_replica\x18\x04 \x03(\x0b\x32).saga.v1.ServerStats.EngineByReplicaEntry\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a;\n\x19ServedTokensByTenantEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1aL\n\x14\x45ngineByReplicaEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.saga.v1.EngineStats:\x02\x38\x01\"\x91\x01\n\x0bPeerService\x12=\n\rtenant_tokens\x18\x01 \x03(\x0b\x32&.saga.v1.PeerService.TenantTokensEntry\x12\x0e\n\x06source\x18\x02 \x01(\t\x1a\x33\n\x11TenantTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"!\n\x0ePeerServiceAck\x12\x0f\n\x07tenants\x18\x01 \x01(\r\";\n\x15ReleaseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"#\n\x11ReleaseSessionAck\x12\x0e\n\x06queued\x18\x01 \x01(\x08\"$\n\x13ListResidentRequest\x12\r\n\x05limit\x18\x01 \x01(\r\"6\n\x0fResidentSession\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07in_tool\x18\x02 \x01(\x08\">\n\x10ResidentSessions\x12*\n\x08sessions\x18\x01 \x03(\x0b\x32\x18.saga.v1.ResidentSession*t\n\x0bToolOutcome\x12\x1c\n\x18TOOL_OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n\x0fTOOL_OUTCOME_OK\x10\x01\x12\x16\n\x12TOOL_OUTCOME_ERROR\x10\x02\x12\x1a\n\x16TOOL_OUTCOME_CANCELLED\x10\x03*\x8b\x01\n\x0eSessionOutcome\x12\x1f\n\x1bSESSION_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n\x19SESSION_OUTCOME_COMPLETED\x10\x01\x12\x1a\n\x16SESSION_OUTCOME_FAILED\x10\x02\x12\x1d\n\x19SESSION_OUTCOME_CANCELLED\x10\x03\x32\x97\x04\n\rWorkflowHints\x12\x37\n\x0bStreamHints\x12\x12.saga.v1.HintBatch\x1a\x10.saga.v1.HintAck(\x01\x30\x01\x12\x31\n\tSendHints\x12\x12.saga.v1.HintBatch\x1a\x10.saga.v1.HintAck\x12?\n\nGetSession\x12\x1a.saga.v1.GetSessionRequest\x1a\x15.saga.v1.SessionState\x12\x42\n\x0cListSessions\x12\x1c.saga.v1.ListSessionsRequest\x1a\x14.saga.v1.SessionList\x12:\n\x08GetStats\x12\x18.saga.v1.GetStatsRequest\x1a\x14.saga.v1.ServerStats\x12\x42\n\x11ReportPeerService\x12\x14.saga.v1.PeerService\x1a\x17.saga.v1.PeerServiceAck\x12L\n\x0eReleaseSession\x12\x1e.saga.v1.ReleaseSessionRequest\x1a\x1a.saga.v1.ReleaseSessionAck\x12G\n\x0cListResident\x12\x1c.saga.v1.ListResidentRequest\x1a\x19.saga.v1.ResidentSessionsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,16 +33,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SESSIONSTATE_METRICSENTRY']._loaded_options = None
   _globals['_SESSIONSTATE_METRICSENTRY']._serialized_options = b'8\001'
+  _globals['_ENGINESTATS_COUNTERSENTRY']._loaded_options = None
+  _globals['_ENGINESTATS_COUNTERSENTRY']._serialized_options = b'8\001'
   _globals['_SERVERSTATS_STATSENTRY']._loaded_options = None
   _globals['_SERVERSTATS_STATSENTRY']._serialized_options = b'8\001'
   _globals['_SERVERSTATS_SERVEDTOKENSBYTENANTENTRY']._loaded_options = None
   _globals['_SERVERSTATS_SERVEDTOKENSBYTENANTENTRY']._serialized_options = b'8\001'
+  _globals['_SERVERSTATS_ENGINEBYREPLICAENTRY']._loaded_options = None
+  _globals['_SERVERSTATS_ENGINEBYREPLICAENTRY']._serialized_options = b'8\001'
   _globals['_PEERSERVICE_TENANTTOKENSENTRY']._loaded_options = None
   _globals['_PEERSERVICE_TENANTTOKENSENTRY']._serialized_options = b'8\001'
-  _globals['_TOOLOUTCOME']._serialized_start=2694
-  _globals['_TOOLOUTCOME']._serialized_end=2810
-  _globals['_SESSIONOUTCOME']._serialized_start=2813
-  _globals['_SESSIONOUTCOME']._serialized_end=2952
+  _globals['_TOOLOUTCOME']._serialized_start=3257
+  _globals['_TOOLOUTCOME']._serialized_end=3373
+  _globals['_SESSIONOUTCOME']._serialized_start=3376
+  _globals['_SESSIONOUTCOME']._serialized_end=3515
   _globals['_WORKFLOWNODE']._serialized_start=32
   _globals['_WORKFLOWNODE']._serialized_end=74
   _globals['_WORKFLOWEDGE']._serialized_start=76
@@ -85,28 +89,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SESSIONLIST']._serialized_end=1982
   _globals['_GETSTATSREQUEST']._serialized_start=1984
   _globals['_GETSTATSREQUEST']._serialized_end=2001
-  _globals['_SERVERSTATS']._serialized_start=2004
-  _globals['_SERVERSTATS']._serialized_end=2253
-  _globals['_SERVERSTATS_STATSENTRY']._serialized_start=2148
-  _globals['_SERVERSTATS_STATSENTRY']._serialized_end=2192
-  _globals['_SERVERSTATS_SERVEDTOKENSBYTENANTENTRY']._serialized_start=2194
-  _globals['_SERVERSTATS_SERVEDTOKENSBYTENANTENTRY']._serialized_end=2253
-  _globals['_PEERSERVICE']._serialized_start=2256
-  _globals['_PEERSERVICE']._serialized_end=2401
-  _globals['_PEERSERVICE_TENANTTOKENSENTRY']._serialized_start=2350
-  _globals['_PEERSERVICE_TENANTTOKENSENTRY']._serialized_end=2401
-  _globals['_PEERSERVICEACK']._serialized_start=2403
-  _globals['_PEERSERVICEACK']._serialized_end=2436
-  _globals['_RELEASESESSIONREQUEST']._serialized_start=2438
-  _globals['_RELEASESESSIONREQUEST']._serialized_end=2497
-  _globals['_RELEASESESSIONACK']._serialized_start=2499
-  _globals['_RELEASESESSIONACK']._serialized_end=2534
-  _globals['_LISTRESIDENTREQUEST']._serialized_start=2536
-  _globals['_LISTRESIDENTREQUEST']._serialized_end=2572
-  _globals['_RESIDENTSESSION']._serialized_start=2574
-  _globals['_RESIDENTSESSION']._serialized_end=2628
-  _globals['_RESIDENTSESSIONS']._serialized_start=2630
-  _globals['_RESIDENTSESSIONS']._serialized_end=2692
-  _globals['_WORKFLOWHINTS']._serialized_start=2955
-  _globals['_WORKFLOWHINTS']._serialized_end=3490
+  _globals['_ADMISSIONSTATS']._serialized_start=2003
+  _globals['_ADMISSIONSTATS']._serialized_end=2106
+  _globals['_ENGINESTATS']._serialized_start=2109
+  _globals['_ENGINESTATS']._serialized_end=2378
+  _globals['_ENGINESTATS_COUNTERSENTRY']._serialized_start=2331
+  _globals['_ENGINESTATS_COUNTERSENTRY']._serialized_end=2378
+  _globals['_SERVERSTATS']._serialized_start=2381
+  _globals['_SERVERSTATS']._serialized_end=2816
+  _globals['_SERVERSTATS_STATSENTRY']._serialized_start=2633
+  _globals['_SERVERSTATS_STATSENTRY']._serialized_end=2677
+  _globals['_SERVERSTATS_SERVEDTOKENSBYTENANTENTRY']._serialized_start=2679
+  _globals['_SERVERSTATS_SERVEDTOKENSBYTENANTENTRY']._serialized_end=2738
+  _globals['_SERVERSTATS_ENGINEBYREPLICAENTRY']._serialized_start=2740
+  _globals['_SERVERSTATS_ENGINEBYREPLICAENTRY']._serialized_end=2816
+  _globals['_PEERSERVICE']._serialized_start=2819
+  _globals['_PEERSERVICE']._serialized_end=2964
+  _globals['_PEERSERVICE_TENANTTOKENSENTRY']._serialized_start=2913
+  _globals['_PEERSERVICE_TENANTTOKENSENTRY']._serialized_end=2964
+  _globals['_PEERSERVICEACK']._serialized_start=2966
+  _globals['_PEERSERVICEACK']._serialized_end=2999
+  _globals['_RELEASESESSIONREQUEST']._serialized_start=3001
+  _globals['_RELEASESESSIONREQUEST']._serialized_end=3060
+  _globals['_RELEASESESSIONACK']._serialized_start=3062
+  _globals['_RELEASESESSIONACK']._serialized_end=3097
+  _globals['_LISTRESIDENTREQUEST']._serialized_start=3099
+  _globals['_LISTRESIDENTREQUEST']._serialized_end=3135
+  _globals['_RESIDENTSESSION']._serialized_start=3137
+  _globals['_RESIDENTSESSION']._serialized_end=3191
+  _globals['_RESIDENTSESSIONS']._serialized_start=3193
+  _globals['_RESIDENTSESSIONS']._serialized_end=3255
+  _globals['_WORKFLOWHINTS']._serialized_start=3518
+  _globals['_WORKFLOWHINTS']._serialized_end=4053
 # @@protoc_insertion_point(module_scope)

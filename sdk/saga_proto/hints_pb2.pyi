@@ -247,8 +247,47 @@ class GetStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class AdmissionStats(_message.Message):
+    __slots__ = ("active", "parked", "waiting", "limit_tokens", "wait_s")
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    PARKED_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    active: int
+    parked: int
+    waiting: int
+    limit_tokens: float
+    wait_s: float
+    def __init__(self, active: _Optional[int] = ..., parked: _Optional[int] = ..., waiting: _Optional[int] = ..., limit_tokens: _Optional[float] = ..., wait_s: _Optional[float] = ...) -> None: ...
+
+class EngineStats(_message.Message):
+    __slots__ = ("held_sessions", "held_blocks", "pinned_blocks", "kv_blocks", "hints_dropped", "admission", "counters")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    HELD_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    HELD_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PINNED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    HINTS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    held_sessions: int
+    held_blocks: int
+    pinned_blocks: int
+    kv_blocks: int
+    hints_dropped: int
+    admission: AdmissionStats
+    counters: _containers.ScalarMap[str, float]
+    def __init__(self, held_sessions: _Optional[int] = ..., held_blocks: _Optional[int] = ..., pinned_blocks: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., hints_dropped: _Optional[int] = ..., admission: _Optional[_Union[AdmissionStats, _Mapping]] = ..., counters: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
 class ServerStats(_message.Message):
-    __slots__ = ("stats", "served_tokens_by_tenant")
+    __slots__ = ("stats", "served_tokens_by_tenant", "engine", "engine_by_replica")
     class StatsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -263,11 +302,22 @@ class ServerStats(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class EngineByReplicaEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: EngineStats
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[EngineStats, _Mapping]] = ...) -> None: ...
     STATS_FIELD_NUMBER: _ClassVar[int]
     SERVED_TOKENS_BY_TENANT_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_BY_REPLICA_FIELD_NUMBER: _ClassVar[int]
     stats: _containers.ScalarMap[str, float]
     served_tokens_by_tenant: _containers.ScalarMap[str, float]
-    def __init__(self, stats: _Optional[_Mapping[str, float]] = ..., served_tokens_by_tenant: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    engine: EngineStats
+    engine_by_replica: _containers.MessageMap[str, EngineStats]
+    def __init__(self, stats: _Optional[_Mapping[str, float]] = ..., served_tokens_by_tenant: _Optional[_Mapping[str, float]] = ..., engine: _Optional[_Union[EngineStats, _Mapping]] = ..., engine_by_replica: _Optional[_Mapping[str, EngineStats]] = ...) -> None: ...
 
 class PeerService(_message.Message):
     __slots__ = ("tenant_tokens", "source")

@@ -1,10 +1,11 @@
 """`saga status`: a compact view of what a running SAGA server knows.
 
-Reads the hint service (sessions, hint counters, the core's stats) and, when an
-OpenAI URL is given, the SAGA metrics on that server's `/metrics`. The header's
-session count and the table are the same sessions: the live ones (a session that
-ended is remembered a while for late readers, but is not listed); the table shows
-the most recently active of them, and says how many of how many.
+Reads the hint service (sessions, hint counters, the core's stats, an engine's KV,
+admission and counted events) and, when an OpenAI URL is given, the SAGA metrics on
+that server's `/metrics`. The header's session count and the table are the same
+sessions: the live ones (a session that ended is remembered a while for late
+readers, but is not listed); the table shows the most recently active of them, and
+says how many of how many.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def main(argv: list[str]) -> int:
             except Exception as exc:  # status is best effort beyond the hint service
                 print(f"(metrics from {args.url} unavailable: {exc})", file=sys.stderr)
     print(render(dict(reply.stats), sessions, metrics, served=dict(reply.served_tokens_by_tenant),
-                 limit=args.sessions))
+                 limit=args.sessions, engine=reply.engine if reply.HasField("engine") else None,
+                 engine_by_replica=dict(reply.engine_by_replica)))
     return 0
 
 
@@ -59,34 +61,29 @@ def _listing_limit(stats, wanted: int) -> int:
     return max(1, min(wanted + ended, _MAX_FETCHED))
 
 
-def render(stats, sessions, metrics=None, served=None, limit: int | None = None) -> str:
+def render(stats, sessions, metrics=None, served=None, limit: int | None = None, engine=None,
+           engine_by_replica=None) -> str:
     """`sessions`: most recently active first (ended ones are left out: the header
     counts live sessions); at most `limit` listed. `served`: tenant -> tokens served
-    (the hint service's per-tenant service)."""
+    (the hint service's per-tenant service). `engine`: GetStats' `ServerStats.engine`
+    (None: no engine's figures); `engine_by_replica`: endpoint -> an engine's own
+    (a cluster's fan-out)."""
     live = int(stats.get("sessions_live", 0))
     listed = [s for s in sessions if s.state != "ended"][:limit]
     lines = [f"hint service: {live} live sessions, "
              f"{int(stats.get('open_tool_calls', 0))} open tool calls, "
              f"{int(stats.get('hints_events_accepted', 0))} events accepted, "
              f"{int(sum(stats.get(f'hints_{k}', 0) for k in _NOT_ACCEPTED))} refused"]
-    if "engine_admission_active" in stats:
-        lines.append(f"admission: {int(stats['engine_admission_active'])} active, "
-                     f"{int(stats.get('engine_admission_parked', 0))} parked, "
-                     f"{int(stats.get('engine_admission_waiting', 0))} waiting sessions; limit "
-                     f"{_num(stats.get('engine_admission_limit_tokens', 0))} tokens, "
-                     f"{_num(stats.get('engine_admission_wait_s', 0))} s waited in all")
-    if "engine_kv_pulls_ok" in stats or "engine_kv_pulls_failed" in stats:
-        lines.append(f"kv pulled in: {int(stats.get('engine_kv_pulls_ok', 0))} pulls, "
-                     f"{_num(stats.get('engine_kv_pulled_tokens', 0))} tokens in "
-                     f"{_num(stats.get('engine_kv_pull_seconds', 0))} s; "
-                     f"{int(stats.get('engine_kv_pulls_failed', 0))} failed (recomputed)")
+    if engine is not None:
+        lines += _engine_lines(engine)
     tenancy = _tenancy(stats)
     if tenancy:
         lines.append(tenancy)
-    other = {k: v for k, v in sorted(stats.items())
-             if not k.startswith(("hints_", "engine_admission_", "engine_kv_pull")) and k not in _TENANCY}
+    other = {k: v for k, v in sorted(stats.items()) if not k.startswith("hints_") and k not in _TENANCY}
     if other:
         lines.append("  " + "  ".join(f"{k}={_num(v)}" for k, v in other.items()))
+    for replica, figures in sorted((engine_by_replica or {}).items()):
+        lines.append(f"  replica {replica}: {_kv_held(figures)}")
     if served:
         lines.append("  tokens served: " + "  ".join(f"{t or '(no tenant)'}={_num(v)}"
                                                      for t, v in sorted(served.items())))
@@ -112,6 +109,31 @@ _TENANCY = {"denied_tenant_claim": "claimed another tenant", "denied_foreign_ses
             "hints_rate_dropped": "over hint rate", "fanout_rate_dropped": "over hint rate (router)",
             "deadline_clamped": "deadline clamped", "hints_auth_failures": "bad key",
             "fanout_auth_failures": "bad key (router)"}
+
+
+def _engine_lines(engine) -> list[str]:
+    """The engine's KV, its admission (where on), its pulls (where any) and its other
+    counted events."""
+    lines = [f"engine: {_kv_held(engine)}; {engine.hints_dropped} hints dropped"]
+    if engine.HasField("admission"):
+        adm = engine.admission
+        lines.append(f"admission: {adm.active} active, {adm.parked} parked, {adm.waiting} waiting sessions; "
+                     f"limit {_num(adm.limit_tokens)} tokens, {_num(adm.wait_s)} s waited in all")
+    counters = dict(engine.counters)
+    if "kv_pulls_ok" in counters or "kv_pulls_failed" in counters:
+        lines.append(f"kv pulled in: {int(counters.get('kv_pulls_ok', 0))} pulls, "
+                     f"{_num(counters.get('kv_pulled_tokens', 0))} tokens in "
+                     f"{_num(counters.get('kv_pull_seconds', 0))} s; "
+                     f"{int(counters.get('kv_pulls_failed', 0))} failed (recomputed)")
+    other = {k: v for k, v in sorted(counters.items()) if not k.startswith("kv_pull")}
+    if other:
+        lines.append("  engine counters: " + "  ".join(f"{k}={_num(v)}" for k, v in other.items()))
+    return lines
+
+
+def _kv_held(engine) -> str:
+    return (f"{engine.held_sessions} sessions hold {engine.held_blocks} of {engine.kv_blocks} KV blocks "
+            f"({engine.pinned_blocks} pinned)")
 
 
 def _tenancy(stats) -> str:

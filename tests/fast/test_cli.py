@@ -72,14 +72,18 @@ def test_status_shows_the_tokens_served_per_tenant(capsys):
     assert "tokens served: acme=120" in capsys.readouterr().out
 
 
-def test_status_has_an_admission_line_when_the_engine_reports_it():
+def test_status_has_engine_and_admission_lines_when_the_engine_reports_them():
     from saga_server.status import render
 
-    stats = {"sessions_live": 5, "engine_admission_active": 3, "engine_admission_parked": 1,
-             "engine_admission_waiting": 1, "engine_admission_limit_tokens": 5530, "engine_admission_wait_s": 12.5}
-    out = render(stats, [])
+    from saga_proto import hints_pb2 as pb
+
+    engine = pb.EngineStats(held_sessions=4, held_blocks=120, pinned_blocks=40, kv_blocks=1000,
+                            admission=pb.AdmissionStats(active=3, parked=1, waiting=1, limit_tokens=5530, wait_s=12.5))
+    out = render({"sessions_live": 5}, [], engine=engine)
+    assert "engine: 4 sessions hold 120 of 1000 KV blocks (40 pinned); 0 hints dropped" in out
     assert "admission: 3 active, 1 parked, 1 waiting sessions; limit 5530 tokens, 12.5 s waited" in out
-    assert "engine_admission_active=" not in out  # not repeated in the raw stats line
+    assert "admission" not in render({"sessions_live": 5}, [], engine=pb.EngineStats())  # admission off
+    assert "engine:" not in render({"sessions_live": 5}, [])  # no engine's figures
 
 
 def test_status_has_a_tenancy_line_of_what_callers_were_refused():

@@ -17,7 +17,10 @@ from .events import (
     ADMIN,
     AGENT,
     AccessDenied,
+    AdmissionStats,
     Caller,
+    EngineStats,
+    EngineStatsSink,
     HintEvent,
     HintRejected,
     HintSink,
@@ -52,6 +55,7 @@ __all__ = [
     "WorkflowCore", "CoreConfig", "KvOutlook", "Prediction", "PinDecision", "PrefetchCandidate", "PrefetchAction",
     # hint contract
     "HintEvent", "HintRejected", "HintSink", "PeerServiceSink", "KvReleaseSink", "KvResidencySink",
+    "EngineStatsSink", "EngineStats", "AdmissionStats",
     "ResidentSession", "SessionSnapshot", "SessionStart", "SessionEnd",
     "LlmCallStart", "LlmCallEnd", "ToolCallStart", "ToolCallEnd", "ToolOutcome", "SessionOutcome",
     "WorkflowNode", "WorkflowStructure", "SessionTable",

@@ -239,3 +239,50 @@ class KvReleaseSink(Protocol):
     its tenant's sessions (`AccessDenied` otherwise, counted `denied_release`)."""
 
     def release_session(self, session_id: str, caller: Caller | None = None) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionStats:
+    """Session admission under KV overload (`core.admission`), at one read."""
+
+    active: int = 0  # sessions admitted: their requests may be scheduled
+    parked: int = 0  # sessions that gave way; their KV may go first
+    waiting: int = 0  # sessions whose requests wait in the queue, unscheduled
+    limit_tokens: float = 0.0  # the adaptive limit on admitted sessions' tokens
+    wait_s: float = 0.0  # admission waits of admitted requests, summed since the start
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """What an engine reports of its own KV, besides the core's stats: GetStats'
+    `ServerStats.engine` (`proto/saga/v1/hints.proto`), and what the cluster router
+    reads of each replica. Gauges are at the read; `hints_dropped` and `counters`
+    are cumulative since the engine started.
+
+    - `held_sessions`: sessions whose KV the engine holds (soft, protected or pinned);
+    - `held_blocks`: KV blocks held for them, `pinned_blocks` of which are pinned for
+      tool calls; `kv_blocks`: the blocks of the pool (so `held_blocks / kv_blocks`
+      is the pool's share held for sessions);
+    - `hints_dropped`: engine-bound hints the full intake queue dropped;
+    - `admission`: None where admission is off;
+    - `counters`: the counted event families, `<family>_<label>` (`pins_*`,
+      `released_*`, `prefetch_*`, `kv_pulls_*`, `plugin_errors_*`, `plugin_seconds_*`,
+      `forgotten_*`) and plain counts (`kv_pulled_tokens`, `kv_pull_seconds`,
+      `session_hit_tokens`, `session_prompt_tokens`, `afs_reorders`). A count that
+      never happened is absent, not 0.
+    """
+
+    held_sessions: int = 0
+    held_blocks: int = 0
+    pinned_blocks: int = 0
+    kv_blocks: int = 0
+    hints_dropped: int = 0
+    admission: AdmissionStats | None = None
+    counters: Mapping[str, float] = field(default_factory=dict)
+
+
+class EngineStatsSink(Protocol):
+    """A sink in front of an engine: `engine_stats` is the engine's own figures, or
+    None when they could not be read this time (the rest of GetStats still answers)."""
+
+    def engine_stats(self) -> EngineStats | None: ...

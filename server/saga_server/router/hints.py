@@ -11,8 +11,9 @@ itself does not answer: residency is per engine).
 
 Reads are merged: `GetSession` answers from the engine that holds the session's
 KV (`kv_resident`, then the largest `context_tokens`), `ListSessions` merges by id
-the same way, and `GetStats` sums the engines' figures and their per-tenant
-service and adds the fan-out's own counters.
+the same way, and `GetStats` sums the engines' figures (`stats`, `engine`) and their
+per-tenant service, keeps each engine's own `engine` figures by endpoint
+(`engine_by_replica`) and adds the fan-out's own counters.
 
 Replica endpoints are discovered through `discover()` (Ray's internal KV in
 `cli.py`: each replica registers its hint address there, which works across
@@ -53,7 +54,7 @@ __all__ = ["FanOutHints", "start_fanout", "HINT_KV_PREFIX"]
 HINT_KV_PREFIX = "saga:hint:"  # Ray internal KV key prefix: one entry per replica
 
 
-_PER_REPLICA = ("requests_arrived", "engine_held_sessions", "engine_pinned_blocks", "engine_held_blocks")
+_PER_REPLICA = ("requests_arrived",)  # besides `engine_by_replica`
 
 
 def _holder_rank(state: "pb.SessionState") -> tuple[float, float]:
@@ -188,6 +189,10 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
         for ep, reply in replies.items():
             _add(out.stats, reply.stats)
             _add(out.served_tokens_by_tenant, reply.served_tokens_by_tenant)
+            if reply.HasField("engine"):
+                out.engine.SetInParent()
+                _add_engine(out.engine, reply.engine)
+                out.engine_by_replica[ep].CopyFrom(reply.engine)
             for k in _PER_REPLICA:  # per-replica view for `saga status`
                 if k in reply.stats:
                     out.stats[f"{k}{{{ep}}}"] = reply.stats[k]
@@ -206,6 +211,20 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
 def _add(into, values: Mapping[str, float]) -> None:
     for k, v in values.items():
         into[k] = into[k] + v if k in into else v
+
+
+def _add_engine(into: "pb.EngineStats", more: "pb.EngineStats") -> None:
+    """Sum `more` into `into`: every figure of an engine's is a count or a total, so
+    the cluster's is the sum (maps by key, `admission` where engines report it)."""
+    for field, value in more.ListFields():
+        if field.message_type is None:
+            setattr(into, field.name, getattr(into, field.name) + value)
+        elif field.message_type.GetOptions().map_entry:
+            _add(getattr(into, field.name), value)
+        else:
+            sub = getattr(into, field.name)
+            sub.SetInParent()  # reported, even where all of it is 0
+            _add_engine(sub, value)
 
 
 def start_fanout(discover: Callable[[], Sequence[str]], address: str,

@@ -72,18 +72,18 @@ class ClusterCollector:
             router = {}
 
         up = GaugeMetricFamily("saga_replica_up", "SAGA engine answered this scrape", labels=["replica"])
-        gauges = {key: GaugeMetricFamily(name, doc, labels=["replica"]) for key, name, doc in (
-            ("engine_held_sessions", "saga_replica_sessions", "Sessions holding KV on the replica"),
-            ("engine_pinned_blocks", "saga_replica_pinned_blocks", "KV blocks pinned for tool calls"),
-            ("engine_held_blocks", "saga_replica_held_blocks", "KV blocks held for sessions"))}
+        gauges = {field: GaugeMetricFamily(name, doc, labels=["replica"]) for field, name, doc in (
+            ("held_sessions", "saga_replica_sessions", "Sessions holding KV on the replica"),
+            ("pinned_blocks", "saga_replica_pinned_blocks", "KV blocks pinned for tool calls"),
+            ("held_blocks", "saga_replica_held_blocks", "KV blocks held for sessions"))}
         requests = CounterMetricFamily("saga_replica_requests", "Requests the engine admitted", labels=["replica"])
         served: dict[str, float] = {}
         for replica, reply in sorted(engines.items()):
             stats = reply.stats
             up.add_metric([replica], 1.0)
-            for key, fam in gauges.items():
-                if key in stats:
-                    fam.add_metric([replica], float(stats[key]))
+            if reply.HasField("engine"):
+                for field, fam in gauges.items():
+                    fam.add_metric([replica], float(getattr(reply.engine, field)))
             if "requests_arrived" in stats:
                 requests.add_metric([replica], float(stats["requests_arrived"]))
             for tenant, tokens in reply.served_tokens_by_tenant.items():

@@ -9,7 +9,7 @@ malformed field gets its default, and a report with no session list counts as
 unreadable (the router then keeps the replica's last good one for a while).
 
 `read_report` builds a report from the engine's hint service in two small RPCs:
-`ListResident` (session ids only) and `GetStats` (KV figures, per-tenant service).
+`ListResident` (session ids only) and `GetStats` (`engine`'s KV figures, per-tenant service).
 """
 
 from __future__ import annotations
@@ -73,12 +73,12 @@ def read_report(hint_addr: str, timeout: float = 2.0) -> ReplicaReport:
     with HintReader(hint_addr, api_key=engine_key(), timeout=timeout) as reader:
         resident = reader.resident(MAX_REPORTED_SESSIONS)
         reply = reader.server_stats()
-    blocks = reply.stats.get("engine_kv_blocks", 0.0)
+    engine = reply.engine  # all 0 where unset: no KV figures, no usage
     return ReplicaReport(
         hint_addr=hint_addr,
         sessions=frozenset(s.session_id for s in resident),
         in_tool=frozenset(s.session_id for s in resident if s.in_tool),
-        kv_usage=reply.stats.get("engine_held_blocks", 0.0) / blocks if blocks > 0 else 0.0,
+        kv_usage=engine.held_blocks / engine.kv_blocks if engine.kv_blocks > 0 else 0.0,
         served=dict(reply.served_tokens_by_tenant))
 
 

@@ -12,6 +12,7 @@ from typing import Iterable
 from saga_proto import hints_pb2 as pb
 
 from ..core.events import (
+    EngineStats,
     HintEvent,
     LlmCallEnd,
     LlmCallStart,
@@ -26,7 +27,7 @@ from ..core.events import (
     WorkflowStructure,
 )
 
-__all__ = ["InvalidHint", "Limits", "from_wire", "session_list", "snapshot_to_wire"]
+__all__ = ["InvalidHint", "Limits", "engine_stats_to_wire", "from_wire", "session_list", "snapshot_to_wire"]
 
 
 class InvalidHint(ValueError):
@@ -111,6 +112,17 @@ def snapshot_to_wire(snap: SessionSnapshot, now: float) -> "pb.SessionState":
     for key, value in snap.metrics.items():
         state.metrics[key] = float(value)
     return state
+
+
+def engine_stats_to_wire(stats: EngineStats) -> "pb.EngineStats":
+    out = pb.EngineStats(held_sessions=stats.held_sessions, held_blocks=stats.held_blocks,
+                         pinned_blocks=stats.pinned_blocks, kv_blocks=stats.kv_blocks,
+                         hints_dropped=stats.hints_dropped, counters=dict(stats.counters))
+    adm = stats.admission
+    if adm is not None:
+        out.admission.CopyFrom(pb.AdmissionStats(active=adm.active, parked=adm.parked, waiting=adm.waiting,
+                                                 limit_tokens=adm.limit_tokens, wait_s=adm.wait_s))
+    return out
 
 
 def session_list(states: Iterable["pb.SessionState"], limit: int) -> "pb.SessionList":

@@ -32,7 +32,7 @@ from saga_proto import hints_pb2_grpc
 
 from ..core.events import AccessDenied, Caller, HintRejected, HintSink
 from .access import Authenticator, Credentials
-from .convert import InvalidHint, Limits, from_wire, session_list, snapshot_to_wire
+from .convert import InvalidHint, Limits, engine_stats_to_wire, from_wire, session_list, snapshot_to_wire
 from .keys import KeyRing
 
 __all__ = ["HintServer", "WorkflowHintsService", "credentials_of", "reject_over_rate"]
@@ -177,6 +177,10 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
                 stats.stats[f"hints_{key}"] = float(value)
         for key, value in self.sink.stats().items():
             stats.stats[key] = float(value)
+        engine_stats = getattr(self.sink, "engine_stats", None)  # EngineStatsSink
+        figures = engine_stats() if engine_stats is not None else None
+        if figures is not None:
+            stats.engine.CopyFrom(engine_stats_to_wire(figures))
         served = getattr(self.sink, "served_by_tenant", None)  # PeerServiceSink
         if served is not None:
             for tenant, tokens in served().items():

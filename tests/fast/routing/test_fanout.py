@@ -58,9 +58,10 @@ def test_reads_merge_across_engines(engines, fanout):
             reader.session("nope")
         with pytest.raises(SagaUnavailable, match="UNIMPLEMENTED"):  # residency is per engine
             reader.resident()
-        stats = reader.stats()
+        reply = reader.server_stats()
+    stats = reply.stats
     assert stats["replicas_reachable"] == 2.0
-    assert sum(1 for k in stats if k.startswith("engine_held_sessions{")) in (0, 2)
+    assert not reply.HasField("engine") and not reply.engine_by_replica  # session tables hold no KV
     assert stats["fanout_batches"] >= 1.0
 
 
@@ -125,6 +126,37 @@ def test_the_cluster_stats_sum_the_engines_service_per_tenant():
         cores[1].record_service("zeta", 50)
         with HintReader(f"127.0.0.1:{port}") as reader:
             assert dict(reader.server_stats().served_tokens_by_tenant) == {"acme": 500.0, "zeta": 50.0}
+    finally:
+        server.close(None)
+        for s in servers:
+            s.close(grace=None)
+
+
+def test_the_cluster_stats_sum_the_engines_kv_figures_and_keep_each_engines_own():
+    from saga_server.core import AdmissionStats, EngineStats, WorkflowCore
+    from saga_server.engines.vllm.intake import EngineHintSink
+
+    figures = [EngineStats(held_sessions=3, held_blocks=12, pinned_blocks=8, kv_blocks=47,
+                           admission=AdmissionStats(active=2, parked=1, waiting=0, limit_tokens=600.0, wait_s=1.5),
+                           counters={"pins_created": 2.0, "released_moved": 1.0}),
+               EngineStats(held_sessions=1, held_blocks=5, pinned_blocks=0, kv_blocks=23,
+                           counters={"pins_created": 1.0})]  # admission off there
+    sinks = [EngineHintSink(WorkflowCore(), engine_stats=lambda f=f: f) for f in figures]
+    servers = [HintServer(sink, "127.0.0.1:0").start() for sink in sinks]
+    endpoints = [s.endpoint for s in servers]
+    server, _, port = start_fanout(lambda: list(endpoints), "127.0.0.1:0")
+    try:
+        with HintReader(f"127.0.0.1:{port}") as reader:
+            reply = reader.server_stats()
+        total = reply.engine
+        assert (total.held_sessions, total.held_blocks, total.pinned_blocks, total.kv_blocks) == (4, 17, 8, 70)
+        assert (total.admission.active, total.admission.parked, total.admission.waiting) == (2, 1, 0)
+        assert (total.admission.limit_tokens, total.admission.wait_s) == (600.0, 1.5)
+        assert dict(total.counters) == {"pins_created": 3.0, "released_moved": 1.0}
+        by_replica = reply.engine_by_replica
+        assert sorted(by_replica) == sorted(endpoints)
+        assert by_replica[endpoints[0]].held_blocks == 12 and by_replica[endpoints[0]].HasField("admission")
+        assert by_replica[endpoints[1]].held_blocks == 5 and not by_replica[endpoints[1]].HasField("admission")
     finally:
         server.close(None)
         for s in servers:

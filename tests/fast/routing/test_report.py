@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from saga_sdk import SagaUnavailable
-from saga_server.core import SessionStart, ToolCallStart, WorkflowCore
+from saga_server.core import EngineStats, SessionStart, ToolCallStart, WorkflowCore
 from saga_server.engines.vllm.intake import EngineHintSink
 from saga_server.router.report import ReplicaReport, read_report
 from saga_server.rpc import HintServer
@@ -48,7 +48,7 @@ def test_garbage_fields_take_their_defaults():
 
 def test_read_report_lists_only_the_sessions_whose_kv_the_engine_holds():
     core = WorkflowCore()
-    sink = EngineHintSink(core, engine_stats=lambda: {"engine_kv_blocks": 200.0, "engine_held_blocks": 50.0})
+    sink = EngineHintSink(core, engine_stats=lambda: EngineStats(kv_blocks=200, held_blocks=50))
     now = core._clock()
     for sid in ("served", "tool", "heard-of", "moved"):
         core.accept(SessionStart(sid, now, tenant="acme"))

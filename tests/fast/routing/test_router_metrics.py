@@ -6,7 +6,8 @@ import urllib.request
 
 import pytest
 
-from saga_server.core import WorkflowCore
+from saga_server.core import EngineStats, WorkflowCore
+from saga_server.engines.vllm.intake import EngineHintSink
 from saga_server.router.hints import FanOutHints
 from saga_server.router.metrics import ClusterCollector, serve_metrics
 from saga_server.rpc import HintServer
@@ -26,7 +27,10 @@ def _value(text: str, sample: str) -> float:
 
 def test_per_replica_router_and_tenant_figures_are_scraped_live():
     cores = [WorkflowCore(), WorkflowCore()]
-    servers = [HintServer(c, "127.0.0.1:0").start() for c in cores]
+    kv = EngineStats(held_sessions=3, held_blocks=12, pinned_blocks=8, kv_blocks=47)
+    # r-a is an engine's hint service; r-b a plain core's, which reports no KV
+    servers = [HintServer(EngineHintSink(cores[0], engine_stats=lambda: kv), "127.0.0.1:0").start(),
+               HintServer(cores[1], "127.0.0.1:0").start()]
     names = {servers[0].endpoint: "r-a", servers[1].endpoint: "r-b"}
     dead = "127.0.0.1:1"  # an engine that does not answer is left out, not an error
     fanout = FanOutHints(lambda: [s.endpoint for s in servers] + [dead], timeout=1.0)
@@ -44,6 +48,10 @@ def test_per_replica_router_and_tenant_figures_are_scraped_live():
         assert _value(text, 'saga_replica_up{replica="r-b"}') == 1.0
         assert dead not in text
         assert _value(text, 'saga_replica_requests_total{replica="r-a"}') == 1.0
+        assert _value(text, 'saga_replica_sessions{replica="r-a"}') == 3.0
+        assert _value(text, 'saga_replica_held_blocks{replica="r-a"}') == 12.0
+        assert _value(text, 'saga_replica_pinned_blocks{replica="r-a"}') == 8.0
+        assert 'saga_replica_held_blocks{replica="r-b"}' not in text
         assert _value(text, 'saga_tenant_served_tokens_total{tenant="acme"}') == 500.0
         assert _value(text, 'saga_tenant_served_tokens_total{tenant="zeta"}') == 50.0
         assert _value(text, 'saga_replica_homed_sessions{replica="r-a"}') == 2.0

@@ -57,7 +57,7 @@ def run(root: Path, fail: bool) -> dict:
             "scheduled_computed": new[0].num_computed_tokens if new else None, "finally": finished_as,
             "pulls_ok": counts["kv_pulls_ok"], "pulls_failed": counts["kv_pulls_failed"],
             "pulled_tokens": counts["kv_pulled_tokens"], "hit_tokens": counts["session_hit_tokens"],
-            "prompt_tokens": counts["session_prompt_tokens"], "stats": s.saga.engine_stats()}
+            "prompt_tokens": counts["session_prompt_tokens"], "counters": dict(s.saga.engine_stats().counters)}
 
 
 if __name__ == "__main__":

@@ -46,9 +46,9 @@ def test_an_oversubscribed_pool_runs_only_the_sessions_that_fit(tiny_model):
     outs = run_until_idle(s)
     assert hit_tokens(outs, reqs["C"].request_id) == 0  # it ran, once the engine had nothing else
     assert s.saga.admission.counts.forced >= 1
-    stats = s.saga.engine_stats()
-    assert stats["engine_admission_waiting"] == 0
-    assert stats["engine_admission_active"] + stats["engine_admission_parked"] == 3
+    admission = s.saga.engine_stats().admission
+    assert admission.waiting == 0
+    assert admission.active + admission.parked == 3
 
 
 def test_a_parked_session_resumes_and_hits_what_is_still_resident(tiny_model):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from saga_proto import hints_pb2 as pb
 from saga_server.core import ManualClock
 from saga_server.engines.vllm.pulls import PullLog
 from saga_server.status import render
@@ -53,10 +54,11 @@ def test_ended_pulls_nobody_takes_are_forgotten_oldest_first():
 
 
 def test_saga_status_shows_pulled_tokens_and_failed_pulls():
-    out = render({"sessions_live": 1, "engine_kv_pulls_ok": 3, "engine_kv_pulled_tokens": 2976,
-                  "engine_kv_pull_seconds": 0.84, "engine_kv_pulls_failed": 1}, [])
+    engine = pb.EngineStats(counters={"kv_pulls_ok": 3, "kv_pulled_tokens": 2976, "kv_pull_seconds": 0.84,
+                                      "kv_pulls_failed": 1, "pins_created": 2})
+    out = render({"sessions_live": 1}, [], engine=engine)
     assert "kv pulled in: 3 pulls, 2976 tokens in 0.84 s; 1 failed (recomputed)" in out
-    assert "engine_kv_pulled_tokens=" not in out  # shown once, on its own line
+    assert "kv_pulled_tokens=" not in out and "pins_created=2" in out  # shown once, on its own line
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +78,7 @@ def test_a_pulled_prefix_is_counted_as_pulled_and_not_as_a_prefix_hit(scenario):
     assert run["scheduled_computed"] == 99  # the whole prompt arrived; the last token is computed
     assert (run["pulls_ok"], run["pulls_failed"], run["pulled_tokens"]) == (1, 0, 100)
     assert run["hit_tokens"] == 0 and run["prompt_tokens"] == 100
-    assert run["stats"]["engine_kv_pulled_tokens"] == 100 and run["stats"]["engine_kv_pull_seconds"] > 0
+    assert run["counters"]["kv_pulled_tokens"] == 100 and run["counters"]["kv_pull_seconds"] > 0
 
 
 def test_a_failed_pull_is_counted_and_recomputed_by_the_same_request(scenario):

@@ -464,7 +464,7 @@ def test_a_tenants_pins_stay_under_its_cap_and_other_tenants_still_pin(tiny_mode
     assert [ledger.get(sid).pinned for sid in ("A1", "A2", "B1")] == [True, False, True]
     assert ledger.pinned_of("a") == 4 and ledger.pinned_of("b") == 4 and "A2" in ledger  # A2 still held, soft
     assert s.saga.counters["pins_over_tenant_cap"] == 1 and s.saga.counters["pins_refused"] == 1
-    assert s.saga.engine_stats()["engine_pins_over_tenant_cap"] == 1
+    assert s.saga.engine_stats().counters["pins_over_tenant_cap"] == 1
     caps["a"] = None  # the cap is asked at every pin: lifted, A2's next tool start pins it
     s.saga.sink.accept(ToolCallStart("A2", s.saga.clock(), "bash", call_id="x"))
     s.saga.before_schedule()  # the engine loop takes the hint

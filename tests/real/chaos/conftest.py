@@ -40,10 +40,10 @@ def server_after(saga_server):
                                session_id=f"chaos-after-{uuid.uuid4().hex[:8]}")
         assert out["choices"][0]["finish_reason"] in ("stop", "length")
         with HintReader(saga_server.hint_addr, timeout=30) as reader:
-            stats = reader.stats()
+            reply = reader.server_stats()
         rss = saga_server.rss_bytes()
-        return (f"serves; hints answer ({stats.get('sessions_live', 0):.0f} live sessions, "
-                f"{stats.get('engine_hints_dropped', 0):.0f} engine hint drops)"
+        return (f"serves; hints answer ({reply.stats.get('sessions_live', 0):.0f} live sessions, "
+                f"{reply.engine.hints_dropped} engine hint drops)"
                 + ("" if rss is None else f"; server RSS {rss / 2**20:,.0f} MiB"))
 
     return check

@@ -176,7 +176,8 @@ def test_hint_flood_while_agents_run(saga_server, make_proxy, agent_client, serv
 
     tag = uuid.uuid4().hex[:8]
     with HintReader(saga_server.hint_addr, timeout=30) as reader:
-        before = reader.stats()
+        before_reply = reader.server_stats()
+    before = before_reply.stats
     rss_before = saga_server.rss_bytes()
     flood = HintFlood(saga_server.hint_addr, name=f"chaos-flood-{tag}", streams=FLOOD_STREAMS,
                       stream_rate=STREAM_RATE, clients=FLOOD_CLIENTS, client_rate=CLIENT_RATE,
@@ -194,13 +195,14 @@ def test_hint_flood_while_agents_run(saga_server, make_proxy, agent_client, serv
     offered = sum(r.offered for r in flood.results) / max(r.offer_s for r in flood.results)
     accepted = sum(r.accepted for r in flood.results) / max(r.seconds for r in flood.results)
     with HintReader(saga_server.hint_addr, timeout=30) as reader:
-        after = reader.stats()
+        after_reply = reader.server_stats()
         assert reader.session(f"chaos-flood-{tag}-0-0").state == "ended"  # the flood's own sessions closed
+    after = after_reply.stats
     streamed = sum(r.accepted for r in flood.streams)
     assert after["hints_events_accepted"] - before["hints_events_accepted"] >= streamed
     # the flood's own sessions do not stay: only the agents' (and a client flood's end dropped on the way)
     assert after["sessions_live"] - before["sessions_live"] <= len(customers) + 64 * FLOOD_CLIENTS
-    drops = after.get("engine_hints_dropped", 0) - before.get("engine_hints_dropped", 0)
+    drops = after_reply.engine.hints_dropped - before_reply.engine.hints_dropped
     memory = "n/a (no server process found on this host)"
     if rss_before is not None and rss_after is not None:
         grown = (rss_after - rss_before) / 2**20

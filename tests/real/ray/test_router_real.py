@@ -196,7 +196,7 @@ def test_overloaded_replica_sheds_a_session_in_a_tool_call_it_resumes_warm_and_a
         from saga_sdk import HintReader
 
         with HintReader(ray_cluster.replica_hints()[replicas[0]], timeout=5) as reader:
-            assert reader.stats().get("engine_released_moved", 0) > 0
+            assert reader.server_stats().engine.counters.get("released_moved", 0) > 0
         if ray_cluster.metrics_url:  # operators see the move and both replicas on /metrics
             with urllib.request.urlopen(ray_cluster.metrics_url, timeout=30) as resp:
                 text = resp.read().decode()

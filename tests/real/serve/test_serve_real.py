@@ -56,9 +56,9 @@ def test_hints_reach_the_engine_and_reads_come_back(saga_server):
         assert client.flush(10)
         with HintReader(saga_server.hint_addr) as reader:
             state = reader.session(sid)
-            stats = reader.stats()
+            reply = reader.server_stats()
         assert state.state == "tool" and state.tenant == "acme"
-        assert stats["engine_kv_blocks"] > 0  # GetStats is answered from inside the engine
+        assert reply.engine.kv_blocks > 0  # GetStats is answered from inside the engine
     finally:
         client.session_end(sid)
         client.close(5)
@@ -83,7 +83,7 @@ def test_garbage_and_floods_of_hints_do_not_disturb_serving(saga_server):
 
 def _flood_tokens(saga_server) -> int:
     with HintReader(saga_server.hint_addr) as reader:
-        blocks = reader.stats().get("engine_kv_blocks", 0)
+        blocks = reader.server_stats().engine.kv_blocks
     if not blocks:
         pytest.skip("server does not report its KV size (not a SAGA server?)")
     if blocks > 3000:

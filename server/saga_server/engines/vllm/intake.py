@@ -17,9 +17,10 @@ An observer (`on_event`: the engine's recorder, `record`) is handed every hint
 the core accepted, on the hint thread.
 
 A flood cannot grow memory: the queue drops its oldest entries beyond
-`max_queue` (counted in `saga_engine_hints_dropped`); the core bounds its own
-session table. Reads (GetSession/ListSessions/ListResident/GetStats) are served
-by the core, with the engine's own figures (held blocks, pins...) merged into `stats()`.
+`max_queue` (counted in `saga_engine_hints_dropped` and GetStats'
+`engine.hints_dropped`); the core bounds its own session table. Reads
+(GetSession/ListSessions/ListResident/GetStats) are served by the core; GetStats
+adds the engine's own figures (`engine_stats()`, a `core.EngineStats`).
 
 Keys: `$SAGA_API_KEYS` (a keys file, `saga_server.rpc.keys`) and/or `$SAGA_API_KEY`
 (the shared key); the caller of each call goes to the core with the hint (the
@@ -33,11 +34,12 @@ import collections
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from saga_server.core import (
     Caller,
+    EngineStats,
     HintEvent,
     ResidentSession,
     SessionSnapshot,
@@ -62,9 +64,10 @@ class ReleaseKv:
 
 
 class EngineHintSink:
-    """A `HintSink` for the hint service: the core plus a queue for the engine."""
+    """A `HintSink` for the hint service: the core plus a queue for the engine.
+    `engine_stats` reads the engine's figures; the sink adds its own `hints_dropped`."""
 
-    def __init__(self, core, engine_stats: Callable[[], Mapping[str, float]] = dict,
+    def __init__(self, core, engine_stats: Callable[[], EngineStats] = EngineStats,
                  max_queue: int = 10_000, on_drop: Callable[[], None] = lambda: None,
                  on_accept: Callable[[], None] = lambda: None,
                  on_event: Callable[[HintEvent], None] | None = None) -> None:
@@ -127,13 +130,15 @@ class EngineHintSink:
         return self.core.sessions(limit, caller)
 
     def stats(self) -> Mapping[str, float]:
-        out = dict(self.core.stats())
+        return self.core.stats()
+
+    def engine_stats(self) -> EngineStats | None:
         try:
-            out.update(self._engine_stats())
+            figures = self._engine_stats()
         except Exception:  # a status read must never break on engine figures
             log.exception("engine stats failed")
-        out["engine_hints_dropped"] = float(self.dropped)
-        return out
+            return None
+        return replace(figures, hints_dropped=self.dropped)
 
 
 def _best_effort(hook: Callable, *args) -> None:

@@ -102,7 +102,7 @@ class SagaMetrics:
 class PluginCounters:
     """Every counted SAGA event, counted twice under one name: the process-wide
     Prometheus counter operators scrape, and this scheduler's own count (GetStats'
-    `engine_<family>_<label>`, read by `saga status` and the cluster router)."""
+    `ServerStats.engine.counters`, `<family>_<label>`, read by `saga status`)."""
 
     def __init__(self, metrics: SagaMetrics) -> None:
         self.counts: collections.Counter[str] = collections.Counter()

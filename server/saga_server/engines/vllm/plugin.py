@@ -48,7 +48,9 @@ from typing import Any, Callable
 from vllm.v1.request import Request
 
 from saga_server.core import (
+    AdmissionStats,
     CoreConfig,
+    EngineStats,
     FairShareConfig,
     HintRejected,
     SessionStart,
@@ -333,23 +335,20 @@ class SagaPlugin:
 
     # -- reads (also from the hint service's thread: counts only) --------------------
 
-    def engine_stats(self) -> dict[str, float]:
-        """Engine-side figures merged into the hint service's GetStats."""
-        out = {f"engine_{k}": float(v) for k, v in dict(self.counters.counts).items()}
-        ledger = self.ledger
-        out["engine_held_sessions"] = float(len(ledger))
-        out["engine_held_blocks"] = float(ledger.held_blocks)
-        out["engine_pinned_blocks"] = float(ledger.pinned_blocks)
-        out["engine_kv_blocks"] = float(ledger.capacity_blocks)
-        adm = self.admission
+    def engine_stats(self) -> EngineStats:
+        """This engine's figures for GetStats (the hint sink adds `hints_dropped`)."""
+        counts = dict(self.counters.counts)  # copied at once: the engine thread counts on
+        ledger, adm = self.ledger, self.admission
+        admission = None
         if adm is not None:
             states = adm.states()
-            out["engine_admission_active"] = float(states.get(ACTIVE, 0))
-            out["engine_admission_parked"] = float(states.get(PARKED, 0))
-            out["engine_admission_waiting"] = float(states.get(WAITING, 0))
-            out["engine_admission_limit_tokens"] = float(adm.limit)
-            out["engine_admission_wait_s"] = float(adm.counts.wait_s)
-        return out
+            admission = AdmissionStats(active=states.get(ACTIVE, 0), parked=states.get(PARKED, 0),
+                                       waiting=states.get(WAITING, 0), limit_tokens=float(adm.limit),
+                                       wait_s=float(adm.counts.wait_s))
+        return EngineStats(held_sessions=len(ledger), held_blocks=ledger.held_blocks,
+                           pinned_blocks=ledger.pinned_blocks, kv_blocks=ledger.capacity_blocks,
+                           admission=admission,
+                           counters={k: float(v) for k, v in counts.items()})
 
     # -- internals -----------------------------------------------------------------
 
