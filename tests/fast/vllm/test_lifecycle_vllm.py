@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from saga_server.core import CoreConfig, ManualClock, SessionEnd, SessionStart, WorkflowCore
 from saga_server.engines.vllm import SagaScheduler
 from vllm_builders import Requests, make_scheduler, run_until_idle, step

@@ -30,8 +30,8 @@ from saga_server.core import (
     WorkflowCore,
 )
 from saga_server.core.holds import PINNED, PROTECTED, SOFT
-from saga_server.engines.sim import SimConfig, Simulator, StepSpec, TaskInstance, TaskSpec, ToolSpec, make_cost_model
 from saga_server.core.pinning import PinConfig
+from saga_server.engines.sim import SimConfig, Simulator, StepSpec, TaskInstance, TaskSpec, ToolSpec, make_cost_model
 from saga_server.engines.sim.events import SAMPLE, TASK_START, TOOL_END
 from saga_server.engines.sim.saga_policy import SagaPolicy
 from saga_server.engines.vllm import SagaScheduler
@@ -159,9 +159,9 @@ class SimEngine:
             StepSpec(prompt, out, sum(steps[k - 1][:2]) if k else 0, tuple(ToolSpec(n, c, d) for n, c, d in tools))
             for k, (prompt, out, tools) in enumerate(steps)))) for sid, steps in SESSIONS.items()]
         self.inst = {i.session_id: i for i in tasks}
-        # An engine step of ~0.25 s: a request scheduled at one of the script's events
-        # is done (prefill, then a decode per token after the first) when the vLLM
-        # driver's steps finish it, never before the event before that.
+        # An engine step of ~0.25 s: a request takes a step for its prefill and one per
+        # further answer token, so it is done after the script event before the one at
+        # which the vLLM driver's steps finish it, and by that one.
         cost = make_cost_model("h100-80gb", "llama3-8b", kv_capacity_override=POOL * BS, block_tokens=BS,
                                max_num_seqs=SEQS, overhead_s=0.25)
         policy = SagaPolicy(mechanisms=("walru", "ttl", "admit"), config=CONFIG)
