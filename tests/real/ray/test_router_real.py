@@ -112,7 +112,14 @@ def _restart_ingress(cluster, timeout_s: float = 300) -> None:
 
 def test_sessions_stick_to_one_replica_and_follow_ups_hit_the_cache(ray_cluster):
     hints = HintClient(endpoint=ray_cluster.hint_addr)
-    sids = [f"stick-{uuid.uuid4().hex[:8]}-{i}" for i in range(6)]
+    replicas = sorted(ray_cluster.replica_hints())
+    assert len(replicas) == 2
+    # Three sessions homed on each replica: random ids alone put all six on one
+    # replica once in 32 runs, and then the test would prove nothing about the other.
+    tag = uuid.uuid4().hex[:8]
+    candidates = [f"stick-{tag}-{i}" for i in range(200)]
+    sids = [s for r in replicas for s in [c for c in candidates if home_replica(c, replicas) == r][:3]]
+    assert len(sids) == 6
     results: dict[str, list[dict]] = {}
 
     def run(sid):
@@ -142,7 +149,9 @@ def test_sessions_stick_to_one_replica_and_follow_ups_hit_the_cache(ray_cluster)
             if not wrong or time.monotonic() > deadline:
                 break
         assert wrong == {}, f"sessions not where their home or last move put them: {wrong}; steals {steals}"
-        assert all(any(sid in ss for sid in sids) for ss in resident.values()), "one replica got nothing"
+        assert set(resident) == set(replicas), resident
+        assert all(any(_holders(resident, sid) == {rid} for sid in sids) for rid in replicas), \
+            f"one replica holds none of the sessions: {resident}; steals {steals}"
         # cluster-wide fair share: each engine hears what the other served these tenants
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and not all(v > 0 for v in _peer_tokens(ray_cluster).values()):
