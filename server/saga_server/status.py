@@ -112,8 +112,8 @@ _TENANCY = {"denied_tenant_claim": "claimed another tenant", "denied_foreign_ses
 
 
 def _engine_lines(engine) -> list[str]:
-    """The engine's KV, its admission (where on), its pulls (where any) and its other
-    counted events."""
+    """The engine's KV, its admission (where on), its pulls (where any), its host tier
+    (where one) and its other counted events."""
     lines = [f"engine: {_kv_held(engine)}; {engine.hints_dropped} hints dropped"]
     if engine.HasField("admission"):
         adm = engine.admission
@@ -125,7 +125,15 @@ def _engine_lines(engine) -> list[str]:
                      f"{_num(counters.get('kv_pulled_tokens', 0))} tokens in "
                      f"{_num(counters.get('kv_pull_seconds', 0))} s; "
                      f"{int(counters.get('kv_pulls_failed', 0))} failed (recomputed)")
-    other = {k: v for k, v in sorted(counters.items()) if not k.startswith("kv_pull")}
+    if "kv_tier_chunks" in counters:
+        lines.append(f"host kv tier: {int(counters.get('kv_tier_used_chunks', 0))} of "
+                     f"{int(counters['kv_tier_chunks'])} chunks used; "
+                     f"{_num(counters.get('kv_tier_blocks_stored', 0))} blocks stored, "
+                     f"{_num(counters.get('kv_tier_blocks_loaded', 0))} loaded in "
+                     f"{int(counters.get('kv_tier_loads_ok', 0))} loads "
+                     f"({_num(counters.get('kv_tier_load_seconds', 0))} s); "
+                     f"{_num(counters.get('kv_tier_hit_tokens', 0))} prompt tokens from the tier")
+    other = {k: v for k, v in sorted(counters.items()) if not k.startswith(("kv_pull", "kv_tier"))}
     if other:
         lines.append("  engine counters: " + "  ".join(f"{k}={_num(v)}" for k, v in other.items()))
     return lines

@@ -55,9 +55,10 @@ ROOMS: dict[str, Room] = {
         saga=("saga_server.core.categories", "saga_sdk.logs"),
         never=ENGINES_AND_FRONT_DOORS + ("grpc", "saga_proto") + HEAVY + FRAMEWORKS),
     "saga_server.engines.vllm": Room(
-        "SAGA inside vLLM's scheduler: the core's rules over vLLM's blocks, its own hint service and recorder",
+        "SAGA inside vLLM's scheduler: the core's rules over vLLM's blocks, its own hint service and recorder; "
+        "on a CPU engine the host tier's copies (torch, numpy: vLLM's own)",
         saga=("saga_server.core", "saga_server.record", "saga_server.rpc"),
-        third_party=("vllm", "prometheus_client"),
+        third_party=("vllm", "prometheus_client", "torch", "numpy"),
         never=("saga_server.engines.sim", "saga_server.router", "saga_server.serve", "saga_server.proxy",
                "saga_server.bench", "ray", "httpx") + FRAMEWORKS),
     "saga_server.engines.sim": Room(

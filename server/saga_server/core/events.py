@@ -267,9 +267,12 @@ class EngineStats:
     - `admission`: None where admission is off;
     - `counters`: the counted event families, `<family>_<label>` (`pins_*`,
       `released_*`, `prefetch_*`, `kv_pulls_*`, `plugin_errors_*`, `plugin_seconds_*`,
-      `forgotten_*`) and plain counts (`kv_pulled_tokens`, `kv_pull_seconds`,
-      `session_hit_tokens`, `session_prompt_tokens`, `afs_reorders`). A count that
-      never happened is absent, not 0.
+      `forgotten_*`, `kv_tier_blocks_*`, `kv_tier_loads_*`) and plain counts
+      (`kv_pulled_tokens`, `kv_pull_seconds`, `kv_tier_hit_tokens`,
+      `kv_tier_load_seconds`, `session_hit_tokens`, `session_prompt_tokens`,
+      `afs_reorders`); with a host tier, also its occupancy at the read
+      (`kv_tier_used_chunks` of `kv_tier_chunks`). A count that never happened is
+      absent, not 0.
     """
 
     held_sessions: int = 0

@@ -70,6 +70,8 @@ __all__ = ["main", "build_command", "ServeConfig"]
 SAGA_SCHEDULER = "saga_server.engines.vllm.SagaScheduler"
 SAGA_ASYNC_SCHEDULER = "saga_server.engines.vllm.SagaAsyncScheduler"
 OFFLOAD_POLICY_MODULE = "saga_server.engines.vllm.offload"
+HOST_KV_MODULE = "saga_server.engines.vllm.host_kv"
+TIER_CONNECTOR_MODULE = "saga_server.engines.vllm.tier"
 NIXL_CONNECTOR_MODULE = "saga_server.engines.vllm.nixl"
 NIXL_LEASE_S = 600  # how long a source holds a prefix's blocks for a pull that has not come
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
@@ -103,6 +105,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--record-idle-s", type=float, default=None, metavar="S",
                    help="write a session silent for S seconds as ended (truncated; default: the engine's "
                         "session idle timeout, 1800)")
+    p.add_argument("--kv-tier-order", choices=["saga", "lru"], default="saga",
+                   help="with --kv-offloading-size GiB (a host KV tier): which KV the full tier drops "
+                        "first: saga (the session away longest, tail first; default) or lru (vLLM's "
+                        "own, the baseline); --no-saga always runs lru")
     p.add_argument("--kv-transfer", choices=["nixl"], default=None,
                    help="let other engines pull sessions' KV from this one and this one from them: "
                         "nixl (vLLM's NixlConnector, engines/vllm/nixl.py)")
@@ -180,11 +186,6 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
         if opts.pin_max_fraction is not None:
             env["SAGA_PIN_MAX_FRACTION"] = str(opts.pin_max_fraction)
         env.update(record_options.to_env(opts, opts.record_idle_s))
-        if _has_flag(passthrough, "--kv-offloading-size") and not _has_flag(passthrough, "--kv-transfer-config"):
-            # vLLM's CPU offload tier in SAGA's order (engines/vllm/offload.py); the
-            # module name is spelled out so this command does not import vLLM.
-            policy = {"eviction_policy": "SagaCachePolicy", "cache_policy_module_path": OFFLOAD_POLICY_MODULE}
-            args += ["--kv-transfer-config", json.dumps({"kv_connector_extra_config": policy})]
     elif opts.record:
         raise SystemExit("saga serve: --record needs the SAGA scheduler (it records in its process); "
                          "record a --no-saga run with saga proxy --record")
@@ -192,6 +193,11 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
         env.pop("SAGA_HINT_ADDR", None)
     if opts.kv_transfer == "nixl":
         args += _nixl_args(opts, passthrough, env)
+    if _has_flag(passthrough, "--kv-offloading-size") and not _has_flag(passthrough, "--kv-transfer-config"):
+        passthrough, transfer = host_tier_config(passthrough, gpu=is_gpu_build(), with_saga=not opts.no_saga,
+                                                 saga_order=opts.kv_tier_order == "saga")
+        if transfer:
+            args += ["--kv-transfer-config", json.dumps(transfer)]
     args += passthrough
     if not is_gpu_build():
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -205,6 +211,38 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
     env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     url = f"http://{opts.host}:{opts.port}"
     return ServeConfig(args, env, url, hint_addr, not opts.no_saga, model_dir)
+
+
+def host_tier_config(passthrough: list[str], gpu: bool, with_saga: bool,
+                     saga_order: bool) -> tuple[list[str], dict | None]:
+    """vLLM's flags for `--kv-offloading-size GiB` (a host KV tier): the passthrough
+    left, and the `--kv-transfer-config` to add (None: vLLM's own as it is).
+
+    On a CPU engine the tier's worker is SAGA's host copy (engines/vllm/host_kv.py;
+    vLLM's needs CUDA). With SAGA the connector is SAGA's (engines/vllm/tier.py: it
+    counts the tier's transfers), so the flag becomes the connector's
+    `cpu_bytes_to_use` (vLLM's flag would name vLLM's connector), and the tier drops
+    in SAGA's order (engines/vllm/offload.py) unless `--kv-tier-order lru`. Module
+    names are spelled out so this command does not import vLLM."""
+    extra: dict = {} if gpu else {"spec_name": "HostOffloadingSpec", "spec_module_path": HOST_KV_MODULE}
+    if not with_saga:
+        return passthrough, {"kv_connector_extra_config": extra} if extra else None
+    rest, gib = _take_flag(passthrough, "--kv-offloading-size")
+    extra["cpu_bytes_to_use"] = int(float(gib) * 2**30)
+    if saga_order:
+        extra.update(eviction_policy="SagaCachePolicy", cache_policy_module_path=OFFLOAD_POLICY_MODULE)
+    return rest, {"kv_connector": "SagaOffloadingConnector", "kv_connector_module_path": TIER_CONNECTOR_MODULE,
+                  "kv_role": "kv_both", "kv_connector_extra_config": extra}
+
+
+def _take_flag(args: list[str], flag: str) -> tuple[list[str], str]:
+    """`args` without `flag VALUE` (or `flag=VALUE`), and the value."""
+    for i, a in enumerate(args):
+        if a.startswith(flag + "="):
+            return args[:i] + args[i + 1:], a.split("=", 1)[1]
+        if a == flag and i + 1 < len(args):
+            return args[:i] + args[i + 2:], args[i + 1]
+    raise SystemExit(f"saga serve: {flag} needs a value")
 
 
 def nixl_transfer_config(gpu: bool) -> dict:

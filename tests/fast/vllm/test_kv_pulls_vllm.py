@@ -1,6 +1,6 @@
 """Tokens a request pulled from another engine over NIXL are counted as pulled, not
 as prefix hits: vLLM's real `Scheduler` with SAGA's `NixlConnector` (scheduler side;
-no transfer runs, the worker's report is synthetic), and the `PullLog` it keeps.
+no transfer runs, the worker's report is synthetic), and the `LoadLog` it keeps.
 
 The scheduler runs in a child process: NIXL's native libraries, which the connector
 module loads, crash grpc_tools' protoc when both live in one process (test_proto)."""
@@ -18,7 +18,7 @@ import pytest
 
 from saga_proto import hints_pb2 as pb
 from saga_server.core import ManualClock
-from saga_server.engines.vllm.pulls import PullLog
+from saga_server.engines.vllm.loads import LoadLog
 from saga_server.status import render
 
 HERE = Path(__file__).parent
@@ -27,7 +27,7 @@ ROOT = HERE.parents[2]
 
 def test_a_pull_is_heard_once_it_ends_and_taken_once_when_scheduled():
     clock, heard = ManualClock(10.0), []
-    log = PullLog(clock)
+    log = LoadLog(clock)
     log.listener = lambda ok, tokens, seconds: heard.append((ok, tokens, seconds))
     log.started("a", 992)
     log.started("b", 480)
@@ -39,18 +39,18 @@ def test_a_pull_is_heard_once_it_ends_and_taken_once_when_scheduled():
 
 
 def test_a_report_for_a_request_that_pulled_nothing_is_ignored():
-    log, heard = PullLog(ManualClock()), []
+    log, heard = LoadLog(ManualClock()), []
     log.listener = lambda *a: heard.append(a)
     log.finished({"never-started"}, failed=())
     assert heard == [] and log.take("never-started") == 0
 
 
 def test_ended_pulls_nobody_takes_are_forgotten_oldest_first():
-    log = PullLog(ManualClock())
-    for i in range(PullLog.MAX_UNTAKEN + 10):
+    log = LoadLog(ManualClock())
+    for i in range(LoadLog.MAX_UNTAKEN + 10):
         log.started(f"r{i}", 32)
         log.finished({f"r{i}"}, failed=())
-    assert log.take("r0") == 0 and log.take(f"r{PullLog.MAX_UNTAKEN + 9}") == 32
+    assert log.take("r0") == 0 and log.take(f"r{LoadLog.MAX_UNTAKEN + 9}") == 32
 
 
 def test_saga_status_shows_pulled_tokens_and_failed_pulls():

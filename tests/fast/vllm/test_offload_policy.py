@@ -94,19 +94,40 @@ def test_without_a_plugin_the_policy_is_lru():
     assert store(manager, keys("c", 1), "r3").evicted_keys == [keys("a", 2)[1]]  # oldest, tail first
 
 
-def test_saga_serve_selects_the_policy_with_the_offload_tier_and_leaves_a_user_config_alone():
-    def build(argv):
+def test_saga_serve_builds_the_host_tier_saga_counts_with_the_offload_flag_and_leaves_a_user_config_alone(
+        monkeypatch):
+    def build(argv, gpu=False):
+        monkeypatch.setattr(cli, "is_gpu_build", lambda: gpu)
         opts, rest = cli._parser().parse_known_args(argv)
-        return cli.build_command(opts, rest, "/models/m", True, base_env={}).argv
+        out = cli.build_command(opts, rest, "/models/m", True, base_env={}).argv
+        transfer = None
+        if "--kv-transfer-config" in out:
+            assert out.count("--kv-transfer-config") == 1
+            transfer = json.loads(out[out.index("--kv-transfer-config") + 1])
+        return out, transfer
 
-    argv = build(["--kv-offloading-size", "8"])
-    extra = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
-    assert extra == offload.POLICY_CONFIG and offload.POLICY_CONFIG["cache_policy_module_path"] == \
-        cli.OFFLOAD_POLICY_MODULE
-    user = build(["--kv-offloading-size", "8", "--kv-transfer-config", "{}"])
-    assert user.count("--kv-transfer-config") == 1
-    assert "--kv-transfer-config" not in build([]) and "--kv-transfer-config" not in build(
-        ["--no-saga", "--kv-offloading-size", "8"])
+    from saga_server.engines.vllm import host_kv, tier
+
+    argv, transfer = build(["--kv-offloading-size", "8"])
+    assert "--kv-offloading-size" not in argv  # vLLM's flag would name vLLM's connector
+    assert (transfer["kv_connector"], transfer["kv_connector_module_path"]) == (
+        tier.SagaOffloadingConnector.__name__, tier.__name__)
+    assert transfer["kv_connector_extra_config"] == {**host_kv.SPEC_CONFIG, **offload.POLICY_CONFIG,
+                                                     "cpu_bytes_to_use": 8 * 2**30}
+    assert host_kv.SPEC_CONFIG["spec_module_path"] == cli.HOST_KV_MODULE
+    assert offload.POLICY_CONFIG["cache_policy_module_path"] == cli.OFFLOAD_POLICY_MODULE
+    # vLLM's LRU as the baseline, with SAGA counting; stock vLLM keeps its own flag and connector
+    _, lru = build(["--kv-offloading-size=0.5", "--kv-tier-order", "lru"])
+    assert lru["kv_connector_extra_config"] == {**host_kv.SPEC_CONFIG, "cpu_bytes_to_use": 2**29}
+    argv, stock = build(["--no-saga", "--kv-offloading-size", "8"])
+    assert "--kv-offloading-size" in argv and stock == {"kv_connector_extra_config": host_kv.SPEC_CONFIG}
+    # a GPU host runs vLLM's own worker
+    _, gpu = build(["--kv-offloading-size", "8"], gpu=True)
+    assert gpu["kv_connector_extra_config"] == {**offload.POLICY_CONFIG, "cpu_bytes_to_use": 8 * 2**30}
+    assert build(["--no-saga", "--kv-offloading-size", "8"], gpu=True)[1] is None
+    argv, user = build(["--kv-offloading-size", "8", "--kv-transfer-config", "{}"])  # the user's own
+    assert user == {} and "--kv-offloading-size" in argv
+    assert build([])[1] is None
 
 
 def test_the_engines_own_offload_manager_runs_the_policy_saga_serve_configures(tiny_model):

@@ -17,20 +17,17 @@ shared one, which it still takes so that the model is prepared. Run it alone:
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import random
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from saga_server.router.kv_move import move_prefix
-from saga_server.serve.status import parse_metrics
-from tests.support.http import REQUEST_TIMEOUT_S, free_port
-from tests.support.serve import launch_saga_serve, stop_saga_serve
+from tests.support.http import free_port
+from tests.support.own_engine import OwnEngine
 
 # Not imported here: NIXL's native libraries in the test process crash grpc_tools' protoc
 # (tests/fast/test_proto.py), and the engines load it themselves.
@@ -42,53 +39,15 @@ BLOCK = 32
 PREFIX = 1000  # tokens: 31 full blocks move, the partial last one is recomputed
 
 
-class Engine:
-    def __init__(self, name: str, tmp: Path) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / f"{name}.log"
-        env_args = ["--fast-start", "--port", str(self.port), "--hint-port", str(free_port()),
-                    "--kv-transfer", "nixl", "--nixl-port", str(free_port()),
-                    "--num-gpu-blocks-override", "80", "--max-num-seqs", "2", "--max-model-len", "2048"]
-        os.environ.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1")
-        try:
-            self.proc = launch_saga_serve(env_args, self.log)
-        finally:
-            del os.environ["VLLM_CPU_OMP_THREADS_BIND"], os.environ["OMP_NUM_THREADS"]
-
-    def wait_ready(self, deadline: float) -> None:
-        while b"[saga] ready in" not in self.log.read_bytes():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"saga serve --kv-transfer nixl did not start:\n{self.log.read_text()[-3000:]}")
-            time.sleep(1)
-
-    def stop(self) -> None:
-        stop_saga_serve(self.proc)
-
-    def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(self.base + "/metrics", timeout=10) as resp:
-            return parse_metrics(resp.read().decode(), ("vllm:iteration_tokens_total", "saga_kv_pull"))
-
-    def computed_tokens(self) -> float:
-        """Tokens the engine has run through the model so far (prefill and decode)."""
-        return self.metrics()["vllm:iteration_tokens_total_sum"]
-
-    def complete(self, model: str, prompt: list[int], max_tokens: int = 12) -> dict:
-        return self.post("/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens,
-                                             "ignore_eos": True, "temperature": 0.0, "seed": 0,
-                                             "return_token_ids": True})
-
-    def post(self, path: str, body: dict) -> dict:
-        req = urllib.request.Request(self.base + path, json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
-            return json.loads(resp.read())
+def nixl_engine(name: str, tmp: Path) -> OwnEngine:
+    return OwnEngine(name, tmp, ["--kv-transfer", "nixl", "--nixl-port", str(free_port()),
+                                 "--num-gpu-blocks-override", "80", "--max-num-seqs", "2", "--max-model-len", "2048"])
 
 
 @pytest.fixture(scope="module")
 def engines(saga_server, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kv-move-real")
-    pair = [Engine("source", tmp), Engine("target", tmp)]
+    pair = [nixl_engine("source", tmp), nixl_engine("target", tmp)]
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         for engine in pair:
@@ -146,13 +105,13 @@ def test_a_moved_prefix_is_pulled_and_the_next_request_computes_only_the_new_tok
     # the prefix cached as a session's home engine would).
     expected = source.complete(model, following)["choices"][0]["token_ids"]
 
-    before, counted = target.computed_tokens(), target.metrics()
+    before, counted = target.computed_tokens(), target.metrics("saga_kv_pull")
     move = move_prefix(source.base, target.base, model, prefix, timeout_s=REQUEST_TIMEOUT_S)
     assert move.pulled and move.warm and move.fallback == "", move
     assert move.pulled_tokens == PREFIX
     assert target.computed_tokens() - before <= 1 + 1  # the last prompt token (and its output), nothing else
     # The engine's own count of what it pulled (vLLM reports such tokens as computed, not cached).
-    now = target.metrics()
+    now = target.metrics("saga_kv_pull")
     pulled = now["saga_kv_pulled_tokens_total"] - counted.get("saga_kv_pulled_tokens_total", 0.0)
     assert PREFIX // BLOCK * BLOCK <= pulled <= PREFIX
     assert now["saga_kv_pulls_total{outcome=ok}"] - counted.get("saga_kv_pulls_total{outcome=ok}", 0.0) == 1
@@ -176,13 +135,13 @@ def test_with_the_source_gone_the_move_re_prefills_on_the_target_without_error(e
     assert handle and handle.get("remote_block_ids"), handle
     source.stop()
 
-    counted = target.metrics()
+    counted = target.metrics("saga_kv_pull")
     started = time.monotonic()
     out = target.post("/v1/completions", {"model": model, "prompt": prefix, "max_tokens": 1, "temperature": 0.0,
                                           "kv_transfer_params": handle})
     took = time.monotonic() - started
     assert out["choices"][0]["finish_reason"] == "length"  # answered: the failed read was recomputed
-    now = target.metrics()
+    now = target.metrics("saga_kv_pull")
     failed = "saga_kv_pulls_total{outcome=failed}"
     assert now.get(failed, 0.0) - counted.get(failed, 0.0) == 1, now
     assert now.get("saga_kv_pulled_tokens_total", 0.0) == counted.get("saga_kv_pulled_tokens_total", 0.0)

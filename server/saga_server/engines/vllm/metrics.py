@@ -69,6 +69,14 @@ class SagaMetrics:
                                 ["outcome"])  # outcome: ok, failed (vLLM recomputed the prefix)
         self.kv_pulled_tokens = Counter("saga_kv_pulled_tokens", "Prompt tokens whose KV was pulled, not computed")
         self.kv_pull_seconds = Counter("saga_kv_pull_seconds", "Time from a pull's start to its end")
+        self.kv_tier_blocks = Counter("saga_kv_tier_blocks", "KV blocks copied to and from the host tier",
+                                      ["direction"])  # direction: stored, loaded
+        self.kv_tier_loads = Counter("saga_kv_tier_loads", "Requests' loads from the host tier", ["outcome"])
+        self.kv_tier_load_seconds = Counter("saga_kv_tier_load_seconds", "Time from a tier load's start to its end")
+        self.kv_tier_hit_tokens = Counter("saga_kv_tier_hit_tokens",
+                                          "Prompt tokens loaded from the host tier (not computed, not pool hits)")
+        self.kv_tier_used_chunks = Gauge("saga_kv_tier_used_chunks", "Host tier chunks holding KV", **g)
+        self.kv_tier_chunks = Gauge("saga_kv_tier_chunks", "Host tier capacity in chunks", **g)
         self.hints_dropped = Counter("saga_engine_hints_dropped", "Hint events the engine queue dropped (flood)")
         self.plugin_errors = Counter("saga_plugin_errors", "Exceptions the plugin caught to keep vLLM serving",
                                      ["where"])
@@ -108,7 +116,8 @@ class PluginCounters:
         self.counts: collections.Counter[str] = collections.Counter()
         self._families = {"pins": metrics.pins, "released": metrics.evictions, "prefetch": metrics.prefetch,
                           "plugin_errors": metrics.plugin_errors, "plugin_seconds": metrics.plugin_seconds,
-                          "kv_pulls": metrics.kv_pulls, "forgotten": metrics.forgotten}
+                          "kv_pulls": metrics.kv_pulls, "forgotten": metrics.forgotten,
+                          "kv_tier_blocks": metrics.kv_tier_blocks, "kv_tier_loads": metrics.kv_tier_loads}
 
     def count(self, family: str, label: str, n: float = 1) -> None:
         self._families[family].labels(label).inc(n)

@@ -29,7 +29,7 @@ pulls them over NIXL (the same prompt with the returned `kv_transfer_params`) an
 caches them, so the session's next request there hits its prefix cache.
 
 vLLM counts pulled tokens as computed, not as cached (`cached_tokens` is 0 for the
-pull), so the scheduler side keeps its own `pulls.PullLog`: what each pull asked
+pull), so the scheduler side keeps its own `loads.LoadLog`: what each pull asked
 for, when it ended and whether it failed. The SAGA plugin reads it to count pulled
 tokens apart from prefix hits (`saga_kv_pulled_tokens`, `saga status`).
 """
@@ -44,7 +44,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector as _VllmNixlConnector
 from vllm.distributed.nixl_utils import NixlWrapper, nixl_agent_config
 
-from .pulls import PullLog
+from .loads import LoadLog
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class NixlConnector(_VllmNixlConnector):
     its scheduler side logs each pull (`pulls`)."""
 
     def __init__(self, vllm_config, role, kv_cache_config) -> None:
-        self.pulls = PullLog()
+        self.pulls = LoadLog()
         placed = os.sched_getaffinity(0)
         super().__init__(vllm_config, role, kv_cache_config)
         pinned = os.sched_getaffinity(0)

@@ -31,7 +31,7 @@ from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus, order
 
 from saga_server.core.host_tier import HostTierOrder
 
-__all__ = ["SagaCachePolicy", "attach", "POLICY_CONFIG"]
+__all__ = ["SagaCachePolicy", "attach", "tier_occupancy", "POLICY_CONFIG"]
 
 # The connector's extra config that selects this policy.
 POLICY_CONFIG = {"eviction_policy": "SagaCachePolicy", "cache_policy_module_path": __name__}
@@ -48,6 +48,12 @@ def attach(plugin) -> None:
     _plugin = plugin
     if plugin is not None:
         plugin.kv.on_forget(_forgotten)
+
+
+def tier_occupancy() -> tuple[int, int]:
+    """Chunks this process's tiers in SAGA's order hold, and their capacity."""
+    policies = list(_policies)
+    return sum(len(p.chunks) for p in policies), sum(p.cache_capacity for p in policies)
 
 
 def _forgotten(session_id: str, how: str) -> None:

@@ -27,7 +27,8 @@ stock vLLM (everything else is vLLM's own code path):
   feeds the core; tool/session events reach the engine loop through a queue drained
   at each `schedule()`, so block references are only ever touched by the engine loop.
 - **Moves** (`saga serve --kv-transfer nixl`): tokens a request pulled from another
-  engine (`pulls.PullLog`) are counted as pulled, not as prefix hits.
+  engine (`loads.LoadLog`) are counted as pulled, not as prefix hits; tokens loaded
+  from the host tier (`--kv-offloading-size`, `tier`) as tier hits.
 - **Recording** (`SAGA_RECORD`, see `record`): each session's requests and hints,
   enqueued for a writer thread, become `saga-trace/1` tasks.
 
@@ -67,7 +68,7 @@ from saga_server.core.sessions import ENDED
 from .holds import VllmBlockPool, cached_prefix_blocks
 from .intake import EngineHintSink, ReleaseKv, start_hint_service
 from .metrics import PluginCounters, SagaMetrics
-from .offload import RequestSessions, attach
+from .offload import RequestSessions, attach, tier_occupancy
 from .prefetch import Prefetcher, is_prefetch
 from .queue import RankedRequestQueue
 from .record import EngineRecording
@@ -167,9 +168,15 @@ class SagaPlugin:
         self._prefetching = self.enabled and env_float(PREFETCH_ENV, 1.0, 0.0, 1.0) > 0
         self.kv.on_forget(lambda sid, how: self.prefetcher.forget(sid, ended=how == ENDED))
         self._prefill = _Throughput()
-        self.pulls = getattr(getattr(scheduler, "connector", None), "pulls", None)  # SAGA's NixlConnector
+        connector = getattr(scheduler, "connector", None)
+        self.pulls = getattr(connector, "pulls", None)  # SAGA's NixlConnector
         if self.pulls is not None:
             self.pulls.listener = self._pulled
+        self.tier_loads = getattr(connector, "tier_loads", None)  # SAGA's OffloadingConnector (`tier`)
+        if self.tier_loads is not None:
+            self.tier_loads.listener = self._loaded_from_tier
+        self._tier_blocks = getattr(connector, "tier_blocks", None)
+        self._tier_blocks_counted: dict[str, int] = {}
         self.requests: dict[str, Any] = {}  # request id -> RequestMeta (live requests)
         self._had: dict[str, int] = {}  # request id -> its session's context at arrival (until scheduled)
         self._request_sessions = RequestSessions()  # for vLLM's CPU offload tier (`offload`)
@@ -292,6 +299,12 @@ class SagaPlugin:
         sched = self.scheduler
         for new in output.scheduled_new_reqs:
             pulled = self.pulls.take(new.req_id) if self.pulls is not None else 0
+            if self.tier_loads is not None:  # loaded KV is no prefix hit either
+                from_tier = self.tier_loads.take(new.req_id)
+                pulled += from_tier
+                if from_tier:
+                    counts["kv_tier_hit_tokens"] += from_tier
+                    metrics.kv_tier_hit_tokens.inc(from_tier)
             meta = self.requests.get(new.req_id)
             if meta is None or meta.session_id is None:
                 continue
@@ -317,6 +330,10 @@ class SagaPlugin:
             if meta is not None and (meta.tenant or meta.session_id):
                 self.core.record_service(meta.tenant, int(n), meta.session_id or "")
         self._prefill.step(self.clock(), output.total_num_scheduled_tokens)
+        for direction, n in (self._tier_blocks or {}).items():
+            if n != self._tier_blocks_counted.get(direction, 0):
+                self.counters.count("kv_tier_blocks", direction, n - self._tier_blocks_counted.get(direction, 0))
+                self._tier_blocks_counted[direction] = n
 
     def filter_outputs(self, outputs):
         return self.prefetcher.hide(outputs) if self.prefetcher.ever_issued else outputs
@@ -338,6 +355,8 @@ class SagaPlugin:
     def engine_stats(self) -> EngineStats:
         """This engine's figures for GetStats (the hint sink adds `hints_dropped`)."""
         counts = dict(self.counters.counts)  # copied at once: the engine thread counts on
+        if self.tier_loads is not None:
+            counts["kv_tier_used_chunks"], counts["kv_tier_chunks"] = tier_occupancy()
         ledger, adm = self.ledger, self.admission
         admission = None
         if adm is not None:
@@ -423,6 +442,12 @@ class SagaPlugin:
             self.counters.counts["kv_pulled_tokens"] += tokens
             self.metrics.kv_pulled_tokens.inc(tokens)
 
+    @_guarded("loaded_from_tier")
+    def _loaded_from_tier(self, ok: bool, tokens: int, seconds: float) -> None:
+        self.counters.count("kv_tier_loads", "ok" if ok else "failed")
+        self.counters.counts["kv_tier_load_seconds"] += seconds
+        self.metrics.kv_tier_load_seconds.inc(seconds)
+
     def _cached_blocks(self, request_id: str) -> list:
         return cached_prefix_blocks(self.scheduler.kv_cache_manager, request_id)
 
@@ -435,6 +460,10 @@ class SagaPlugin:
             states = self.admission.states()
             for state in (ACTIVE, PARKED, WAITING):
                 m.admission_sessions.labels(state).set(states.get(state, 0))
+        if self.tier_loads is not None:
+            used, capacity = tier_occupancy()
+            m.kv_tier_used_chunks.set(used)
+            m.kv_tier_chunks.set(capacity)
         self._core_gauges()
 
     def _core_gauges(self, min_interval_s: float = 0.5) -> None:
@@ -466,11 +495,15 @@ class _Throughput:
 
 
 def _host_tier_tokens(scheduler, pool_tokens: int) -> int:
-    """Tokens vLLM's CPU offload tier holds (`--kv-offloading-size`), at the pool's
-    bytes per token; 0 without one."""
+    """Tokens the host KV tier holds (`--kv-offloading-size`: vLLM's flag, or the
+    connector's `cpu_bytes_to_use` that `saga serve` writes), at the pool's bytes per
+    token; 0 without one."""
     gib = getattr(scheduler.cache_config, "kv_offloading_size", None)
+    transfer = getattr(getattr(scheduler, "vllm_config", None), "kv_transfer_config", None)
+    tier_bytes = (gib or 0) * 2**30 or float((getattr(transfer, "kv_connector_extra_config", None) or {})
+                                             .get("cpu_bytes_to_use") or 0)
     tensors = getattr(getattr(scheduler, "kv_cache_config", None), "kv_cache_tensors", None) or []
     pool_bytes = sum(getattr(t, "size", 0) for t in tensors)
-    if not gib or not pool_bytes:
+    if not tier_bytes or not pool_bytes:
         return 0
-    return int(gib * 2**30 * pool_tokens / pool_bytes)
+    return int(tier_bytes * pool_tokens / pool_bytes)

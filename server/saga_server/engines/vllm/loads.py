@@ -1,6 +1,8 @@
-"""`PullLog`: the KV pulls one engine's scheduler started (SAGA's `NixlConnector`
-logs them), and how each ended. Kept apart from `nixl` so that it loads without
-NIXL's native libraries."""
+"""`LoadLog`: the KV loads one engine's scheduler started, and how each ended: pulls
+from another engine (SAGA's `NixlConnector`) or loads from the host tier (SAGA's
+`OffloadingConnector`, `engines/vllm/tier.py`). vLLM counts loaded KV as computed by
+the prefix cache; the plugin counts it apart. Kept apart from `nixl` so that it loads
+without NIXL's native libraries."""
 
 from __future__ import annotations
 
@@ -8,16 +10,16 @@ import collections
 import time
 from typing import Callable, Iterable
 
-__all__ = ["PullLog"]
+__all__ = ["LoadLog"]
 
 
-class PullLog:
-    """The KV pulls one engine's scheduler started, and how each ended.
+class LoadLog:
+    """The KV loads one engine's scheduler started, and how each ended.
 
-    `listener(ok, tokens, seconds)` hears every ended pull (`ok` False: the worker
+    `listener(ok, tokens, seconds)` hears every ended load (`ok` False: the worker
     reported the load failed and vLLM recomputes it); `take(request_id)` is what the
-    request really pulled (0 for a failed or unknown pull), asked once when the
-    request is scheduled. Ended pulls nobody took are forgotten oldest first."""
+    request really loaded (0 for a failed or unknown load), asked once when the
+    request is scheduled. Ended loads nobody took are forgotten oldest first."""
 
     MAX_UNTAKEN = 4096
 

@@ -1,0 +1,121 @@
+"""The host KV tier's worker (`engines/vllm/host_kv.py`) on real host tensors, through
+vLLM's own load/store specs: blocks stored to the tier come back byte for byte into
+other pool blocks, a chunk of several blocks is filled and read at the right offsets
+(the first chunk of a request may start mid-chunk), jobs finish in order, each is
+reported once with its bytes, and `wait` returns only when the job is done."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+kv_base = pytest.importorskip("vllm.v1.kv_offload.base")
+if not hasattr(kv_base, "CanonicalKVCaches"):
+    pytest.skip("this vLLM's offloading worker contract predates the host tier", allow_module_level=True)
+
+from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+
+from saga_server.engines.vllm.host_kv import HostCopyWorker
+
+BLOCKS, PAGE = 24, 64  # engine blocks, bytes per block and layer
+
+
+def engine_kv(layers: int = 3) -> tuple[list[torch.Tensor], CanonicalKVCaches]:
+    torch.manual_seed(0)
+    tensors = [torch.randn(BLOCKS, PAGE // 4) for _ in range(layers)]  # float32: PAGE bytes a block
+    caches = CanonicalKVCaches([CanonicalKVCacheTensor(t, PAGE) for t in tensors],
+                               [[CanonicalKVCacheRef(i, PAGE) for i in range(layers)]])
+    return tensors, caches
+
+
+def engine_spec(blocks: list[int], first_block: int = 0) -> GPULoadStoreSpec:
+    return GPULoadStoreSpec(blocks, group_sizes=[len(blocks)], block_indices=[first_block])
+
+
+def finish(worker: HostCopyWorker, *job_ids: int) -> list:
+    worker.wait(set(job_ids))
+    return worker.get_finished()
+
+
+def test_blocks_stored_to_the_tier_load_back_byte_for_byte_into_other_blocks():
+    tensors, caches = engine_kv()
+    before = [t.clone() for t in tensors]
+    worker = HostCopyWorker(caches, blocks_per_chunk=1, num_chunks=8)
+    try:
+        assert worker.submit_store(1, engine_spec([3, 5, 7]), CPULoadStoreSpec([6, 0, 2]))
+        (stored,) = finish(worker, 1)
+        assert (stored.job_id, stored.success, stored.transfer_size) == (1, True, 3 * 3 * PAGE)
+        for t in tensors:
+            t[[10, 11, 12]] = 0.0
+        assert worker.submit_load(2, CPULoadStoreSpec([6, 0, 2]), engine_spec([10, 11, 12]))
+        (loaded,) = finish(worker, 2)
+        assert loaded.success and loaded.transfer_size == 3 * 3 * PAGE and loaded.transfer_time >= 0
+        for t, b in zip(tensors, before):
+            assert torch.equal(t[[10, 11, 12]], b[[3, 5, 7]])
+            assert torch.equal(t[:10], b[:10])  # nothing else written
+        assert worker.get_finished() == []  # each job is reported once
+    finally:
+        worker.shutdown()
+
+
+def test_a_chunk_holds_several_blocks_and_a_request_may_start_mid_chunk():
+    tensors, caches = engine_kv()
+    before = [t.clone() for t in tensors]
+    worker = HostCopyWorker(caches, blocks_per_chunk=4, num_chunks=4)
+    try:
+        # the request's blocks 2..7 (engine blocks 0..5) into chunks 3 and 1: chunk 3
+        # holds request blocks 0-3 (2 and 3 here), chunk 1 holds 4-7
+        worker.submit_store(1, engine_spec([0, 1, 2, 3, 4, 5], first_block=2), CPULoadStoreSpec([3, 1]))
+        finish(worker, 1)
+        # load request blocks 4..7 alone (chunk 1) and 3 alone (the last of chunk 3)
+        worker.submit_load(2, CPULoadStoreSpec([1]), engine_spec([20, 21, 22, 23], first_block=4))
+        worker.submit_load(3, CPULoadStoreSpec([3]), engine_spec([19], first_block=3))
+        assert [r.job_id for r in finish(worker, 2, 3)] == [2, 3]  # in submission order
+        for t, b in zip(tensors, before):
+            assert torch.equal(t[[20, 21, 22, 23]], b[[2, 3, 4, 5]])
+            assert torch.equal(t[19], b[1])
+    finally:
+        worker.shutdown()
+
+
+def test_wait_blocks_until_the_job_is_done_and_the_copy_runs_off_the_callers_thread():
+    tensors, caches = engine_kv(layers=1)
+    worker = HostCopyWorker(caches, blocks_per_chunk=1, num_chunks=4)
+    copying, release, threads = threading.Event(), threading.Event(), []
+    copy = worker._copy
+
+    def slow_copy(job):
+        threads.append(threading.current_thread().name)
+        copying.set()
+        release.wait(10)
+        return copy(job)
+
+    worker._copy = slow_copy
+    try:
+        assert worker.submit_store(7, engine_spec([1]), CPULoadStoreSpec([0]))  # returns at once
+        assert copying.wait(10) and worker.get_finished() == []
+        waiter = threading.Thread(target=worker.wait, args=({7},))
+        waiter.start()
+        waiter.join(0.3)
+        assert waiter.is_alive()  # the job is not done
+        release.set()
+        waiter.join(10)
+        assert not waiter.is_alive() and [r.job_id for r in worker.get_finished()] == [7]
+        assert threads == ["saga-host-kv"]
+    finally:
+        release.set()
+        worker.shutdown()
+
+
+def test_a_spec_that_does_not_match_its_chunks_is_refused_before_anything_runs():
+    _, caches = engine_kv(layers=1)
+    worker = HostCopyWorker(caches, blocks_per_chunk=2, num_chunks=4)
+    try:
+        with pytest.raises(ValueError, match="offload spec mismatch"):
+            worker.submit_store(1, engine_spec([0, 1, 2]), CPULoadStoreSpec([0]))  # 3 blocks need 2 chunks
+        assert worker.get_finished() == []
+    finally:
+        worker.shutdown()
