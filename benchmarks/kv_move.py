@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fit_cpu_preset import cpu_description  # noqa: E402
+from saga_server.bench.calibrate import cpu_description  # noqa: E402
 from serve_common import start_server  # noqa: E402
 
 from saga_server.router.kv_move import move_prefix  # noqa: E402

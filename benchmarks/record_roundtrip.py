@@ -67,7 +67,7 @@ def main() -> int:
     p.add_argument("--mode", default="saga", help="the replay mode that was recorded")
     p.add_argument("--kv-blocks", type=int, default=400)
     p.add_argument("--max-num-seqs", type=int, default=2)
-    p.add_argument("--calibration", type=Path, help="fit_cpu_preset.py --json output (default: the preset)")
+    p.add_argument("--calibration", type=Path, help="saga calibrate --out file (default: the preset)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 

@@ -228,16 +228,24 @@ def sent_workload(tasks: list[Task], delays: list[float]) -> list[dict]:
     return out
 
 
-# Modes: SAGA as shipped; SAGA with request-level FCFS inside a tenant (no task
-# seniority: what the cache policies alone give); SAGA without session admission;
-# stock vLLM.
-MODES = {"saga": (True, {}), "saga-request-fcfs": (True, {"SAGA_SENIORITY_WINDOW_S": "0"}),
-         "saga-no-admit": (True, {"SAGA_ADMISSION": "0"}), "no-saga": (False, {})}
+# Modes: (SAGA on, its knobs, with a host KV tier). SAGA as shipped; SAGA with
+# request-level FCFS inside a tenant (no task seniority: what the cache policies
+# alone give); SAGA without session admission; stock vLLM; and each with a host KV
+# tier of --tier-x pools (`--kv-offloading-size`: stock vLLM's is dropped LRU, SAGA's
+# in its own order).
+MODES = {"saga": (True, {}, False), "saga-request-fcfs": (True, {"SAGA_SENIORITY_WINDOW_S": "0"}, False),
+         "saga-no-admit": (True, {"SAGA_ADMISSION": "0"}, False), "no-saga": (False, {}, False),
+         "saga-tier": (True, {}, True), "saga-tier-no-admit": (True, {"SAGA_ADMISSION": "0"}, True),
+         "no-saga-tier": (False, {}, True)}
+BASELINES = ("no-saga", "no-saga-tier")
+KV_BYTES_PER_TOKEN = 23_040  # SmolLM2-135M: 30 layers x K and V x 3 KV heads x 64 dims x 2 bytes
 
 
 def replay(mode: str, tasks: list[Task], tokens: TokenSource, args) -> dict:
-    saga, env = MODES[mode]
+    saga, env, tier = MODES[mode]
     vllm_args = ["--num-gpu-blocks-override", str(args.kv_blocks), "--max-num-seqs", str(args.max_num_seqs)]
+    if tier:
+        vllm_args += ["--kv-offloading-size", f"{tier_gib(args):.4f}"]
     if saga and args.record:  # the engine writes what it saw (`saga serve --record`)
         args.record.mkdir(parents=True, exist_ok=True)
         vllm_args += ["--record", str(args.record / f"{mode}.jsonl")]
@@ -264,7 +272,9 @@ def replay(mode: str, tasks: list[Task], tokens: TokenSource, args) -> dict:
                                                                "saga_admission", "saga_plugin_seconds",
                                                                "vllm:prefix_cache", "vllm:iteration_tokens_total",
                                                                *PHASE_METRICS.values(), "vllm:e2e_request_latency",
-                                                               "vllm:num_preemptions"))
+                                                               "vllm:num_preemptions", "vllm:external_prefix_cache",
+                                                               "vllm:kv_offload_load", "vllm:kv_offload_store",
+                                                               "saga_kv_tier"))
         except Exception as exc:
             metrics = {"error": repr(exc)}
         rss = server.rss_bytes()
@@ -283,8 +293,15 @@ def replay(mode: str, tasks: list[Task], tokens: TokenSource, args) -> dict:
         "step_latency_mean_s": statistics.fmean([x for r in ok for x in r.step_latency]) if ok else float("nan"),
         "prompt_tokens": prompt, "cached_tokens": cached, "hit_rate": cached / prompt if prompt else 0.0,
         "regen_share": max(0, prompt - cached - new) / prompt if prompt else 0.0,
+        # of the cached tokens, those loaded from the host tier (vLLM counts them as cached)
+        "tier_hit_share": metrics.get("vllm:external_prefix_cache_hits_total", 0.0) / prompt if prompt else 0.0,
         "wall_s": wall, "ready_s": server.ready_s, "rss_gb": rss / 2**30, "metrics": metrics,
     }
+
+
+def tier_gib(args) -> float:
+    """The *-tier modes' `--kv-offloading-size`: --tier-x pools of this model's KV."""
+    return args.tier_x * args.kv_blocks * 32 * KV_BYTES_PER_TOKEN / 2**30
 
 
 def main() -> int:
@@ -297,6 +314,8 @@ def main() -> int:
     p.add_argument("--max-tool-s", type=float, default=20.0, help="cap on one tool's duration")
     p.add_argument("--kv-blocks", type=int, default=400, help="KV cache in blocks of 32 tokens")
     p.add_argument("--max-num-seqs", type=int, default=2)
+    p.add_argument("--tier-x", type=float, default=2.0,
+                   help="host KV tier of the *-tier modes, in pools (--kv-blocks) of KV")
     p.add_argument("--stagger-s", type=float, default=3.0, help="sessions start uniformly within this window")
     p.add_argument("--modes", default="saga,saga-request-fcfs,no-saga", help=f"comma-separated, of {sorted(MODES)}")
     p.add_argument("--compiled", action="store_true", help="start without --enforce-eager")
@@ -335,21 +354,23 @@ def main() -> int:
         print(json.dumps({k: v for k, v in r.items() if k not in ("metrics", "tct_s")}), flush=True)
         out.append(r)
     print()
-    rows = ["tct_mean_s", "tct_p90_s", "tct_max_s", "step_latency_mean_s", "hit_rate", "regen_share", "prompt_tokens",
+    rows = ["tct_mean_s", "tct_p90_s", "tct_max_s", "step_latency_mean_s", "hit_rate", "tier_hit_share", "regen_share",
+            "prompt_tokens",
             "cached_tokens", "wall_s", "ready_s", "rss_gb", "sessions_ok"]
     print(f"{'':22}" + "".join(f"{r['mode']:>19}" for r in out))
     for k in rows:
         print(f"{k:22}" + "".join(f"{r[k]:>19.3f}" if isinstance(r[k], float) else f"{r[k]:>19}" for r in out))
     by = {r["mode"]: r for r in out}
-    if "no-saga" in by:
-        n = by["no-saga"]
+    for base in (b for b in BASELINES if b in by):
+        n = by[base]
         print()
-        for mode in (m for m in modes if m != "no-saga"):
+        for mode in (m for m in modes if m not in BASELINES):
             s = by[mode]
-            print(f"task completion time, no-saga / {mode}: mean {n['tct_mean_s'] / s['tct_mean_s']:.2f}x, "
-                  f"p90 {n['tct_p90_s'] / s['tct_p90_s']:.2f}x; prefix-hit rate {s['hit_rate']:.3f} vs "
+            print(f"task completion time, {base} / {mode}: mean {n['tct_mean_s'] / s['tct_mean_s']:.2f}x, "
+                  f"p90 {n['tct_p90_s'] / s['tct_p90_s']:.2f}x; prefix+tier hit rate {s['hit_rate']:.3f} vs "
                   f"{n['hit_rate']:.3f}; regen share {s['regen_share']:.3f} vs {n['regen_share']:.3f}")
-            print(f"  {mode} metrics: {json.dumps(s['metrics'])}")
+    for mode in modes:
+        print(f"  {mode} metrics: {json.dumps(by[mode]['metrics'])}")
     write_results(args.json, args, out)
     if args.plot:
         plot_completion_times(out, args.plot)

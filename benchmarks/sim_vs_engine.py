@@ -2,15 +2,19 @@
 
 Runs `serve_trace_replay.py`'s sessions against real vLLM (`saga serve`, each mode
 in turn), then the simulator (`saga bench`'s engine, the `cpu-2core` preset fitted
-to this machine, or `--calibration FILE` from `fit_cpu_preset.py`) on exactly the
+to this machine, or `--calibration FILE` from `saga calibrate`) on exactly the
 sessions that were sent (`serve_trace_replay.sent_workload`: the same prompts,
 answers, tool gaps and start times), one worker with the engine's KV pool,
-`max_num_seqs` and token budget, no host tier. Modes and their simulated policies:
+`max_num_seqs` and token budget, and for the `*-tier` modes a host tier of
+--tier-x pools (the engine's `--kv-offloading-size`). Modes and their simulated policies:
 
-    no-saga            apc-lru   (stock vLLM: LRU prefix cache, request FCFS)
-    saga               saga      (the same policy code the engine plugin runs)
-    saga-request-fcfs  saga with seniority_window_s = 0
-    saga-no-admit      saga-no-admit
+    no-saga             apc-lru          (stock vLLM: LRU prefix cache, request FCFS)
+    saga                saga             (the same policy code the engine plugin runs)
+    saga-request-fcfs   saga with seniority_window_s = 0
+    saga-no-admit       saga-no-admit
+    no-saga-tier        apc-lru-offload  (stock vLLM with its host tier, dropped LRU)
+    saga-tier           saga             with the host tier
+    saga-tier-no-admit  saga-no-admit    with the host tier
 
 Prints, per mode, measured against predicted: mean, p90 and worst task completion
 time, prefix-hit rate (cached / prompt tokens) and regen share (recomputed / prompt
@@ -34,11 +38,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve_trace_replay as replay_mod  # noqa: E402
-from fit_cpu_preset import cpu_description  # noqa: E402
+from saga_server.bench.calibrate import cpu_description  # noqa: E402
 from serve_common import pct  # noqa: E402
 
 MODE_POLICY = {"no-saga": "apc-lru", "saga": "saga", "saga-request-fcfs": "saga-request-fcfs",
-               "saga-no-admit": "saga-no-admit"}
+               "saga-no-admit": "saga-no-admit", "no-saga-tier": "apc-lru-offload", "saga-tier": "saga",
+               "saga-tier-no-admit": "saga-no-admit"}
 
 
 def simulate(workload: list[dict], mode: str, args) -> dict:
@@ -54,7 +59,8 @@ def simulate(workload: list[dict], mode: str, args) -> dict:
     rng = random.Random(args.seed)
     insts = [TaskInstance(t["task_id"], materialize(t, rng), "swe", float(t["start_s"])) for t in workload]
     res = Simulator(cost, make_policy(MODE_POLICY[mode]), insts,
-                    SimConfig(workers=1, concurrency=None, host_tier_factor=0.0, seed=args.seed)).run()
+                    SimConfig(workers=1, concurrency=None, seed=args.seed,
+                              host_tier_factor=args.tier_x if replay_mod.MODES[mode][2] else 0.0)).run()
     tct = sorted(t.tct_s for t in res.tasks)
     prompt = res.prompt_tokens
     return {"mode": mode, "tct_mean_s": statistics.fmean(tct), "tct_p90_s": pct(tct, 0.9), "tct_max_s": tct[-1],
@@ -96,9 +102,10 @@ def main() -> int:
     p.add_argument("--kv-blocks", type=int, default=400)
     p.add_argument("--max-num-seqs", type=int, default=2)
     p.add_argument("--stagger-s", type=float, default=3.0)
+    p.add_argument("--tier-x", type=float, default=2.0, help="host KV tier of the *-tier modes, in pools")
     p.add_argument("--modes", default="saga,saga-request-fcfs,no-saga")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--calibration", type=Path, help="fit_cpu_preset.py --json output (default: the cpu-2core preset)")
+    p.add_argument("--calibration", type=Path, help="saga calibrate --out file (default: the cpu-2core preset)")
     p.add_argument("--measured", type=Path, help="serve_trace_replay.py --json output to compare with, "
                                                  "instead of running the engine")
     p.add_argument("--json", type=Path, help="write measured and predicted figures here")
@@ -145,12 +152,12 @@ def main() -> int:
         if "outside_mean_s" in m:
             print(f"{mode:18} {'outside engine':16} {m['outside_mean_s']:10.3f} {'(not simulated)':>18}")
     ratios = {}
-    if "no-saga" in modes:
-        for mode in (x for x in modes if x != "no-saga"):
-            got = measured["no-saga"]["tct_mean_s"] / measured[mode]["tct_mean_s"]
-            want = predicted["no-saga"]["tct_mean_s"] / predicted[mode]["tct_mean_s"]
-            ratios[mode] = {"measured": got, "predicted": want}
-            print(f"no-saga / {mode} mean TCT: measured {got:.2f}x, predicted {want:.2f}x ({want / got - 1:+.1%})")
+    for base in (b for b in replay_mod.BASELINES if b in modes):
+        for mode in (x for x in modes if x not in replay_mod.BASELINES):
+            got = measured[base]["tct_mean_s"] / measured[mode]["tct_mean_s"]
+            want = predicted[base]["tct_mean_s"] / predicted[mode]["tct_mean_s"]
+            ratios[f"{base}/{mode}"] = {"measured": got, "predicted": want}
+            print(f"{base} / {mode} mean TCT: measured {got:.2f}x, predicted {want:.2f}x ({want / got - 1:+.1%})")
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "machine": cpu,
                                          "measured": measured, "predicted": predicted, "ratios": ratios}, indent=2))

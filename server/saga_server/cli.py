@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "hints": ("saga_server.rpc.cli", "the hint service alone, backed by the workflow core"),
     "status": ("saga_server.status", "what a running SAGA server knows (sessions, pins, stats)"),
     "bench": ("saga_server.bench.cli", "trace-driven cluster simulator: policies side by side"),
+    "calibrate": ("saga_server.bench.calibrate", "fit the simulator's costs to the real engine on this host"),
     "proxy": ("saga_server.proxy.cli", "zero-code OpenAI-compatible proxy that infers sessions"),
     "run": ("saga_sdk.launcher", "run an unchanged agent command with SAGA switched on"),
     "router": ("saga_server.router.cli", "many hosts: session-affinity routing on Ray Serve"),

