@@ -5,7 +5,6 @@ checks keys too (the proxy's hints go with the file's admin key)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re

@@ -12,11 +12,13 @@ recomputes everything.
 
 Real: vLLM's `Scheduler`, `KVCacheManager`, the scheduler side of
 `OffloadingConnector` and its `CPUOffloadingManager`, built from the config
-`--kv-offloading-size` produces. Synthetic (the only fake): the worker. Its
-side of the connector needs CUDA, so `OffloadWorker` reports transfers the way
-`OffloadingConnectorWorker` does (completed job ids in `OffloadingWorkerMetadata`,
-finished loads as `finished_recving`, never `finished_sending`), as if every
-copy were instant; there is no model either (one fixed sampled token).
+`--kv-offloading-size` produces. Synthetic (the only fake): the worker, since
+there is no model and so no KV to copy (the real one, `host_kv.HostCopyWorker`,
+is tested on host tensors in `test_host_kv.py` and in a real engine in
+`tests/real/serve/test_host_tier_real.py`). `OffloadWorker` reports transfers the
+way `OffloadingConnectorWorker` does (completed job ids in
+`OffloadingWorkerMetadata`, finished loads as `finished_recving`, never
+`finished_sending`), as if every copy were instant; one fixed sampled token.
 """
 
 from __future__ import annotations

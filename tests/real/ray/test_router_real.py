@@ -11,7 +11,6 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-import pytest
 
 from saga_sdk import HintClient
 from saga_server.core.routing import home_replica
@@ -240,7 +239,6 @@ def test_killing_a_replica_loses_no_completed_work_and_agent_runs_finish(ray_clu
     sids = [f"fail-{uuid.uuid4().hex[:8]}-{i}" for i in range(4)]
     results: dict[str, list[dict]] = {}
     errors: list[str] = []
-    started = threading.Event()
 
     def run(sid):
         results[sid] = _turns(ray_cluster, sid, 5, tool_s=1.0, retries=5, errors=errors)

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from saga_server.router.kv_move import move_prefix
-from tests.support.http import free_port
+from tests.support.http import REQUEST_TIMEOUT_S, free_port
 from tests.support.own_engine import OwnEngine
 
 # Not imported here: NIXL's native libraries in the test process crash grpc_tools' protoc

@@ -124,7 +124,7 @@ class KvMoves:
         """The KV of a moved session lands on its new worker."""
         blocks, tier, pin_until = what
         w = self.workers[s.worker]
-        cache, pol, bt = w.cache, self.policy, self.cost.block_tokens
+        cache, bt = w.cache, self.cost.block_tokens
         s.in_transit = False
         sid = s.session_id
         if blocks > 0:

@@ -43,7 +43,7 @@ from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 __all__ = ["HostOffloadingSpec", "HostCopyWorker", "SPEC_CONFIG"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm.saga.host_kv")  # under "vllm." so vLLM's log handler shows it
 
 # The connector's extra config that selects this spec.
 SPEC_CONFIG = {"spec_name": "HostOffloadingSpec", "spec_module_path": __name__}
@@ -83,7 +83,9 @@ class HostCopyWorker(OffloadingWorker):
             if engine.device.type != "cpu":
                 raise ValueError(f"HostCopyWorker copies host tensors; the engine's KV is on {engine.device}")
             self._engine.append(engine)
-            self._tier.append(torch.zeros((num_chunks * blocks_per_chunk, t.page_size_bytes), dtype=torch.int8))
+            # empty, not zeros: the manager loads only chunks it stored, and untouched
+            # pages cost no memory, so the tier's resident size grows with its use
+            self._tier.append(torch.empty((num_chunks * blocks_per_chunk, t.page_size_bytes), dtype=torch.int8))
         # Each group's distinct tensors (aliased layers share one).
         self._group_tensors = [sorted({ref.tensor_idx for ref in refs}) for refs in kv_caches.group_data_refs]
         self._page_bytes = [t.page_size_bytes for t in kv_caches.tensors]
