@@ -104,6 +104,7 @@ def render(stats, sessions, metrics=None, served=None, limit: int | None = None,
 _NOT_ACCEPTED = ("events_invalid", "events_refused", "events_denied", "rate_dropped")
 # What callers were refused, by the rule that refused them (stats name -> shown as).
 _TENANCY = {"denied_tenant_claim": "claimed another tenant", "denied_foreign_session": "another's session",
+            "denied_foreign_scope": "another's id scope",
             "denied_read": "read another's", "denied_release": "released another's",
             "denied_session_limit": "over session limit", "hints_denied_admin_only": "admin-only call",
             "hints_rate_dropped": "over hint rate", "fanout_rate_dropped": "over hint rate (router)",

@@ -82,9 +82,10 @@ ROOMS: dict[str, Room] = {
     "saga_server.proxy": Room(
         "the zero-code front door: an HTTP proxy that sends hints through the SDK's client; "
         "its hints are the core's event dataclasses; it shares the keys file and the recorder, "
-        "never an engine or the core's scheduler",
-        saga=("saga_server.core.categories", "saga_server.core.events", "saga_server.record", "saga_server.rpc.keys",
-              "saga_server.rpc.reload", "saga_sdk"),
+        "never an engine or the core's scheduler; its tenant rules also guard the engine's own port "
+        "(vLLM loads that middleware by name)",
+        saga=("saga_server.core.categories", "saga_server.core.events", "saga_server.core.scopes", "saga_server.record",
+              "saga_server.rpc.keys", "saga_server.rpc.reload", "saga_sdk"),
         third_party=("httpx", "starlette", "uvicorn", "anyio"),
         never=("saga_server.engines", "saga_server.router", "saga_server.serve", "saga_server.bench",
                "saga_server.core.workflow", "saga_server.rpc.service", "saga_proto", "grpc") + HEAVY + FRAMEWORKS),

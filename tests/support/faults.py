@@ -42,8 +42,10 @@ class HintServiceProcess:
             service.start()                     # same endpoint again
     """
 
-    def __init__(self, port: int | None = None, *, ready_timeout_s: float = 120.0) -> None:
+    def __init__(self, port: int | None = None, *, ready_timeout_s: float = 120.0,
+                 args: tuple[str, ...] = ()) -> None:
         self.port = port or free_port()
+        self.args = args  # more of `saga hints`' arguments (`--api-keys FILE`)
         self.ready_timeout_s = ready_timeout_s
         self.starts = 0
         self._proc: subprocess.Popen | None = None
@@ -96,9 +98,10 @@ class HintServiceProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "sdk"), str(ROOT / "server"),
                                                           env.get("PYTHONPATH", "")]))
-        env.pop("SAGA_API_KEY", None)  # an open service, like the test server's
+        env.pop("SAGA_API_KEY", None)  # keys only through `args`: open by default, like the test server
         env.pop("SAGA_API_KEYS", None)
-        proc = subprocess.Popen([sys.executable, "-m", "saga_server.cli", "hints", "--listen", self.endpoint],
+        proc = subprocess.Popen([sys.executable, "-m", "saga_server.cli", "hints", "--listen", self.endpoint,
+                                 *self.args],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
         ready = threading.Event()
 

@@ -30,7 +30,8 @@ class OwnEngine:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"{name}.log"
-        argv = ["--fast-start", "--port", str(self.port), "--hint-port", str(free_port()), *args]
+        self.hint_addr = f"127.0.0.1:{free_port()}"
+        argv = ["--fast-start", "--port", str(self.port), "--hint-port", self.hint_addr.rpartition(":")[2], *args]
         os.environ.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1")
         try:
             self.proc = launch_saga_serve(argv, self.log)
@@ -59,8 +60,8 @@ class OwnEngine:
                                              "ignore_eos": True, "temperature": 0.0, "seed": 0,
                                              "return_token_ids": True})
 
-    def post(self, path: str, body: dict) -> dict:
+    def post(self, path: str, body: dict, headers: dict[str, str] | None = None) -> dict:
         req = urllib.request.Request(self.base + path, json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
+                                     {"Content-Type": "application/json", **(headers or {})})
         with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
             return json.loads(resp.read())

@@ -25,14 +25,18 @@ or release of a session another tenant owns is refused, ended or not, until the
 record expires; a session nobody owns yet (only the engine has seen it, or it was
 started without a key) becomes the caller's with its first hint, unless it
 already names another tenant, and until then only an admin reads or releases it.
+An agent's hints name only ids its tenant may own (`scopes.owns_scope`): an id
+`<tag>/...` is scoped to the tenant of its tag, as the front doors write them,
+so no other key can create, claim or squat a tenant's session ids.
 `sessions` lists the caller's own. Limits of the
 caller's tenant: a new session (or a claim) beyond `max_sessions` live ones is
 refused, and a declared deadline shorter than `min_deadline_s` is raised to it
 (clamped, not refused: the session keeps its hints, it just cannot jump the
 queue). Admins pass the ownership checks. Each refusal raises `AccessDenied`
 (nothing changes) and is counted: `denied_tenant_claim`, `denied_foreign_session`,
-`denied_session_limit`, `denied_read`, `denied_release`; `deadline_clamped` and
-`list_withheld` (listings that left sessions out) count the rest.
+`denied_foreign_scope`, `denied_session_limit`, `denied_read`, `denied_release`;
+`deadline_clamped` and `list_withheld` (listings that left sessions out) count the
+rest.
 
 Memory is bounded once, for both: at most `max_sessions` records and
 `history_limit` history entries each. A session expires `idle_ttl_s` after its
@@ -81,6 +85,7 @@ from .events import (
     ToolCallEnd,
     ToolCallStart,
 )
+from .scopes import owns_scope, tag
 
 __all__ = ["Session", "SessionTable", "Tracker", "SessionGone", "ENDED", "EXPIRED", "EVICTED"]
 
@@ -219,6 +224,7 @@ class SessionTable:
             "sessions_expired": 0,
             "denied_tenant_claim": 0,
             "denied_foreign_session": 0,
+            "denied_foreign_scope": 0,
             "denied_session_limit": 0,
             "denied_read": 0,
             "denied_release": 0,
@@ -370,6 +376,9 @@ class SessionTable:
         """The record `event` applies to (admitted if new, claimed if nobody's);
         raises `HintRejected` before changing anything but expiry."""
         sid = event.session_id
+        if caller is not None and not caller.is_admin and not owns_scope(caller.tenant, sid):
+            self._deny("denied_foreign_scope", f"session id {sid!r} is scoped to another tenant "
+                       f"(an id with a '/' must begin with this key's tenant, {tag(caller.tenant)!r})")
         session = self.by_id.get(sid)
         claim = self._owned(session, caller, "denied_foreign_session", claimable=True)
         owner = None if caller is None else caller.tenant

@@ -10,7 +10,8 @@ The upstream and the hint endpoint may also come from `SAGA_UPSTREAM` and
 With `--api-keys FILE` (or `$SAGA_API_KEYS`; the hint service's keys file) every
 caller needs a key of the file and acts as its tenant (`saga_server.proxy.tenants`);
 SIGHUP reloads the file (a bad one is logged and the old keys kept). The proxy's
-hints then go with `SAGA_API_KEY` if set, else the file's first admin key.
+hints then go with `SAGA_API_KEY` if set, else the file's first admin key; a key
+that is not an admin key of the file stops the proxy at start (exit 2).
 """
 
 from __future__ import annotations
@@ -101,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tenants = None
     if keys is not None:
-        _check_hint_key(keys, hints)
+        refused = hint_key_refusal(keys, hints)
+        if refused:
+            print(f"saga proxy: {refused}", file=sys.stderr)
+            hints.close(0)
+            return 2
         tenants = Tenants(keys, salt_secret=os.environ.get(SALT_SECRET_ENV, "").encode())
         reload_on_sighup(keys)
     app = SagaProxy(config, hints=hints, recorder=recorder, tenants=tenants)
@@ -117,17 +122,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _check_hint_key(keys: KeyRing, hints) -> None:
-    """Warn when the proxy's hints, sent for every tenant, would be refused."""
+def hint_key_refusal(keys: KeyRing, hints) -> str | None:
+    """Why the proxy must not start with these keys, or None. A multi-tenant proxy
+    sends every tenant's hints with its one key, so that key must be an admin key of
+    the file: an agent key would make every session its own tenant's (and hide them
+    from their tenants), and no key or an unknown one is refused by the service."""
     if not hints.config.enabled:
-        return
+        return None
     key = hints.config.api_key
+    fix = (f"the proxy sends every tenant's hints with one key, which must be an admin key of {keys.path} "
+           "(set SAGA_API_KEY to one, or add an admin line to the file; --no-hints sends none)")
     if not key:
-        print(f"saga proxy: warning: {keys.path} has no admin key and SAGA_API_KEY is unset: hints go without "
-              "a key, and a hint service with keys refuses them", file=sys.stderr)
-    elif (entry := keys.lookup(key)) is not None and not entry.caller.is_admin:
-        print(f"saga proxy: warning: SAGA_API_KEY is an agent key of tenant {entry.tenant!r}: the hint service "
-              "refuses its hints for other tenants' sessions; use an admin key", file=sys.stderr)
+        return f"{keys.path} has no admin key and SAGA_API_KEY is unset: {fix}"
+    entry = keys.lookup(key)
+    if entry is None:
+        return f"SAGA_API_KEY is not a key of {keys.path}: {fix}"
+    if not entry.caller.is_admin:
+        return f"SAGA_API_KEY is an agent key of tenant {entry.tenant!r}: {fix}"
+    return None
 
 
 if __name__ == "__main__":

@@ -13,14 +13,11 @@ Without a keys file every caller is tenant "" and nothing below applies.
 
 A request of tenant T is kept apart from other tenants' three ways:
 
-- **Sessions.** Each session id of T is `namespaced(T, id)`: `<T>/<id>`, where
-  `<T>` is T URL-quoted (`quote(T, safe="")`, so the first `/` ends it, and two
-  tenants never share a prefix; a quoted name over 64 characters becomes `%h`
-  and 32 hex digits of its BLAKE2b digest, which no quoted name can be), and the
-  id is cut so that the whole stays within 256 characters (what the engine and
-  the hint service accept). That holds for the ids the caller sends
-  (`X-Session-ID` and the rest of `turns.SESSION_HEADERS` / `SESSION_BODY_FIELDS`)
-  and the ones `SessionTracker` infers, whose histories, scopes and response ids
+- **Sessions.** Each session id of T is `namespaced(T, id)`: `<T>/<id>`, T's
+  tag and the id, cut to 256 characters (`saga_server.core.scopes`, where the
+  hint service reads the tag back to keep other keys out of T's ids). That holds
+  for the ids the caller sends (`X-Session-ID` and the rest of
+  `turns.SESSION_HEADERS` / `SESSION_BODY_FIELDS`) and the ones `SessionTracker` infers, whose histories, scopes and response ids
   never match another tenant's. `isolate` writes the namespaced id wherever the
   upstream reads one (the body's `session_id`, also `vllm_xargs.session_id` where
   the caller set it: vLLM takes both before the header), and overwrites a
@@ -53,7 +50,8 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
-from urllib.parse import quote
+
+from ..core.scopes import namespaced
 
 if TYPE_CHECKING:  # the ring's module pulls in gRPC; the tracker imports this one
     from ..rpc.keys import KeyRing
@@ -61,20 +59,7 @@ if TYPE_CHECKING:  # the ring's module pulls in gRPC; the tracker imports this o
 __all__ = ["SALT_SECRET_ENV", "TenantStats", "Tenants", "api_key", "namespaced"]
 
 SALT_SECRET_ENV = "SAGA_CACHE_SALT_SECRET"
-MAX_SESSION_ID_CHARS = 256  # the engine's and the hint service's bound
-_MAX_TAG_CHARS = 64
 _SALT_DOMAIN = b"saga-proxy/cache-salt/1:"
-
-
-def namespaced(tenant: str, session_id: str) -> str:
-    """The session id `session_id` of `tenant` stands for (format: module docstring);
-    tenant "" keeps its ids as they are."""
-    if not tenant:
-        return session_id
-    tag = quote(tenant, safe="")
-    if len(tag) > _MAX_TAG_CHARS:
-        tag = "%h" + hashlib.blake2b(tenant.encode(), digest_size=16).hexdigest()
-    return f"{tag}/{session_id}"[:MAX_SESSION_ID_CHARS]
 
 
 def api_key(headers: Iterable[tuple[bytes, bytes]]) -> str:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from ..core.scopes import MAX_SESSION_ID_CHARS
+
 __all__ = [
     "Message",
     "Reply",
@@ -50,7 +52,6 @@ SESSION_BODY_FIELDS = (
     ("metadata", "session_id"),
     ("metadata", "litellm_session_id"),
 )
-MAX_SESSION_ID_CHARS = 256
 
 
 # Tuples, not dataclasses: a request builds one per history entry, and hashes them all.

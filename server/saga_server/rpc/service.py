@@ -13,7 +13,9 @@ session: a key's hint rate (events over it are refused in the ack, counted
 `rate_dropped`), and admin-only calls (`ReportPeerService`, `ListResident`: an
 agent gets PERMISSION_DENIED, counted `denied_admin_only`). An agent's `GetStats`
 shows the service per tenant of its own tenant only. Without keys every call is
-open, as it always was.
+open, as it always was. With `scope_agent_ids` (the engine's HTTP port guarded by
+the same keys, `saga serve --api-keys`) an agent's session ids are its tenant's
+scoped ids (`session_id_of`), the ids its requests reach the engine under.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent import futures
+from dataclasses import replace
 from typing import Callable, Iterator
 
 import grpc
@@ -31,6 +34,7 @@ from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
 
 from ..core.events import AccessDenied, Caller, HintRejected, HintSink
+from ..core.scopes import namespaced, scope_of
 from .access import Authenticator, Credentials
 from .convert import InvalidHint, Limits, engine_stats_to_wire, from_wire, session_list, snapshot_to_wire
 from .keys import KeyRing
@@ -51,10 +55,11 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
     `auth` (None: no keys, every call open) resolves each call's key."""
 
     def __init__(self, sink: HintSink, clock: Callable[[], float] = time.monotonic,
-                 auth: Authenticator | None = None) -> None:
+                 auth: Authenticator | None = None, scope_agent_ids: bool = False) -> None:
         self.sink = sink
         self.clock = clock
         self.auth = auth
+        self.scope_agent_ids = scope_agent_ids
         self._lock = threading.Lock()
         self._last_sequence: OrderedDict[str, int] = OrderedDict()
         self.counters = dict.fromkeys(
@@ -81,7 +86,10 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
         accepted = invalid = refused = denied = errors = 0
         for index, wire_event in enumerate(batch.events[:allowed]):
             try:
-                self.sink.accept(from_wire(wire_event, self.clock()), caller=caller)
+                event = from_wire(wire_event, self.clock())
+                if self.scope_agent_ids and caller is not None and not caller.is_admin:
+                    event = replace(event, session_id=self.session_id_of(event.session_id, caller))
+                self.sink.accept(event, caller=caller)
                 accepted += 1
                 continue
             except InvalidHint as exc:
@@ -131,6 +139,15 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
                 self._last_sequence.popitem(last=False)
             return False
 
+    def session_id_of(self, session_id: str, caller: Caller | None) -> str:
+        """The id the sink knows `caller`'s `session_id` by: with `scope_agent_ids`
+        an agent's unscoped id is put in its tenant's scope (`scopes.namespaced`), as
+        the engine's HTTP port puts its requests'; a scoped id is left for the
+        session table's ownership rule (another tenant's scope is refused there)."""
+        if not self.scope_agent_ids or caller is None or caller.is_admin or scope_of(session_id) is not None:
+            return session_id
+        return namespaced(caller.tenant, session_id)
+
     def credentials(self, context) -> Credentials | None:
         return credentials_of(self, context)
 
@@ -156,7 +173,8 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
 
     def GetSession(self, request, context):
         try:
-            snap = self.sink.session(request.session_id, caller=self.caller(context))
+            caller = self.caller(context)
+            snap = self.sink.session(self.session_id_of(request.session_id, caller), caller=caller)
         except AccessDenied as exc:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         if snap is None:
@@ -222,7 +240,8 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"session_id must be 1..{Limits.max_id_chars} characters")
         try:
-            queued = bool(release(sid, caller=self.caller(context)))
+            caller = self.caller(context)
+            queued = bool(release(self.session_id_of(sid, caller), caller=caller))
         except AccessDenied as exc:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         self.count("releases")
@@ -291,11 +310,11 @@ class HintServer:
 
     def __init__(self, sink: HintSink, address: str = "127.0.0.1:50051", *, api_key: str | None = None,
                  keys: KeyRing | None = None, clock: Callable[[], float] = time.monotonic,
-                 max_workers: int = 8) -> None:
+                 max_workers: int = 8, scope_agent_ids: bool = False) -> None:
         if keys is None and api_key:
             keys = KeyRing(shared_key=api_key)
         auth = None if keys is None else Authenticator(keys, clock)
-        self._serve(WorkflowHintsService(sink, clock, auth), address, max_workers)
+        self._serve(WorkflowHintsService(sink, clock, auth, scope_agent_ids), address, max_workers)
 
     @classmethod
     def for_service(cls, service, address: str, *, max_workers: int = 8) -> "HintServer":

@@ -28,7 +28,11 @@ Any default is overridden by passing the vLLM flag yourself.
 starts and read by the hint service in the EngineCore process
 (`$SAGA_API_KEYS`). A SIGHUP to `saga serve` checks the file again and passes
 the signal on to the engine processes (`saga_server.rpc.reload`), which reload
-it; a bad file is reported and the old keys kept.
+it; a bad file is reported and the old keys kept. The same keys guard the
+engine's HTTP port (`saga_server.proxy.engine_port`, loaded with vLLM's
+`--middleware`): a request's tenant is its key's, its session ids and prefix
+cache are that tenant's. With only a shared key (`--hint-api-key` or
+`$SAGA_API_KEY`) the port requires that key (vLLM's `VLLM_API_KEY` check).
 
 `--kv-transfer nixl [--nixl-port PORT]` starts the engine with vLLM's NIXL
 connector (`engines/vllm/nixl.py`: SAGA's subclass keeps the worker's CPU
@@ -61,7 +65,7 @@ import urllib.request
 
 from ..record import JsonlSink
 from ..record import options as record_options
-from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError
+from ..rpc.keys import KEYS_FILE_ENV, SCOPED_IDS_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError
 from ..rpc.reload import RELOAD_DIR_ENV, forward_reload
 from .model import ModelPrepError, resolve_model_dir
 
@@ -72,6 +76,7 @@ SAGA_ASYNC_SCHEDULER = "saga_server.engines.vllm.SagaAsyncScheduler"
 OFFLOAD_POLICY_MODULE = "saga_server.engines.vllm.offload"
 HOST_KV_MODULE = "saga_server.engines.vllm.host_kv"
 TIER_CONNECTOR_MODULE = "saga_server.engines.vllm.tier"
+HTTP_KEYS_MIDDLEWARE = "saga_server.proxy.engine_port.TenantKeysMiddleware"
 NIXL_CONNECTOR_MODULE = "saga_server.engines.vllm.nixl"
 NIXL_LEASE_S = 600  # how long a source holds a prefix's blocks for a pull that has not come
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
@@ -191,6 +196,7 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
                          "record a --no-saga run with saga proxy --record")
     else:
         env.pop("SAGA_HINT_ADDR", None)
+    args += _http_keys(opts, passthrough, env)
     if opts.kv_transfer == "nixl":
         args += _nixl_args(opts, passthrough, env)
     if _has_flag(passthrough, "--kv-offloading-size") and not _has_flag(passthrough, "--kv-transfer-config"):
@@ -339,6 +345,21 @@ def _check_record(opts: argparse.Namespace, touch: bool) -> str | None:
     return None
 
 
+def _http_keys(opts: argparse.Namespace, passthrough: list[str], env: dict[str, str]) -> list[str]:
+    """The flags that make the engine's HTTP port honour the hint service's keys: a
+    keys file loads SAGA's middleware (`proxy.engine_port`: tenants, scoped session
+    ids, salts); one shared key alone is vLLM's own `VLLM_API_KEY` check."""
+    keys_file = opts.api_keys or env.get(KEYS_FILE_ENV)
+    shared = opts.hint_api_key or env.get(SHARED_KEY_ENV)
+    if keys_file:
+        env[KEYS_FILE_ENV] = os.path.abspath(keys_file)
+        env[SCOPED_IDS_ENV] = "1"  # agents' hints then name the ids their requests arrive under
+        return ["--middleware", HTTP_KEYS_MIDDLEWARE]
+    if shared and not _has_flag(passthrough, "--api-key"):
+        env["VLLM_API_KEY"] = shared  # in the environment, not on the command line `ps` shows
+    return []
+
+
 def _check_keys(path: str | None) -> str | None:
     """Why the keys file at `path` cannot be used (None: it can, or there is none)."""
     if not path:
@@ -363,7 +384,7 @@ def main(argv: list[str]) -> int:
     if opts.kv_transfer and opts.nixl_port is None and "VLLM_NIXL_SIDE_CHANNEL_PORT" not in os.environ:
         opts.nixl_port = _free_port(opts.host)  # vLLM's default, 5600, would collide on a shared host
     cfg = build_command(opts, passthrough, model_dir, default_model)
-    keys_file = cfg.env.get(KEYS_FILE_ENV) if cfg.with_saga else None
+    keys_file = cfg.env.get(KEYS_FILE_ENV)
     problem = _check_keys(keys_file) or _check_record(opts, touch=not opts.dry_run)
     if problem:
         print(f"saga serve: {problem}", file=sys.stderr)

@@ -183,3 +183,30 @@ def test_a_request_cannot_move_an_owned_sessions_work_to_another_tenants_share()
     assert core.served_by_tenant() == {"a": 500.0, "b": 70.0}
     assert core.request_rank("owned", "b", 0.0)[0] == core.request_rank("owned", "", 0.0)[0] \
         == core.request_priority("", "a")
+
+
+@pytest.mark.parametrize("event", [SessionStart("b/shared-1", 0.0, tenant="b"), SessionStart("b/shared-1", 0.0),
+                                   LlmCallStart("b/shared-1", 0.0), ToolCallStart("b/shared-1", 0.0, "bash")],
+                         ids=["start-naming-b", "start", "llm-call", "tool-call"])
+def test_an_id_scoped_to_another_tenant_is_refused_and_leaves_nothing(event):
+    """The proxy scopes team b's ids as `b/<id>`: a key of team a that hints such an id
+    (a proxy given an agent key, a curious agent) must neither create nor claim it."""
+    table = SessionTable(clock=ManualClock(0.0))
+    with pytest.raises(AccessDenied, match="scoped to another tenant"):
+        table.accept(event, A)
+    with pytest.raises(AccessDenied):
+        table.accept(LlmCallStart("b/shared-1", 0.5), A)  # the hints that follow a refused start
+    assert "b/shared-1" not in table.by_id and table.counters["denied_foreign_scope"] == 2
+    table.accept(SessionStart("b/shared-1", 1.0, tenant="b"), OPS)  # the proxy's admin key: b's session
+    table.accept(LlmCallStart("b/shared-1", 1.5), B)
+    assert (table.by_id["b/shared-1"].owner, [s.session_id for s in table.sessions(caller=A)]) == ("b", [])
+    table.accept(LlmCallStart("a/mine", 2.0), A)  # its own scope, and ids with no scope, are a's to use
+    table.accept(LlmCallStart("plain", 2.0), A)
+    assert sorted(s.session_id for s in table.sessions(caller=A)) == ["a/mine", "plain"]
+
+
+def test_without_keys_or_with_an_admin_key_scoped_ids_are_anyones():
+    table = SessionTable()
+    table.accept(LlmCallStart("b/x", 0.0))
+    table.accept(LlmCallStart("c/y", 0.0), OPS)
+    assert set(table.by_id) == {"b/x", "c/y"} and table.counters["denied_foreign_scope"] == 0

@@ -266,7 +266,7 @@ def test_saga_proxy_refuses_a_bad_keys_file(tmp_path, capsys, text, says, monkey
     assert _cli([]) == 2
 
 
-def test_saga_proxy_hints_with_the_admin_key_unless_one_is_set(keys_file, monkeypatch, capsys):
+def test_saga_proxy_hints_with_the_admin_key_and_refuses_any_other(keys_file, tmp_path, monkeypatch, capsys):
     from saga_server.proxy import cli
 
     started, reloading = [], []
@@ -275,12 +275,26 @@ def test_saga_proxy_hints_with_the_admin_key_unless_one_is_set(keys_file, monkey
     monkeypatch.delenv("SAGA_API_KEY", raising=False)
     monkeypatch.delenv("SAGA_API_KEYS", raising=False)
     assert _cli(["--api-keys", str(keys_file)]) == 0
-    monkeypatch.setenv("SAGA_API_KEY", KEY_A)
+    monkeypatch.setenv("SAGA_API_KEY", KEY_OPS)
     assert _cli(["--api-keys", str(keys_file)]) == 0
-    assert "agent key of tenant 'team-a'" in capsys.readouterr().err
-    assert [app.hints.config.api_key for app in started] == [KEY_OPS, KEY_A]
+    assert [app.hints.config.api_key for app in started] == [KEY_OPS, KEY_OPS]
     assert [ring.path for ring in reloading] == [str(keys_file)] * 2
     assert all(app.tenants.keys is ring for app, ring in zip(started, reloading))
+    # An agent's key would make every tenant's sessions its own: refused, as is a key
+    # the file does not know and a file without an admin key; --no-hints needs none.
+    agents_only = tmp_path / "agents"
+    agents_only.write_text(f"{KEY_A} team-a agent\n")
+    for key, path, says in [(KEY_A, keys_file, "an agent key of tenant 'team-a'"),
+                            ("sk-not-in-the-file-123", keys_file, "not a key of"),
+                            (None, agents_only, "has no admin key")]:
+        if key is None:
+            monkeypatch.delenv("SAGA_API_KEY")
+        else:
+            monkeypatch.setenv("SAGA_API_KEY", key)
+        assert _cli(["--api-keys", str(path)]) == 2
+        assert says in capsys.readouterr().err
+    assert len(started) == 2
+    assert _cli(["--api-keys", str(agents_only), "--no-hints"]) == 0
     assert _cli([]) == 0 and started[-1].tenants is None
 
 

@@ -265,3 +265,29 @@ def test_a_reload_applies_new_limits_to_the_next_call(service, keys_file):
     assert service.send(KEY_A, start("a-2", deadline_s=5.0)).accepted == 1
     state = service.stub(KEY_A).GetSession(pb.GetSessionRequest(session_id="a-2"), timeout=5)
     assert math.isclose(state.deadline_in_s, 300.0)
+
+
+def test_behind_a_guarded_engine_port_an_agents_ids_are_its_tenants_scoped_ids(keys_file):
+    """`saga serve --api-keys` scopes a request's session id to its key's tenant
+    (`team-a/s`); the hint service names the same agent's hints the same way, so
+    they meet its requests, while admins (`saga proxy`) name ids as they are."""
+    clock = ManualClock(1000.0)
+    sink = EngineHintSink(WorkflowCore(clock=clock))
+    server = HintServer(sink, "127.0.0.1:0", keys=KeyRing(str(keys_file)), clock=clock,
+                        scope_agent_ids=True).start()
+    svc = Service(server, sink, clock, [])
+    try:
+        assert svc.send(KEY_A, start("s"), llm("s")).accepted == 2
+        assert svc.send(KEY_A, llm("team-a/s")).accepted == 1  # its own scoped id is the same session
+        assert svc.sink.session("team-a/s").steps == 2 and svc.sink.session("s") is None
+        mine = svc.stub(KEY_A).GetSession(pb.GetSessionRequest(session_id="s"), timeout=5)
+        assert (mine.session_id, mine.tenant) == ("team-a/s", "team-a")
+        ack = svc.send(KEY_A, llm("team-b/t"))  # another tenant's scope: refused, counted
+        assert ack.rejected == 1 and "scoped to another tenant" in ack.rejections[0].reason
+        assert svc.stats()["denied_foreign_scope"] == 1 and svc.sink.session("team-b/t") is None
+        assert svc.send(KEY_OPS, start("plain", tenant="team-b")).accepted == 1  # an admin's ids are as sent
+        assert svc.sink.session("plain").tenant == "team-b"
+    finally:
+        for channel in svc.channels:
+            channel.close()
+        server.close(grace=None)

@@ -64,7 +64,15 @@ def test_the_keys_file_reaches_the_engine_and_a_bad_one_stops_saga_serve_first(t
     keys.write_text("key-team-a-0001 team-a agent\n")
     cfg = build(["--api-keys", str(keys), "--hint-api-key", "shared-secret"])
     assert cfg.env["SAGA_API_KEYS"] == str(keys.resolve()) and cfg.env["SAGA_API_KEY"] == "shared-secret"
-    assert "SAGA_API_KEYS" not in build(["--api-keys", str(keys), "--no-saga"]).env
+    # The same keys guard the engine's HTTP port: SAGA's middleware, loaded by vLLM,
+    # and the hint service names agents' sessions as that port scopes them.
+    assert cfg.argv[cfg.argv.index("--middleware") + 1] == cli.HTTP_KEYS_MIDDLEWARE
+    assert cfg.env["SAGA_SCOPED_SESSION_IDS"] == "1" and "VLLM_API_KEY" not in cfg.env
+    stock = build(["--api-keys", str(keys), "--no-saga"])  # the baseline's port too
+    assert stock.argv[stock.argv.index("--middleware") + 1] == cli.HTTP_KEYS_MIDDLEWARE
+    shared = build(["--hint-api-key", "shared-secret"])  # one shared key: vLLM's own check
+    assert shared.env["VLLM_API_KEY"] == "shared-secret" and "--middleware" not in shared.argv
+    assert "shared-secret" not in " ".join(shared.argv) and "VLLM_API_KEY" not in build([]).env
     keys.write_text("key-team-a-0001 team-a\n")
     (tmp_path / "config.json").write_text("{}")  # a model directory, for --dry-run
     assert cli.main(["--api-keys", str(keys), "--dry-run", "--model", str(tmp_path)]) == 2

@@ -158,11 +158,13 @@ def start_hint_service(sink: EngineHintSink, address: str | None = None):
     if not address:
         return None
     from saga_server.rpc import HintServer, KeyRing  # noqa: PLC0415  (grpc only when used)
+    from saga_server.rpc.keys import SCOPED_IDS_ENV  # noqa: PLC0415
     from saga_server.rpc.reload import register_for_reload, reload_on_sighup  # noqa: PLC0415
 
     try:
         keys = KeyRing.from_env()
-        server = HintServer(sink, address, keys=keys).start()
+        server = HintServer(sink, address, keys=keys,
+                            scope_agent_ids=os.environ.get(SCOPED_IDS_ENV) == "1").start()
     except Exception:
         log.exception("SAGA hint service could not start on %s; serving without hints", address)
         return None

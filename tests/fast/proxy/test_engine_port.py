@@ -1,0 +1,113 @@
+"""`TenantKeysMiddleware` (the engine's HTTP port under `saga serve --api-keys`),
+in front of an ASGI app that records what reached it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from starlette.testclient import TestClient
+
+from saga_server.rpc import KeyRing
+from saga_server.proxy import engine_port
+from saga_server.proxy.engine_port import TenantKeysMiddleware
+
+KEY_A, KEY_B = "sk-port-team-a-0123", "sk-port-team-b-3210"
+CHAT = "/v1/chat/completions"
+
+
+class Recorder:
+    """The engine's side: every request that reached it, headers and JSON body."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[dict, bytes]] = []
+
+    async def __call__(self, scope, receive, send):
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        self.seen.append(({k.decode(): v.decode() for k, v in scope["headers"]}, body))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.fixture
+def port(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"{KEY_A} team-a agent min_deadline_s=60\n{KEY_B} team-b agent\n")
+    engine = Recorder()
+    middleware = TenantKeysMiddleware(engine, keys=KeyRing(str(path)))
+    client = TestClient(middleware, base_url="http://engine")
+    client.engine = engine
+    client.tenants = middleware.tenants
+    return client
+
+
+def _post(port, key, body, **headers):
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
+    return port.post(CHAT, content=body if isinstance(body, bytes) else json.dumps(body),
+                     headers={"content-type": "application/json", **auth, **headers})
+
+
+def _forwarded(port) -> tuple[dict, dict]:
+    headers, body = port.engine.seen[-1]
+    return headers, json.loads(body)
+
+
+def test_a_request_without_a_known_key_gets_401_and_nothing_reaches_the_engine(port):
+    for key in (None, "sk-not-a-key-of-the-file"):
+        reply = _post(port, key, {"model": "m", "messages": []})
+        assert reply.status_code == 401 and reply.json()["error"]["code"] == "invalid_api_key"
+    assert port.get("/v1/models").status_code == 401
+    assert port.engine.seen == []
+    assert [port.get(p).status_code for p in ("/health", "/metrics", "/version")] == [200, 200, 200]
+
+
+def test_the_keys_tenant_takes_every_field_that_could_name_another(port):
+    reply = _post(port, KEY_A, {"model": "m", "session_id": "s1", "cache_salt": "mine",
+                                "vllm_xargs": {"tenant": "team-b", "session_id": "team-b/x", "deadline_s": 5}},
+                  **{"X-Session-ID": "team-b/y", "x-api-key": KEY_B})
+    assert reply.status_code == 200
+    headers, body = _forwarded(port)
+    # x-api-key wins over the bearer token, as at the proxy: this request is team-b's
+    assert body["session_id"] == "team-b/s1" and body["vllm_xargs"] == {"tenant": "team-b", "deadline_s": 5}
+    assert "x-session-id" not in headers and int(headers["content-length"]) == len(port.engine.seen[-1][1])
+    _post(port, KEY_A, {"model": "m", "session_id": "s1", "cache_salt": "mine",
+                        "vllm_xargs": {"tenant": "team-b", "deadline_s": 5}})
+    _, body = _forwarded(port)
+    assert body["session_id"] == "team-a/s1"
+    assert body["vllm_xargs"] == {"tenant": "team-a", "deadline_s": 60}  # raised to team-a's floor
+    assert body["cache_salt"] == port.tenants.cache_salt("team-a", "mine") != port.tenants.cache_salt("team-b", "mine")
+
+
+@pytest.mark.parametrize("body, headers, scoped", [
+    ({}, {"X-Session-ID": "h1"}, "team-a/h1"),                            # the header alone
+    ({"vllm_xargs": {"session_id": "x1"}}, {}, "team-a/x1"),              # vllm_xargs alone
+    ({"session_id": "team-a/p"}, {}, "team-a/p"),                         # already team-a's (via saga proxy)
+    ({"session_id": "team-b/q"}, {}, "team-a/team-b/q"),                  # another's scope: inside team-a's
+    ({"session_id": "b1"}, {"X-Session-ID": "h2"}, "team-a/b1"),          # vLLM's order: the body first
+    ({}, {}, None),                                                       # no session: none made up
+])
+def test_the_session_id_vllm_would_read_becomes_the_tenants(port, body, headers, scoped):
+    _post(port, KEY_A, {"model": "m", **body}, **headers)
+    forwarded_headers, forwarded = _forwarded(port)
+    assert forwarded.get("session_id") == scoped and "session_id" not in forwarded["vllm_xargs"]
+    assert "x-session-id" not in forwarded_headers and forwarded["vllm_xargs"]["tenant"] == "team-a"
+
+
+def test_bodies_that_are_not_json_objects_pass_unchanged_and_an_oversized_one_is_refused(port, monkeypatch):
+    for raw in (b"[1, 2]", b"not json", b""):
+        assert _post(port, KEY_A, raw).status_code == 200
+        assert port.engine.seen[-1][1] == raw
+    monkeypatch.setattr(engine_port, "MAX_BODY_BYTES", 10)
+    n = len(port.engine.seen)
+    assert _post(port, KEY_A, {"model": "a-long-model-name"}).status_code == 413
+    assert len(port.engine.seen) == n
+
+
+def test_without_the_keys_file_it_refuses_to_build(monkeypatch):
+    monkeypatch.delenv("SAGA_API_KEYS", raising=False)
+    with pytest.raises(RuntimeError, match="SAGA_API_KEYS"):
+        TenantKeysMiddleware(Recorder())
