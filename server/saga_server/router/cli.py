@@ -328,6 +328,9 @@ def main(argv: list[str]) -> int:
         app = build_openai_app(build_app_config(opts, LLMConfig(**cfg)))
         started = time.monotonic()
         print(f"[saga] deploying {opts.replicas} replica(s), router {opts.router}, model {model_dir}", flush=True)
+        if keys is not None:  # the keys guard the hint port; Ray Serve's HTTP ingress takes none
+            print(f"[saga] note: the OpenAI port {url} checks no API keys: keep it private and put "
+                  "saga proxy --api-keys in front of it for tenants (docs/THREAT_MODEL.md)", flush=True)
         serve.run(app, name=APP_NAME, blocking=False)
         print(f"[saga] OpenAI API : {url}/v1", flush=True)
         print(f"[saga] hints gRPC : {opts.host}:{hint_port} (fan-out to every replica)", flush=True)
