@@ -47,8 +47,8 @@ def engine(saga_server, tmp_path_factory):
         own.stop()
 
 
-def chat(engine: OwnEngine, key: str | None, content: str, session_id: str, **body) -> dict:
-    headers = {"X-Session-ID": session_id, **({"Authorization": f"Bearer {key}"} if key else {})}
+def chat(engine: OwnEngine, key: str | None, content: str, header_session_id: str, **body) -> dict:
+    headers = {"X-Session-ID": header_session_id, **({"Authorization": f"Bearer {key}"} if key else {})}
     return engine.post("/v1/chat/completions",
                        {"model": engine.model, "messages": [{"role": "user", "content": content}],
                         "max_tokens": 1, "temperature": 0, "seed": 0, **body}, headers)
