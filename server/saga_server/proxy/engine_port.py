@@ -103,9 +103,13 @@ class TenantKeysMiddleware:
             payload["session_id"] = scoped(tenant, sid)
         xargs["tenant"] = tenant
         floor = self.tenants.keys.limits(tenant).min_deadline_s
-        deadline = xargs.get("deadline_s")
-        if floor and isinstance(deadline, (int, float)) and deadline < floor:
-            xargs["deadline_s"] = floor
+        if floor and "deadline_s" in xargs:  # the engine reads strings as numbers too
+            try:
+                deadline = float(xargs["deadline_s"])
+            except (TypeError, ValueError):
+                deadline = floor
+            if not deadline >= floor:  # also NaN
+                xargs["deadline_s"] = floor
         payload["vllm_xargs"] = xargs
         payload["cache_salt"] = self.tenants.cache_salt(tenant, payload.get("cache_salt"))
         out = json.dumps(payload, separators=(",", ":")).encode()
