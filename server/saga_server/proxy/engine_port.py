@@ -107,7 +107,7 @@ class TenantKeysMiddleware:
             try:
                 deadline = float(xargs["deadline_s"])
             except (TypeError, ValueError):
-                deadline = floor
+                deadline = float("nan")  # unreadable: the floor replaces it
             if not deadline >= floor:  # also NaN
                 xargs["deadline_s"] = floor
         payload["vllm_xargs"] = xargs

@@ -82,6 +82,12 @@ def test_the_keys_tenant_takes_every_field_that_could_name_another(port):
     assert body["cache_salt"] == port.tenants.cache_salt("team-a", "mine") != port.tenants.cache_salt("team-b", "mine")
 
 
+@pytest.mark.parametrize("deadline", ["5", "nan", "soon"])
+def test_a_deadline_the_engine_would_parse_as_a_number_still_meets_the_floor(port, deadline):
+    _post(port, KEY_A, {"model": "m", "vllm_xargs": {"deadline_s": deadline}})
+    assert _forwarded(port)[1]["vllm_xargs"]["deadline_s"] == 60
+
+
 @pytest.mark.parametrize("body, headers, scoped", [
     ({}, {"X-Session-ID": "h1"}, "team-a/h1"),                            # the header alone
     ({"vllm_xargs": {"session_id": "x1"}}, {}, "team-a/x1"),              # vllm_xargs alone
