@@ -12,8 +12,10 @@ processes on real sockets, the proxy in front of the real `saga serve`.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -58,16 +60,24 @@ def _proxy(saga_server, hint_service, keys_file, port: int, api_key: str | None)
 def admin_proxy(saga_server, hint_service, keys_file):
     port = free_port()
     proc = _proxy(saga_server, hint_service, keys_file, port, None)  # hints with the file's admin key
+    output: list[str] = []
+    drain = threading.Thread(target=lambda: output.extend(proc.stdout), name="saga-proxy-output", daemon=True)
+    drain.start()  # a full pipe would stall the proxy
     deadline = time.monotonic() + START_TIMEOUT_S
-    for line in proc.stdout:
-        if "OpenAI base URL" in line:
-            break
-        if time.monotonic() > deadline:
-            break
-    assert proc.poll() is None, "saga proxy did not start"
+    while not _accepts(port):  # it prints its URL before uvicorn binds: wait for the socket itself
+        assert proc.poll() is None and time.monotonic() < deadline, f"saga proxy did not start: {''.join(output)}"
+        time.sleep(0.1)
     yield f"http://127.0.0.1:{port}/v1"
     proc.terminate()
     proc.wait(30)
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def test_a_proxy_whose_hint_key_is_an_agents_refuses_to_start(saga_server, hint_service, keys_file):
