@@ -10,8 +10,9 @@ The upstream and the hint endpoint may also come from `SAGA_UPSTREAM` and
 With `--api-keys FILE` (or `$SAGA_API_KEYS`; the hint service's keys file) every
 caller needs a key of the file and acts as its tenant (`saga_server.proxy.tenants`);
 SIGHUP reloads the file (a bad one is logged and the old keys kept). The proxy's
-hints then go with `SAGA_API_KEY` if set, else the file's first admin key; a key
-that is not an admin key of the file stops the proxy at start (exit 2).
+hints then go with `SAGA_API_KEY` if set, else the file's first admin key; an agent
+key there stops the proxy at start (exit 2). A `SAGA_API_KEY` the file lacks is the
+shared key: one more admin key, of tenant "", here as at the hint service.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         config = ProxyConfig(upstream=args.upstream, inject_body_session_id=not args.no_body_session_id,
                              max_sessions=args.max_sessions, idle_ttl_s=args.idle_ttl_s, idle_min_s=args.idle_min_s,
                              text_actions=actions, read_timeout_s=args.read_timeout_s)
-        keys = KeyRing(args.api_keys) if args.api_keys else None
+        # $SAGA_API_KEY beside the file is one more admin key (tenant ""), as at the hint service
+        keys = KeyRing(args.api_keys, shared_key=os.environ.get(SHARED_KEY_ENV) or None) if args.api_keys else None
         recorder = record.from_args(args)
     except (OSError, ValueError, re.error) as exc:  # KeysFileError is a ValueError
         print(f"saga proxy: {exc}", file=sys.stderr)

@@ -8,10 +8,17 @@ reloads (SIGHUP) as the hint service, and treats a request as `saga proxy
 --api-keys` does (`tenants`):
 
 - **Who.** Every request but `OPEN_PATHS` (health, liveness, version and the
-  Prometheus metrics, so probes and scrapers need no key) and CORS preflights must
-  present a key of the file, `Authorization: Bearer KEY` or `x-api-key: KEY`; else
-  it is answered 401 (`code` `invalid_api_key`) and nothing reaches the engine. The
-  key's tenant T is the request's, whatever its role.
+  Prometheus metrics, so probes and scrapers need no key) and CORS preflights (an
+  `OPTIONS` with `Origin` and `Access-Control-Request-Method`) must present a key
+  of the file, `Authorization: Bearer KEY` or `x-api-key: KEY`; else it is
+  answered 401 (`code` `invalid_api_key`) and nothing reaches the engine. The key's
+  tenant T is the request's. `$SAGA_API_KEY`, when set beside the file, is one more
+  admin key, of tenant "" (the rule of `rpc.keys.KeyRing` everywhere).
+- **What.** An agent key reaches the inference routes only (`AGENT_PATHS`:
+  completions, chat, responses, messages, embeddings, pooling, tokenizing, models,
+  realtime); the engine's operator routes (`/sleep`, `/reset_prefix_cache`,
+  `/collective_rpc`, LoRA loading, aborts, profiling, ...) answer it 403
+  (`admin_only`) and need an admin key.
 - **Sessions.** The session id vLLM would read (the body's `session_id`, else the
   `X-Session-ID` header, else `vllm_xargs.session_id`) becomes `scopes.scoped(T,
   id)`: `<T>/<id>`, or the id itself when it is already T's (a request that came
@@ -23,7 +30,9 @@ reloads (SIGHUP) as the hint service, and treats a request as `saga proxy
   `$SAGA_CACHE_SALT_SECRET`), so T's requests never hit another tenant's KV.
 
 Only JSON-object bodies of POST requests are rewritten (at most
-`MAX_BODY_BYTES`, else 413); other requests pass authenticated and unchanged.
+`MAX_BODY_BYTES`, else 413; a client that hangs up mid-body reaches nothing);
+other requests pass authenticated with the body unchanged and an `X-Session-ID`
+scoped the same way.
 """
 
 from __future__ import annotations
@@ -33,13 +42,25 @@ import os
 from typing import Any, Awaitable, Callable
 
 from ..core.scopes import scoped
+from ..core.events import ADMIN
 from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing
 from ..rpc.reload import register_for_reload, reload_on_sighup
 from .tenants import SALT_SECRET_ENV, Tenants
 
-__all__ = ["MAX_BODY_BYTES", "OPEN_PATHS", "TenantKeysMiddleware"]
+__all__ = ["AGENT_PATHS", "MAX_BODY_BYTES", "OPEN_PATHS", "TenantKeysMiddleware"]
 
 OPEN_PATHS = ("/health", "/ping", "/version", "/metrics")
+# vLLM's serving routes; `/v1/responses/...` (a stored response, its cancel, render)
+# by prefix. Whatever vLLM adds later is an operator's until it is listed here.
+AGENT_PATHS = frozenset((
+    "/v1/chat/completions", "/v1/chat/completions/batch", "/v1/chat/completions/render",
+    "/v1/chat/completions/derender", "/v1/completions", "/v1/completions/render", "/v1/completions/derender",
+    "/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/v1/messages/render", "/v1/models",
+    "/v1/embeddings", "/v2/embed", "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/realtime",
+    "/v1/score", "/v1/rerank", "/v2/rerank", "/score", "/rerank", "/pooling", "/classify",
+    "/generative_scoring", "/inference/v1/generate", "/invocations", "/tokenize", "/detokenize",
+    "/tokenizer_info"))
+_AGENT_PREFIXES = ("/v1/responses/",)
 MAX_BODY_BYTES = 64 * 1024 * 1024
 _SESSION_HEADER = b"x-session-id"
 
@@ -65,20 +86,26 @@ class TenantKeysMiddleware:
         self.tenants = Tenants(keys, salt_secret=os.environ.get(SALT_SECRET_ENV, "").encode())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS" or _is_open(scope):
+        if scope["type"] not in ("http", "websocket") or _is_preflight(scope) or _path(scope) in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        tenant = self.tenants.tenant_of(scope["headers"])
-        if tenant is None:
+        key = self.tenants.key_of(scope["headers"])
+        if key is None or (key.role != ADMIN and not _is_agent_route(_path(scope))):
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1008})
-            else:
+            elif key is None:
                 await _error(send, 401, "invalid_api_key", "missing or unknown API key")
+            else:
+                await _error(send, 403, "admin_only", f"{_path(scope)} needs an admin key")
             return
+        tenant = key.tenant
         if scope["type"] != "http" or scope.get("method") != "POST":
-            await self.app(scope, receive, send)
+            await self.app({**scope, "headers": _scoped_header(scope["headers"], tenant)}, receive, send)
             return
-        body = await _read_body(receive)
+        try:
+            body = await _read_body(receive)
+        except _ClientGone:
+            return  # nothing to answer, and a partial body must not reach the engine
         if body is None:
             await _error(send, 413, "request_too_large", f"request body over {MAX_BODY_BYTES} bytes")
             return
@@ -89,10 +116,10 @@ class TenantKeysMiddleware:
         """The headers and body of `tenant`'s request as the engine gets them."""
         try:
             payload = json.loads(body) if body else None
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's stack
             payload = None
         if not isinstance(payload, dict):
-            return headers, body
+            return _scoped_header(headers, tenant), body
         header_sid = next((v.decode("latin-1") for k, v in headers if k == _SESSION_HEADER), None)
         xargs = payload.get("vllm_xargs")
         xargs = dict(xargs) if isinstance(xargs, dict) else {}
@@ -113,13 +140,37 @@ class TenantKeysMiddleware:
         payload["vllm_xargs"] = xargs
         payload["cache_salt"] = self.tenants.cache_salt(tenant, payload.get("cache_salt"))
         out = json.dumps(payload, separators=(",", ":")).encode()
-        kept = [(k, v) for k, v in headers if k not in (_SESSION_HEADER, b"content-length")]
+        kept = [(k, v) for k, v in headers if k not in (_SESSION_HEADER, b"content-length", b"transfer-encoding")]
         return kept + [(b"content-length", str(len(out)).encode())], out
 
 
-def _is_open(scope: Scope) -> bool:
-    path = scope["path"].removeprefix(scope.get("root_path", ""))
-    return path.rstrip("/") in OPEN_PATHS
+def _path(scope: Scope) -> str:
+    return scope["path"].removeprefix(scope.get("root_path", "")).rstrip("/")
+
+
+def _is_agent_route(path: str) -> bool:
+    return path in AGENT_PATHS or path.startswith(_AGENT_PREFIXES)
+
+
+def _is_preflight(scope: Scope) -> bool:
+    """A CORS preflight, which browsers send without credentials."""
+    if scope.get("method") != "OPTIONS":
+        return False
+    names = {k for k, _ in scope["headers"]}
+    return b"origin" in names and b"access-control-request-method" in names
+
+
+def _scoped_header(headers: list, tenant: str) -> list:
+    """`headers` with an `X-Session-ID` put in `tenant`'s scope (dropped when blank)."""
+    out = []
+    for name, value in headers:
+        if name == _SESSION_HEADER:
+            sid = _text(value.decode("latin-1"))
+            if sid is None:
+                continue
+            value = scoped(tenant, sid).encode("latin-1")
+        out.append((name, value))
+    return out
 
 
 def _text(value: Any) -> str | None:
@@ -128,13 +179,18 @@ def _text(value: Any) -> str | None:
     return value.strip() or None
 
 
+class _ClientGone(Exception):
+    """The client disconnected before its body was complete."""
+
+
 async def _read_body(receive: Receive) -> bytes | None:
-    """The whole request body; None when it is over `MAX_BODY_BYTES`."""
+    """The whole request body; None when it is over `MAX_BODY_BYTES`. Raises
+    `_ClientGone` on a disconnect before the last part."""
     parts, size = [], 0
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            break
+            raise _ClientGone()
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > MAX_BODY_BYTES:

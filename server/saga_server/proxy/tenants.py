@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from ..core.scopes import namespaced
 
 if TYPE_CHECKING:  # the ring's module pulls in gRPC; the tracker imports this one
-    from ..rpc.keys import KeyRing
+    from ..rpc.keys import ApiKey, KeyRing
 
 __all__ = ["SALT_SECRET_ENV", "TenantStats", "Tenants", "api_key", "namespaced"]
 
@@ -91,12 +91,17 @@ class Tenants:
     def tenant_of(self, headers: Iterable[tuple[bytes, bytes]]) -> str | None:
         """The tenant of a request with these (ASGI, lower-case) headers, counted;
         None, counted as refused, when it presents no key of the ring."""
+        entry = self.key_of(headers)
+        return None if entry is None else entry.tenant
+
+    def key_of(self, headers: Iterable[tuple[bytes, bytes]]) -> ApiKey | None:
+        """`tenant_of`, with the key's role and limits: its entry in the ring."""
         entry = self.keys.lookup(api_key(headers))
         if entry is None:
             self._refused += 1
             return None
         self._requests[entry.tenant] += 1
-        return entry.tenant
+        return entry
 
     def stats(self) -> TenantStats:
         return TenantStats(dict(self._requests), self._refused)

@@ -34,7 +34,7 @@ from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
 
 from ..core.events import AccessDenied, Caller, HintRejected, HintSink
-from ..core.scopes import namespaced, scope_of
+from ..core.scopes import scoped
 from .access import Authenticator, Credentials
 from .convert import InvalidHint, Limits, engine_stats_to_wire, from_wire, session_list, snapshot_to_wire
 from .keys import KeyRing
@@ -141,12 +141,14 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
 
     def session_id_of(self, session_id: str, caller: Caller | None) -> str:
         """The id the sink knows `caller`'s `session_id` by: with `scope_agent_ids`
-        an agent's unscoped id is put in its tenant's scope (`scopes.namespaced`), as
-        the engine's HTTP port puts its requests'; a scoped id is left for the
-        session table's ownership rule (another tenant's scope is refused there)."""
-        if not self.scope_agent_ids or caller is None or caller.is_admin or scope_of(session_id) is not None:
+        an agent's id is `scopes.scoped(tenant, id.strip())`, exactly what the
+        engine's HTTP port makes of the same id in a request (`proxy.engine_port`),
+        so an agent's hints and its requests meet in one session, and an id in
+        another tenant's scope lands in the caller's own instead. A blank id names no
+        request's session (the port ignores it) and stays as it is, the caller's."""
+        if not self.scope_agent_ids or caller is None or caller.is_admin or not session_id.strip():
             return session_id
-        return namespaced(caller.tenant, session_id)
+        return scoped(caller.tenant, session_id.strip())
 
     def credentials(self, context) -> Credentials | None:
         return credentials_of(self, context)

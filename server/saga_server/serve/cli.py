@@ -354,6 +354,7 @@ def _http_keys(opts: argparse.Namespace, passthrough: list[str], env: dict[str, 
     if keys_file:
         env[KEYS_FILE_ENV] = os.path.abspath(keys_file)
         env[SCOPED_IDS_ENV] = "1"  # agents' hints then name the ids their requests arrive under
+        env.pop("VLLM_API_KEY", None)  # an inherited one would make vLLM refuse every tenant's key
         return ["--middleware", HTTP_KEYS_MIDDLEWARE]
     if shared and not _has_flag(passthrough, "--api-key"):
         env["VLLM_API_KEY"] = shared  # in the environment, not on the command line `ps` shows

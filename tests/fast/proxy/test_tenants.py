@@ -280,12 +280,16 @@ def test_saga_proxy_hints_with_the_admin_key_and_refuses_any_other(keys_file, tm
     assert [app.hints.config.api_key for app in started] == [KEY_OPS, KEY_OPS]
     assert [ring.path for ring in reloading] == [str(keys_file)] * 2
     assert all(app.tenants.keys is ring for app, ring in zip(started, reloading))
-    # An agent's key would make every tenant's sessions its own: refused, as is a key
-    # the file does not know and a file without an admin key; --no-hints needs none.
+    # A SAGA_API_KEY the file lacks is the shared key: one more admin key, of tenant
+    # "", as at the hint service (KeyRing), so the proxy starts with it.
+    monkeypatch.setenv("SAGA_API_KEY", "sk-shared-not-in-the-file-123")
+    assert _cli(["--api-keys", str(keys_file)]) == 0
+    assert started[-1].tenants.keys.lookup("sk-shared-not-in-the-file-123").caller.is_admin
+    # An agent's key would make every tenant's sessions its own: refused, as is a file
+    # without an admin key; --no-hints needs none.
     agents_only = tmp_path / "agents"
     agents_only.write_text(f"{KEY_A} team-a agent\n")
     for key, path, says in [(KEY_A, keys_file, "an agent key of tenant 'team-a'"),
-                            ("sk-not-in-the-file-123", keys_file, "not a key of"),
                             (None, agents_only, "has no admin key")]:
         if key is None:
             monkeypatch.delenv("SAGA_API_KEY")
@@ -293,7 +297,7 @@ def test_saga_proxy_hints_with_the_admin_key_and_refuses_any_other(keys_file, tm
             monkeypatch.setenv("SAGA_API_KEY", key)
         assert _cli(["--api-keys", str(path)]) == 2
         assert says in capsys.readouterr().err
-    assert len(started) == 2
+    assert len(started) == 3
     assert _cli(["--api-keys", str(agents_only), "--no-hints"]) == 0
     assert _cli([]) == 0 and started[-1].tenants is None
 

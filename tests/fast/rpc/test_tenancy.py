@@ -282,9 +282,12 @@ def test_behind_a_guarded_engine_port_an_agents_ids_are_its_tenants_scoped_ids(k
         assert svc.sink.session("team-a/s").steps == 2 and svc.sink.session("s") is None
         mine = svc.stub(KEY_A).GetSession(pb.GetSessionRequest(session_id="s"), timeout=5)
         assert (mine.session_id, mine.tenant) == ("team-a/s", "team-a")
-        ack = svc.send(KEY_A, llm("team-b/t"))  # another tenant's scope: refused, counted
-        assert ack.rejected == 1 and "scoped to another tenant" in ack.rejections[0].reason
-        assert svc.stats()["denied_foreign_scope"] == 1 and svc.sink.session("team-b/t") is None
+        assert svc.send(KEY_A, llm(" s ")).accepted == 1  # blanks go, as the port strips them
+        assert svc.sink.session("team-a/s").steps == 3
+        # another tenant's scope lands in its own, as the port scopes a request's id
+        assert svc.send(KEY_A, llm("team-b/t")).accepted == 1
+        assert svc.sink.session("team-a/team-b/t").tenant == "team-a" and svc.sink.session("team-b/t") is None
+        assert svc.send(KEY_A, llm("/t")).accepted == 1 and svc.sink.session("team-a//t") is not None
         assert svc.send(KEY_OPS, start("plain", tenant="team-b")).accepted == 1  # an admin's ids are as sent
         assert svc.sink.session("plain").tenant == "team-b"
     finally:

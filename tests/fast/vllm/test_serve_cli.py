@@ -68,6 +68,9 @@ def test_the_keys_file_reaches_the_engine_and_a_bad_one_stops_saga_serve_first(t
     # and the hint service names agents' sessions as that port scopes them.
     assert cfg.argv[cfg.argv.index("--middleware") + 1] == cli.HTTP_KEYS_MIDDLEWARE
     assert cfg.env["SAGA_SCOPED_SESSION_IDS"] == "1" and "VLLM_API_KEY" not in cfg.env
+    opts, rest = cli._parser().parse_known_args(["--api-keys", str(keys)])
+    inherited = cli.build_command(opts, rest, "/models/m", True, base_env={"VLLM_API_KEY": "old-one"})
+    assert "VLLM_API_KEY" not in inherited.env  # vLLM's own check would refuse every tenant's key
     stock = build(["--api-keys", str(keys), "--no-saga"])  # the baseline's port too
     assert stock.argv[stock.argv.index("--middleware") + 1] == cli.HTTP_KEYS_MIDDLEWARE
     shared = build(["--hint-api-key", "shared-secret"])  # one shared key: vLLM's own check
