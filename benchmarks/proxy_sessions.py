@@ -1,6 +1,6 @@
 """How often `saga proxy` puts a request in the right session, on tau-airline-shaped traffic.
 
-The tau-bench airline trace (../shared/traces/tau-airline.jsonl, read in place, never
+The tau-bench airline trace (`$SAGA_TRACES/tau-airline.jsonl`, read in place, never
 copied) gives, per dialogue, the LLM calls in order with their prompt and answer sizes
 and the tools each answer called. From it this script synthesises the message
 histories an unchanged OpenAI-SDK agent would send: one system prompt shared by every

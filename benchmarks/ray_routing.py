@@ -1,7 +1,7 @@
 """Ray Serve request routers side by side: Serve's default, Ray's prefix-affinity, SAGA.
 
 The same concurrent agent sessions (SWE-bench mini-swe-agent traces from
-`../shared/traces/swe-mini-dev.jsonl`, scaled to the 135M model's context as in
+`$SAGA_TRACES/swe-mini-dev.jsonl`, scaled to the 135M model's context as in
 `serve_trace_replay.py`: append-only prompts of real token ids, the server's own
 answers appended, the trace's tool pauses with SAGA hints) run through
 `saga router --replicas N` three times, once per request router:

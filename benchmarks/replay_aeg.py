@@ -20,7 +20,7 @@ its prompt length, request finish with its output length): no tool names, no
 session ends (silent sessions expire). Then the resume-time figures score the
 predicted gap between a response and the session's next request.
 
-    python benchmarks/replay_aeg.py --trace ../shared/traces/swe-mini-dev.jsonl
+    python benchmarks/replay_aeg.py --trace $SAGA_TRACES/swe-mini-dev.jsonl
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Replay concurrent SWE-bench agent sessions against `saga serve` and `--no-saga`.
 
-Sessions come from a saga-trace/1 file (default `../shared/traces/swe-mini-dev.jsonl`;
+Sessions come from a saga-trace/1 file (default `$SAGA_TRACES/swe-mini-dev.jsonl`;
 never copied into the repo). For each of --sessions tasks (the first ones with at
 least --steps LLM calls, in file order after a seeded shuffle) the first --steps
 calls are replayed:
@@ -78,7 +78,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_common import ROOT, free_port, pct, start_server, write_results  # noqa: E402
 
-DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "swe-mini-dev.jsonl"
+from saga_server.bench.traces import trace_path  # noqa: E402
+
+DEFAULT_TRACE = trace_path("swe-mini-dev.jsonl")
 # Where a request's time goes inside the engine, as vLLM's request histograms split it.
 PHASE_METRICS = {"queue": "vllm:request_queue_time_seconds", "prefill": "vllm:request_prefill_time_seconds",
                  "decode": "vllm:request_decode_time_seconds"}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 from saga_server.bench import Scenario, TenantSpec, run_policies
+from saga_server.bench.traces import trace_path
 
 VARIANTS = {"preset (mfu 0.50, bw_eff 0.80)": {},
             "measured prefill (mfu 0.64)": {"mfu": 0.64},
@@ -31,7 +32,7 @@ POLICIES = ("vanilla", "apc-lru", "kvflow", "saga")
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", default="../shared/traces/swe-mini-dev.jsonl")
+    p.add_argument("--trace", default=str(trace_path("swe-mini-dev.jsonl")))
     p.add_argument("--workers", type=int, default=64)
     p.add_argument("--per-worker", type=int, default=18)
     p.add_argument("--tasks", type=int, default=2000)

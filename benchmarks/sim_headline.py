@@ -1,7 +1,7 @@
 """The headline numbers of `saga bench`, measured side by side in one run.
 
     PYTHONPATH=sdk:server .venv/bin/python benchmarks/sim_headline.py \
-        --trace ../shared/traces/swe-mini-dev.jsonl --tau ../shared/traces/tau-airline.jsonl \
+        --trace $SAGA_TRACES/swe-mini-dev.jsonl --tau $SAGA_TRACES/tau-airline.jsonl \
         --out bench-out/headline
 
 Parts (all on a 64-worker cluster of Llama-3-8B on H100-80GB by default):
@@ -26,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from saga_server.bench import Scenario, TenantSpec, run_policies
+from saga_server.bench.traces import trace_path
 from saga_server.bench.policies import ABLATIONS
 from saga_server.bench.report import format_table
 
@@ -39,8 +40,8 @@ def table(runs) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", default="../shared/traces/swe-mini-dev.jsonl")
-    p.add_argument("--tau", default="../shared/traces/tau-airline.jsonl")
+    p.add_argument("--trace", default=str(trace_path("swe-mini-dev.jsonl")))
+    p.add_argument("--tau", default=str(trace_path("tau-airline.jsonl")))
     p.add_argument("--workers", type=int, default=64)
     p.add_argument("--per-worker", type=int, default=18, help="sessions per worker in part 1")
     p.add_argument("--tasks", type=int, default=2000)

@@ -1,7 +1,7 @@
 """Overload: every policy side by side as sessions outgrow the KV tiers, in one run.
 
     PYTHONPATH=sdk:server .venv/bin/python benchmarks/sim_overload.py \
-        --trace ../shared/traces/swe-mini-dev.jsonl --out bench-out/overload [--jobs 2]
+        --trace $SAGA_TRACES/swe-mini-dev.jsonl --out bench-out/overload [--jobs 2]
 
 A closed loop of `--workers` x per-worker sessions (Llama-3-8B on H100 by default),
 `--tasks-factor` x that many tasks so the run reaches a steady state, for each load in
@@ -26,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from saga_server.bench import Scenario, TenantSpec
+from saga_server.bench.traces import trace_path
 from saga_server.bench.metrics import summarize
 from saga_server.bench.policies import make_policy
 from saga_server.bench.runner import _instances
@@ -52,7 +53,7 @@ def run_one(job: tuple) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trace", default="../shared/traces/swe-mini-dev.jsonl")
+    ap.add_argument("--trace", default=str(trace_path("swe-mini-dev.jsonl")))
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--loads", default="12,18,24,36,54,72", help="sessions per worker")
     ap.add_argument("--hosts", default="1,0,4", help="host tier / GPU pool")

@@ -2,7 +2,7 @@
 that `benchmarks/ray_routing.py` measures on a real (small) Ray Serve cluster.
 
     PYTHONPATH=sdk:server .venv/bin/python benchmarks/sim_routing.py \
-        [--trace ../shared/traces/swe-mini-dev.jsonl] [--out bench-out/sim-routing]
+        [--trace $SAGA_TRACES/swe-mini-dev.jsonl] [--out bench-out/sim-routing]
 
 64 workers of Llama-3-8B on H100-80GB (as `sim_headline.py`), SWE-bench tasks from
 the trace, closed loop, two loads:
@@ -50,6 +50,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from saga_server.bench import Scenario, TenantSpec
+from saga_server.bench.traces import trace_path
 from saga_server.bench.metrics import summarize
 from saga_server.bench.policies import make_policy
 from saga_server.bench.workload import build_instances, load_trace, materialize
@@ -98,7 +99,7 @@ def fmt(v, spec: str) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", default="../shared/traces/swe-mini-dev.jsonl")
+    p.add_argument("--trace", default=str(trace_path("swe-mini-dev.jsonl")))
     p.add_argument("--workers", type=int, default=64)
     p.add_argument("--per-worker", type=int, default=18, help="sessions per worker (closed loop)")
     p.add_argument("--tasks", type=int, default=2000)

@@ -1,8 +1,8 @@
 """`saga bench`: replay agent traces on a simulated cluster, policies side by side.
 
 Examples:
-    saga bench                                   # small default scenario, seconds
-    saga bench --trace ../shared/traces/swe-mini-dev.jsonl --workers 64 --tasks 2000 \
+    saga bench                                   # small default scenario ($SAGA_TRACES/swe-mini-dev.jsonl), seconds
+    saga bench --trace swe-tasks.jsonl --workers 64 --tasks 2000 \
         --concurrency 1152 --ablations --out bench-out/swe64
     saga bench --config scenario.toml --sweep-load 32,64,96
     saga bench --tenant swe=TRACE:1:4 --tenant tau=TRACE2:3:2 ...   # name=trace:weight:deadline
@@ -23,6 +23,7 @@ from .policies import ABLATIONS, policy_names
 from .report import format_table, write_report
 from .runner import run_scenario
 from .scenario import Scenario, load_scenario
+from .traces import TRACES_ENV
 from .whatif import answer, what_if_scenario
 from .workload import TenantSpec
 
@@ -141,6 +142,10 @@ def main(argv: list[str]) -> int:
         if a.what_if:
             short = answer(res, load, a.what_if)
             print(short + "\n", flush=True)
+    except FileNotFoundError as exc:
+        print(f"saga bench: no trace at {exc.filename}: pass --trace FILE (a saga-trace/1 file, e.g. from "
+              f"`saga proxy --record`), or set ${TRACES_ENV} to a folder that has it", file=sys.stderr)
+        return 2
     except (OSError, ValueError) as exc:
         print(f"saga bench: {exc}", file=sys.stderr)
         return 2

@@ -20,13 +20,13 @@ sweep_host = [0, 1, 4]     # host (CPU) tier sizes, multiples of the GPU pool
 
 [[tenant]]
 name = "swe"
-trace = "../shared/traces/swe-mini-dev.jsonl"
+trace = "traces/swe-mini-dev.jsonl"
 weight = 1
 deadline_factor = 4.0
 
 [[tenant]]
 name = "tau"
-trace = "../shared/traces/tau-airline.jsonl"
+trace = "traces/tau-airline.jsonl"
 weight = 3
 deadline_factor = 2.0
 ```
@@ -43,11 +43,12 @@ from saga_server.engines.sim import CostModel, SimConfig, make_cost_model
 from saga_server.engines.sim.hardware import load_calibration
 
 from .policies import DEFAULT_POLICIES
+from .traces import trace_path
 from .workload import TenantSpec
 
 __all__ = ["Scenario", "DEFAULT_TRACE", "load_scenario"]
 
-DEFAULT_TRACE = "../shared/traces/swe-mini-dev.jsonl"  # relative to the repository root
+DEFAULT_TRACE = str(trace_path("swe-mini-dev.jsonl"))  # in $SAGA_TRACES
 
 
 @dataclass(frozen=True)

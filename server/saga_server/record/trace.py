@@ -63,7 +63,7 @@ from saga_server.core.categories import guess_category
 
 __all__ = ["CHARS_PER_TOKEN", "IN_BAND_ENDS", "TokenBlocks", "TraceBuilder", "block_hashes"]
 
-# Calibrated on the SWE-bench runs (../shared/traces/README.md): the same ratio the
+# Calibrated on SWE-bench agent runs: the same ratio the
 # tau-bench traces were estimated with.
 CHARS_PER_TOKEN = 3.36
 # The proxy's (the agent submitted; its last answer ended the task) and an agent's own

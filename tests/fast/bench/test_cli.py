@@ -57,8 +57,10 @@ def test_bench_reads_a_toml_scenario_and_flags_override_it(tmp_path):
 
 def test_unknown_policy_or_missing_trace_exit_2(tmp_path, capsys):
     assert main(["--policies", "nope", "--out", str(tmp_path), "--quiet"]) == 2
+    assert "saga bench: unknown policies" in capsys.readouterr().err
     assert main(["--trace", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path), "--quiet"]) == 2
-    assert "saga bench:" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert f"no trace at {tmp_path / 'missing.jsonl'}" in said and "$SAGA_TRACES" in said
 
 
 def test_cost_model_overrides_from_toml_and_flags_change_the_result(tmp_path):
