@@ -48,7 +48,7 @@ tool call unless `--steal-any` is given. With 8 sessions the rendezvous hash can
 home them unevenly (35 vs 13 requests in the last run); 4 in-tool steals evened
 part of that out.
 
-Needs `ray[serve]==2.60.0` (README "Many hosts") and ~8 GB free per cluster (the
+Needs `ray[serve]==2.60.0` (`docs/OPERATING.md`, "Many hosts") and ~8 GB free per cluster (the
 clusters run one after another). The 64-worker figure for the same policy
 (`saga_server.core.routing` placing and stealing, the KV moved over the network)
 comes from the simulator: `benchmarks/sim_routing.py`.

@@ -22,3 +22,10 @@ def _lines(path: Path) -> list[str]:
         return path.read_text(encoding="utf-8").splitlines()
     except (UnicodeDecodeError, OSError):
         return []
+
+
+def test_the_readme_stays_short_and_leads_to_every_doc():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200, "the README is the ten-minute read: details go in docs/"
+    unlinked = [doc.name for doc in sorted((ROOT / "docs").glob("*.md")) if f"docs/{doc.name}" not in readme]
+    assert unlinked == [], f"docs the README does not lead to: {unlinked}"
