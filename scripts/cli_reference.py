@@ -18,7 +18,8 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from generated_file import ROOT, write_or_check
+
 OUT = ROOT / "docs" / "CLI.md"
 
 
@@ -50,15 +51,7 @@ def _help(module_name: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text(encoding="utf-8") != text:
-            print(f"{OUT.relative_to(ROOT)} is stale: run python scripts/cli_reference.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUT.relative_to(ROOT)}")
-    return 0
+    return write_or_check(OUT, render(), argv, "cli_reference.py")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from generated_file import ROOT, write_or_check
+
 OUT = ROOT / "deploy" / "grafana" / "saga.json"
 RATE = "[$__rate_interval]"
 
@@ -90,16 +91,7 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text(encoding="utf-8") != text:
-            print(f"{OUT.relative_to(ROOT)} is stale: run python scripts/grafana_dashboard.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUT.relative_to(ROOT)}")
-    return 0
+    return write_or_check(OUT, render(), argv, "grafana_dashboard.py")
 
 
 if __name__ == "__main__":
