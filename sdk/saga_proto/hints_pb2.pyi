@@ -53,16 +53,18 @@ class WorkflowStructure(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[WorkflowNode, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[WorkflowEdge, _Mapping]]] = ...) -> None: ...
 
 class SessionStart(_message.Message):
-    __slots__ = ("tenant", "workflow", "deadline_s", "structure")
+    __slots__ = ("tenant", "workflow", "deadline_s", "structure", "parent_session_id")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     STRUCTURE_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     workflow: str
     deadline_s: float
     structure: WorkflowStructure
-    def __init__(self, tenant: _Optional[str] = ..., workflow: _Optional[str] = ..., deadline_s: _Optional[float] = ..., structure: _Optional[_Union[WorkflowStructure, _Mapping]] = ...) -> None: ...
+    parent_session_id: str
+    def __init__(self, tenant: _Optional[str] = ..., workflow: _Optional[str] = ..., deadline_s: _Optional[float] = ..., structure: _Optional[_Union[WorkflowStructure, _Mapping]] = ..., parent_session_id: _Optional[str] = ...) -> None: ...
 
 class LlmCallStart(_message.Message):
     __slots__ = ("step", "node", "request_id")
@@ -195,7 +197,7 @@ class HistoryEntry(_message.Message):
     def __init__(self, age_s: _Optional[float] = ..., kind: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class SessionState(_message.Message):
-    __slots__ = ("session_id", "tenant", "workflow", "state", "steps", "tool_calls", "current_node", "age_s", "idle_s", "deadline_in_s", "open_tools", "history", "metrics")
+    __slots__ = ("session_id", "tenant", "workflow", "state", "steps", "tool_calls", "current_node", "age_s", "idle_s", "deadline_in_s", "open_tools", "history", "metrics", "parent_session_id", "live_children")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +218,8 @@ class SessionState(_message.Message):
     OPEN_TOOLS_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LIVE_CHILDREN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     tenant: str
     workflow: str
@@ -229,7 +233,9 @@ class SessionState(_message.Message):
     open_tools: _containers.RepeatedCompositeFieldContainer[OpenToolCall]
     history: _containers.RepeatedCompositeFieldContainer[HistoryEntry]
     metrics: _containers.ScalarMap[str, float]
-    def __init__(self, session_id: _Optional[str] = ..., tenant: _Optional[str] = ..., workflow: _Optional[str] = ..., state: _Optional[str] = ..., steps: _Optional[int] = ..., tool_calls: _Optional[int] = ..., current_node: _Optional[str] = ..., age_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., deadline_in_s: _Optional[float] = ..., open_tools: _Optional[_Iterable[_Union[OpenToolCall, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[HistoryEntry, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    parent_session_id: str
+    live_children: int
+    def __init__(self, session_id: _Optional[str] = ..., tenant: _Optional[str] = ..., workflow: _Optional[str] = ..., state: _Optional[str] = ..., steps: _Optional[int] = ..., tool_calls: _Optional[int] = ..., current_node: _Optional[str] = ..., age_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., deadline_in_s: _Optional[float] = ..., open_tools: _Optional[_Iterable[_Union[OpenToolCall, _Mapping]]] = ..., history: _Optional[_Iterable[_Union[HistoryEntry, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., parent_session_id: _Optional[str] = ..., live_children: _Optional[int] = ...) -> None: ...
 
 class ListSessionsRequest(_message.Message):
     __slots__ = ("limit",)

@@ -87,11 +87,12 @@ class HintClient:
     def session_start(self, session_id: str, *, tenant: str = "", workflow: str = "",
                       deadline_s: float | None = None,
                       nodes: Iterable[str | tuple[str, str]] = (),
-                      edges: Iterable[tuple[str, str]] = ()) -> None:
+                      edges: Iterable[tuple[str, str]] = (), parent_id: str = "") -> None:
         """Announce a session. `nodes` are names or (name, kind) pairs with kind
-        "llm", "tool" or "end"; `edges` (src, dst) pairs: the declared structure."""
+        "llm", "tool" or "end"; `edges` (src, dst) pairs: the declared structure;
+        `parent_id`: the session that spawned this one (a subagent's parent)."""
         self._put("session_start", session_id, (tenant or self.config.tenant, workflow, deadline_s,
-                                                tuple(nodes), tuple(edges)))
+                                                tuple(nodes), tuple(edges), parent_id))
 
     def llm_call_start(self, session_id: str, *, step: int = 0, node: str = "", request_id: str = "") -> None:
         self._put("llm_call_start", session_id, (step, node, request_id))
@@ -365,9 +366,10 @@ def _encode_batch(client_id: str, sequence: int, events: list):
     for kind, session_id, t, payload in events:
         ev = batch.events.add(session_id=session_id, client_time=t)
         if kind == "session_start":
-            tenant, workflow, deadline_s, nodes, edges = payload
+            tenant, workflow, deadline_s, nodes, edges, parent_id = payload
             msg = ev.session_start
             msg.tenant, msg.workflow, msg.deadline_s = tenant, workflow, deadline_s or 0.0
+            msg.parent_session_id = parent_id
             for node in nodes:
                 name, node_kind = (node, "llm") if isinstance(node, str) else node
                 msg.structure.nodes.add(name=name, kind=node_kind)

@@ -94,11 +94,36 @@ def render(stats, sessions, metrics=None, served=None, limit: int | None = None,
         header = f"{'session':<28} {'tenant':<10} {'state':<6} {'steps':>5} {'tools':>5} {'idle s':>7}  node / open tools"
         lines += ["", f"live sessions, most recently active first ({len(listed)} of {max(live, len(listed))}):",
                   header, "-" * len(header)]
-        for s in listed:
+        for depth, s in _as_trees(listed):
             open_tools = ",".join(t.tool for t in s.open_tools)
-            lines.append(f"{s.session_id[:28]:<28} {s.tenant[:10]:<10} {s.state:<6} {s.steps:>5} "
-                         f"{s.tool_calls:>5} {s.idle_s:>7.1f}  {s.current_node}{' / ' + open_tools if open_tools else ''}")
+            waits = f" / {s.live_children} subagents running" if s.live_children else ""
+            name = ("  " * (depth - 1) + "└ " if depth else "") + s.session_id
+            lines.append(f"{name[:28]:<28} {s.tenant[:10]:<10} {s.state:<6} {s.steps:>5} "
+                         f"{s.tool_calls:>5} {s.idle_s:>7.1f}  {s.current_node}{' / ' + open_tools if open_tools else ''}"
+                         f"{waits}")
     return "\n".join(lines)
+
+
+def _as_trees(listed) -> list:
+    """(depth, session) in listing order, each subagent right under its parent
+    (a child whose parent is not listed is shown as a root)."""
+    ids = {s.session_id for s in listed}
+    children: dict[str, list] = {}
+    for s in listed:
+        if s.parent_session_id in ids and s.parent_session_id != s.session_id:
+            children.setdefault(s.parent_session_id, []).append(s)
+    out: list = []
+
+    def walk(s, depth: int) -> None:
+        out.append((depth, s))
+        for child in children.get(s.session_id, ()):
+            if len(out) < len(listed):  # a cycle cannot loop: each session is shown once
+                walk(child, depth + 1)
+
+    for s in listed:
+        if s.parent_session_id not in ids or s.parent_session_id == s.session_id:
+            walk(s, 0)
+    return out
 
 
 _NOT_ACCEPTED = ("events_invalid", "events_refused", "events_denied", "rate_dropped")

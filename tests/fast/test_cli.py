@@ -118,3 +118,20 @@ def test_saga_hints_refuses_a_malformed_keys_file_naming_the_line(tmp_path, caps
     keys.write_text("key-team-a-0001 team-a agent\nkey-team-b-0001 team-b agent max_sessions=-2\n")
     assert cli.main(["hints", "--api-keys", str(keys), "--listen", "127.0.0.1:0"]) == 2
     assert f"{keys}:2: max_sessions='-2'" in capsys.readouterr().err
+
+
+def test_status_shows_each_subagent_under_its_parent():
+    from saga_server.status import render
+
+    from saga_proto import hints_pb2 as pb
+
+    def state(sid, parent="", children=0):
+        return pb.SessionState(session_id=sid, state="idle", parent_session_id=parent, live_children=children)
+
+    # most recently active first: the children ran last; "gone-parent"'s parent is not listed
+    listed = [state("cc:review", "cc:explore"), state("cc:explore", "cc", 1), state("x", "gone-parent"),
+              state("cc", "", 1)]
+    out = render({"sessions_live": 4}, listed)
+    names = [line[:28].rstrip() for line in out.splitlines()[-4:]]
+    assert names == ["x", "cc", "└ cc:explore", "  └ cc:review"]
+    assert "1 subagents running" in out

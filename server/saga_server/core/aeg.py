@@ -33,6 +33,9 @@ Predictions (`Prediction`, all "from now", on the injected clock):
   on that edge (or node, or workflow); the tool output the agent will append.
 - ``next_tool_category``: the most frequent category of the tool that follows
   the current node (what the agent will do after the running/next call).
+- A parent waiting on its subagents (live children, no call of its own running):
+  ``p_continue`` 1 (their results come back to it) and ``resume_*`` the longest
+  of its children's ``remaining_time_s``.
 - ``remaining_steps``/``remaining_time_s``: the workflow's mean steps per session
   minus the steps taken (geometric in ``p_continue`` before any session ended),
   times its mean time between calls.
@@ -165,6 +168,16 @@ class AEG(WorkflowGraphs):
         """`reuse_of` the session; None for an unknown one."""
         s = self._by_id.get(sid)
         return None if s is None else self.reuse_of(s, now)
+
+    def children_remaining_s(self, s: Session) -> float:
+        """Expected seconds until the last of `s`'s live children ends: the longest of
+        their expected remaining times, each learnt from its own workflow's graph."""
+        longest = 0.0
+        for cid in s.children:
+            child = self._by_id.get(cid)
+            if child is not None and not child.ended:
+                longest = max(longest, self.remaining(child)[1])
+        return longest
 
     # -- Tracker (the table calls these) ------------------------------------------
 

@@ -51,6 +51,7 @@ class SessionStart:
     workflow: str = ""
     deadline_s: float | None = None  # seconds after `time`; None: no deadline
     structure: WorkflowStructure | None = None
+    parent_id: str = ""  # the session that spawned this one (a subagent's parent); "" = none
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +171,8 @@ class SessionSnapshot:
     deadline_at: float | None = None
     open_tools: tuple[OpenTool, ...] = ()
     history: tuple[HistoryEntry, ...] = ()
+    parent_id: str = ""  # the session that spawned it ("" = a root)
+    live_children: int = 0  # its subagents that are live now
     # Predictions and engine facts a richer sink may add (reuse probability,
     # predicted resume time, pinned blocks...): name -> value.
     metrics: Mapping[str, float] = field(default_factory=dict)

@@ -301,6 +301,8 @@ class WorkflowGraphs:
         p = self.p_continue(s)
         if s.in_llm and not s.running_tools:
             return p, 0.0
+        if s.children:
+            return p, self.children_remaining_s(s)
         d, t0 = self.resume_dist(s)
         if d is None:
             d, t0 = self.idle_dist(s), s.last_event_at
@@ -310,6 +312,8 @@ class WorkflowGraphs:
     def p_continue(self, s: Session, g: _Graph | None = None, node: _Node | None = None) -> float:
         if s.ended:
             return 0.0
+        if s.children:
+            return 1.0  # a parent waiting on its subagents takes their results back
         if g is None:
             g = self._graphs.get(s.graph)
             node = g.nodes.get(s.node) if g is not None else None
@@ -371,9 +375,17 @@ class WorkflowGraphs:
 
     # -- internals --------------------------------------------------------------
 
+    def children_remaining_s(self, s: Session) -> float:
+        """Expected seconds until the last of `s`'s live children ends (the tracker,
+        which knows the records, answers: `AEG`); 0 here."""
+        return 0.0
+
     def _resume(self, s: Session, now: float) -> tuple[float, float, float]:
         if s.in_llm and not s.running_tools:
             return 0.0, 0.0, 0.0
+        if s.children:
+            rem = self.children_remaining_s(s)
+            return rem, rem, rem
         d, t0 = self.resume_dist(s)
         if d is None:
             d, t0 = self.idle_dist(s), s.last_event_at

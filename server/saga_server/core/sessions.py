@@ -48,6 +48,14 @@ failing that a hint is refused ("too many sessions"), while a session the engine
 must serve takes the least recently active one's place. A live session that leaves
 (expired, evicted or replaced) is handed to the tracker first.
 
+Subagent trees: a `SessionStart` with a `parent_id` makes the session a child of
+that parent when the parent is live, belongs to the same owner and tenant, and is
+not the child itself or one of its descendants; otherwise the session starts as a
+root (counted `subagent_parent_refused`). A tree is one task: a child's
+`task_started_at` is its root's start (task seniority, `fairshare`), and a child
+that declares no deadline has its parent's. A parent counts its live children
+(`Session.children`); a child that stops being live leaves that count.
+
 Lifecycle: the table publishes, once per run of an id, how a session stopped being
 live: `ENDED` (its end hint), `EXPIRED` (idle past `idle_ttl_s`) or `EVICTED` (its
 place taken in a full table). A session only the engine has seen that a
@@ -93,6 +101,7 @@ ENDED, EXPIRED, EVICTED = "ended", "expired", "evicted"
 SessionGone = Callable[[str, str], None]  # (session id, how: ENDED / EXPIRED / EVICTED)
 
 _SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
+_MAX_DEPTH = 64  # ancestors a link checks for a cycle; deeper trees are refused
 _SWEEP = 8  # records expiry may drop per event: bounded work on the hot path
 _KINDS = {cls: _SNAKE.sub("_", cls.__name__).lower() for cls in get_args(HintEvent)}  # once, not per hint
 
@@ -109,6 +118,9 @@ class Session:
     workflow: str = ""  # as announced ("" if none)
     graph: str = "default"  # the learned graph it runs in: its workflow, else its tenant's, else "default"
     deadline_at: float | None = None
+    parent: str = ""  # the session that spawned it ("" = a root)
+    children: set[str] = field(default_factory=set)  # its live children
+    task_started_at: float = 0.0  # when its tree's root started (its own start for a root)
     hinted: bool = True  # hints drive its steps (False: only the engine has seen it)
     owner: str | None = None  # the tenant whose key started it (None: nobody's yet)
     ended: bool = False
@@ -134,6 +146,7 @@ class Session:
     base_tokens: int = 0  # context at the end of the last finished call (growth baseline)
     entered_from: tuple[str, str] | None = None  # (node, via) whose growth is pending
     last_llm_start: float | None = None
+    cache_ttl_s: float = 0.0  # the cache TTL its latest request asked for (0: none; `pinning`)
 
     @property
     def state(self) -> str:
@@ -159,6 +172,8 @@ class Session:
             deadline_at=self.deadline_at,
             open_tools=tuple(self.open_tools.values()),
             history=tuple(self.history),
+            parent_id=self.parent,
+            live_children=len(self.children),
             metrics=dict(metrics or {}),
         )
 
@@ -222,6 +237,8 @@ class SessionTable:
             "sessions_started": 0,
             "sessions_ended": 0,
             "sessions_expired": 0,
+            "subagents_linked": 0,
+            "subagent_parent_refused": 0,
             "denied_tenant_claim": 0,
             "denied_foreign_session": 0,
             "denied_foreign_scope": 0,
@@ -325,7 +342,7 @@ class SessionTable:
         elif len(self.by_id) >= self.max_sessions:
             self._make_room(t, evict)
         session = Session(session_id, started_at=t, last_event_at=t, tenant=tenant, workflow=workflow,
-                          graph=workflow or tenant or "default", hinted=hinted,
+                          graph=workflow or tenant or "default", hinted=hinted, task_started_at=t,
                           history=deque(maxlen=self.history_limit))
         self.by_id[session_id] = session
         self._own(session, owner)
@@ -342,6 +359,7 @@ class SessionTable:
         """`session` ended: no call runs and no tool is open; kept `ended_ttl_s`."""
         if not session.ended:
             self._disown(session)
+            self._unlink(session)
             self._publish(session.session_id, ENDED)
         session.ended = True
         session.in_llm = False
@@ -465,7 +483,32 @@ class SessionTable:
                 deadline_s = floor
                 self.counters["deadline_clamped"] += 1
             session.deadline_at = event.time + deadline_s
+        if isinstance(event, SessionStart) and event.parent_id:
+            self._link(session, event.parent_id)
         session.history.append(HistoryEntry(event.time, _kind(event), _detail(event)))
+
+    def _link(self, child: Session, parent_id: str) -> None:
+        """Make `child` a child of `parent_id` if the rule allows (module docstring)."""
+        parent = self.by_id.get(parent_id)
+        node, depth = parent, 0
+        while node is not None and node is not child and depth < _MAX_DEPTH:
+            node, depth = self.by_id.get(node.parent) if node.parent else None, depth + 1
+        if parent is None or parent.ended or node is not None or parent.owner != child.owner \
+                or parent.tenant != child.tenant:
+            self.counters["subagent_parent_refused"] += 1
+            return
+        child.parent = parent_id
+        child.task_started_at = parent.task_started_at
+        if child.deadline_at is None:
+            child.deadline_at = parent.deadline_at
+        parent.children.add(child.session_id)
+        self.counters["subagents_linked"] += 1
+
+    def _unlink(self, session: Session) -> None:
+        """`session` stops being live: its parent stops counting it."""
+        parent = self.by_id.get(session.parent) if session.parent else None
+        if parent is not None:
+            parent.children.discard(session.session_id)
 
     def _make_room(self, t: float, evict: bool) -> None:
         self.expire(t)
@@ -484,6 +527,7 @@ class SessionTable:
         """`how`: what to publish (None: a replacement, the same agent going on)."""
         if not session.ended:
             self._disown(session)
+            self._unlink(session)
             self._tracker.on_drop(session, now)
             if how is not None:
                 self._publish(session.session_id, how)

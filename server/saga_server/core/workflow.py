@@ -148,10 +148,15 @@ class WorkflowCore:
 
     # -- engine events (no hints needed) ---------------------------------------------
 
-    def on_request_arrival(self, session_id: str, prompt_tokens: int, tenant: str = "") -> None:
+    def on_request_arrival(self, session_id: str, prompt_tokens: int, tenant: str = "",
+                           cache_ttl_s: float | None = None) -> None:
         """The engine admitted a request of this session. Without hints this is an
-        LLM step of the inferred graph; with hints it only supplies token counts."""
+        LLM step of the inferred graph; with hints it only supplies token counts.
+        `cache_ttl_s`: how long the request asks its prompt kept (the client's
+        cache hint; a floor on the session's pin, `pinning`)."""
         _check_tokens(prompt_tokens=prompt_tokens)
+        if cache_ttl_s is not None and not (isinstance(cache_ttl_s, (int, float)) and 0 <= cache_ttl_s < math.inf):
+            raise ValueError(f"cache_ttl_s must be a finite number >= 0, got {cache_ttl_s!r}")
         with self._lock:
             now = self._clock()
             self._counters["requests_arrived"] += 1
@@ -162,6 +167,7 @@ class WorkflowCore:
                 s.tenant = tenant
             if prompt_tokens:
                 self.aeg.observe_prompt(s, prompt_tokens)
+            s.cache_ttl_s = float(cache_ttl_s or 0.0)
             if s.tenant:
                 self.fair.touch(s.tenant, now)
             s.kv_moved = False
@@ -232,7 +238,7 @@ class WorkflowCore:
                 decision = decide_pin(0.0, _never, kv_tokens, memory_pressure, self.config.pin)
             else:
                 decision = decide_pin(self.aeg.p_continue(s), self._remaining_q(s, now), kv_tokens,
-                                      memory_pressure, self.config.pin)
+                                      memory_pressure, self.config.pin, client_ttl_s=s.cache_ttl_s)
             self._counters["pins_granted" if decision.pin else "pins_refused"] += 1
             return decision
 
@@ -262,10 +268,11 @@ class WorkflowCore:
         """Order key of a waiting request that arrived at `arrived_at` (core clock):
         (`request_priority`, task seniority); LOWER = schedule sooner, ties FCFS.
         Seniority orders a tenant's tasks by when they started (rule and bound:
-        `fairshare`); an unknown session counts as a task started on arrival."""
+        `fairshare`); a subagent tree is one task, started with its root; an
+        unknown session counts as a task started on arrival."""
         with self._lock:
             s = self._sessions.get(session_id)
-            started = s.started_at if s is not None and not s.ended else None
+            started = s.task_started_at if s is not None and not s.ended else None  # a subagent's: its root's
             return (self._priority(s, tenant),
                     seniority(started, arrived_at, self.config.fairshare.seniority_window_s))
 
@@ -310,6 +317,11 @@ class WorkflowCore:
         aeg = self.aeg
         if s.in_llm and not s.running_tools:
             return _zero
+        if s.children:  # waiting on its subagents (`AEG.children_remaining_s`)
+            mean = aeg.children_remaining_s(s)
+            # Markov: P(X > mean / (1 - q)) <= 1 - q bounds the q-quantile from above,
+            # so a hold of that length outlives the children with probability >= q.
+            return lambda q: mean / max(1.0 - q, 1e-3)
         d, t0 = aeg.resume_dist(s)
         if d is None:
             d, t0 = aeg.idle_dist(s), s.last_event_at

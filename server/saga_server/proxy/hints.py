@@ -43,7 +43,7 @@ class HintFacts:
     cached_tokens: int | None = None  # None where the upstream did not say
     output_chars: int = 0
     failed: bool = False
-    # SessionEnd: why the tracker ended it (submit, final, idle, gone, evicted, closed)
+    # SessionEnd: why the tracker ended it (submit, final, marked_final, idle, gone, evicted, closed)
     end_reason: str = ""
 
 
@@ -69,7 +69,7 @@ def send_hint(client: HintClient, event: HintEvent) -> None:
         case SessionStart(session_id=sid, structure=structure):
             client.session_start(sid, tenant=event.tenant, workflow=event.workflow, deadline_s=event.deadline_s,
                                  nodes=[(n.name, n.kind) for n in structure.nodes] if structure else (),
-                                 edges=structure.edges if structure else ())
+                                 edges=structure.edges if structure else (), parent_id=event.parent_id)
         case LlmCallStart(session_id=sid):
             client.llm_call_start(sid, step=event.step, node=event.node, request_id=event.request_id)
         case LlmCallEnd(session_id=sid):

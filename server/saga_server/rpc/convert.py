@@ -65,6 +65,7 @@ def from_wire(event: "pb.HintEvent", now: float) -> HintEvent:
             workflow=_text(m.workflow, "workflow", Limits.max_name_chars),
             deadline_s=_seconds(m.deadline_s, "deadline_s") or None,
             structure=_structure(m.structure) if m.HasField("structure") else None,
+            parent_id=_text(m.parent_session_id, "parent_session_id", Limits.max_id_chars),
         )
     if kind == "llm_call_start":
         m = event.llm_call_start
@@ -104,6 +105,7 @@ def snapshot_to_wire(snap: SessionSnapshot, now: float) -> "pb.SessionState":
         steps=snap.steps, tool_calls=snap.tool_calls, current_node=snap.current_node,
         age_s=now - snap.started_at, idle_s=now - snap.last_event_at,
         deadline_in_s=math.nan if snap.deadline_at is None else snap.deadline_at - now,
+        parent_session_id=snap.parent_id, live_children=snap.live_children,
     )
     for tool in snap.open_tools:
         state.open_tools.add(tool=tool.tool, call_id=tool.call_id, running_s=now - tool.started_at)

@@ -33,7 +33,7 @@ import grpc
 from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
 
-from ..core.events import AccessDenied, Caller, HintRejected, HintSink
+from ..core.events import AccessDenied, Caller, HintRejected, HintSink, SessionStart
 from ..core.scopes import scoped
 from .access import Authenticator, Credentials
 from .convert import InvalidHint, Limits, engine_stats_to_wire, from_wire, session_list, snapshot_to_wire
@@ -89,6 +89,8 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
                 event = from_wire(wire_event, self.clock())
                 if self.scope_agent_ids and caller is not None and not caller.is_admin:
                     event = replace(event, session_id=self.session_id_of(event.session_id, caller))
+                    if isinstance(event, SessionStart) and event.parent_id:
+                        event = replace(event, parent_id=self.session_id_of(event.parent_id, caller))
                 self.sink.accept(event, caller=caller)
                 accepted += 1
                 continue
