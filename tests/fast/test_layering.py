@@ -74,8 +74,8 @@ ROOMS: dict[str, Room] = {
                "saga_server.proxy", "saga_proto", "grpc", "google.protobuf", "httpx") + HEAVY + FRAMEWORKS),
     "saga_server.serve": Room(
         "`saga serve` runs vLLM as a child process and names SAGA's classes to it as strings; "
-        "it checks the keys and the record file before vLLM starts and prepares the model",
-        saga=("saga_server.record", "saga_server.rpc.keys", "saga_server.rpc.reload"),
+        "it checks the keys, the identity headers and the record file before vLLM starts and prepares the model",
+        saga=("saga_server.record", "saga_server.rpc.keys", "saga_server.rpc.reload", "saga_server.core.identity"),
         third_party=("torch", "transformers"),
         never=("saga_server.engines", "saga_server.router", "saga_server.proxy", "saga_server.bench",
                "saga_server.rpc.service", "vllm", "ray") + FRAMEWORKS),
@@ -84,7 +84,8 @@ ROOMS: dict[str, Room] = {
         "its hints are the core's event dataclasses; it shares the keys file and the recorder, "
         "never an engine or the core's scheduler; its tenant rules also guard the engine's own port "
         "(vLLM loads that middleware by name)",
-        saga=("saga_server.core.categories", "saga_server.core.events", "saga_server.core.scopes", "saga_server.record",
+        saga=("saga_server.core.categories", "saga_server.core.events", "saga_server.core.identity",
+              "saga_server.core.scopes", "saga_server.record",
               "saga_server.rpc.keys", "saga_server.rpc.reload", "saga_sdk"),
         third_party=("httpx", "starlette", "uvicorn", "anyio"),
         never=("saga_server.engines", "saga_server.router", "saga_server.serve", "saga_server.bench",

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .answers import JsonAnswer, SseAnswer
-from .turns import Message, Reply, Request, ToolCall, canonical_args, count, detail, explicit_session_id, text_of
+from .turns import Message, Reply, Request, ToolCall, canonical_args, count, detail, said_fields, text_of
 
 __all__ = ["CHAT"]
 
@@ -33,7 +33,7 @@ class ChatApi:
                 and raw[0].get("role") in ("system", "developer"):
             system = text_of(raw[0].get("content"))
         model = body.get("model") if isinstance(body, Mapping) else None
-        return Request(messages, explicit_session_id(body, headers), str(model or ""), system)
+        return Request(messages, model=str(model or ""), system=system, **said_fields(body, headers))
 
     def reader(self, sse: bool):
         return SseChat() if sse else JsonChat()

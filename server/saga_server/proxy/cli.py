@@ -26,6 +26,7 @@ import sys
 from ..record import options as record_options
 from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing
 from ..rpc.reload import reload_on_sighup
+from ..core.identity import SESSION_HEADERS_ENV, problem_with
 from . import record
 from .actions import TextActions
 from .tenants import SALT_SECRET_ENV, Tenants
@@ -71,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not args.upstream:
         print("saga proxy: --upstream (or SAGA_UPSTREAM) is required", file=sys.stderr)
+        return 2
+    problem = problem_with(os.environ.get(SESSION_HEADERS_ENV, ""))
+    if problem:
+        print(f"saga proxy: {problem}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvicorn

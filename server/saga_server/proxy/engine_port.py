@@ -1,11 +1,30 @@
-"""`TenantKeysMiddleware`: the keys file guards the engine's own HTTP port too.
+"""The engine's own HTTP port as a front door: `SessionIdentityMiddleware` reads
+what a request says of itself; `TenantKeysMiddleware` does that too and guards the
+port with the keys file. `saga serve` always loads one of them into vLLM's API
+server with vLLM's `--middleware` (its ASGI extension point; nothing of vLLM is
+patched).
 
-`saga serve --api-keys FILE` loads it into vLLM's API server with vLLM's
-`--middleware` (its ASGI extension point; nothing of vLLM is patched): the
-engine's port becomes a front door with the proxy's rules. It reads
-the file `$SAGA_API_KEYS` names (`saga serve` sets it), the same file, format and
-reloads (SIGHUP) as the hint service, and treats a request as `saga proxy
---api-keys` does (`tenants`):
+**What a request says** (both), read from the JSON bodies of POSTs to
+`SESSION_ROUTES` (at most `MAX_BODY_BYTES`, else 413) and handed to the engine in
+the fields its plugin reads (`engines.vllm.sessions`):
+
+- the session its sender named in the headers agents already send (`core.identity`:
+  Claude Code's, Codex's, OpenCode's, Dynamo's, ...), when the body names none:
+  in the body's `session_id` (which vLLM reads first) and in
+  `vllm_xargs.session_id` (which its Messages API passes on where it drops the
+  body's); that session's parent in `vllm_xargs.parent_session_id` and its
+  last-request marker in `vllm_xargs.session_final`;
+- the cache TTL the body asks for (`cache_hints`: Anthropic `cache_control`,
+  OpenAI `prompt_cache_retention`) in `vllm_xargs.cache_ttl_s`, unless the
+  caller's own is longer.
+
+A request that says nothing of this passes byte for byte.
+
+**Keys** (`TenantKeysMiddleware`, with `saga serve --api-keys FILE`): the engine's
+port becomes a front door with the proxy's rules. It reads the file
+`$SAGA_API_KEYS` names (`saga serve` sets it), the same file, format and reloads
+(SIGHUP) as the hint service, and treats a request as `saga proxy --api-keys`
+does (`tenants`):
 
 - **Who.** Every request but `OPEN_PATHS` (health, liveness, version and the
   Prometheus metrics, so probes and scrapers need no key) and CORS preflights (an
@@ -20,10 +39,12 @@ reloads (SIGHUP) as the hint service, and treats a request as `saga proxy
   `/collective_rpc`, LoRA loading, aborts, profiling, ...) answer it 403
   (`admin_only`) and need an admin key.
 - **Sessions.** The session id vLLM would read (the body's `session_id`, else the
-  `X-Session-ID` header, else `vllm_xargs.session_id`) becomes `scopes.scoped(T,
-  id)`: `<T>/<id>`, or the id itself when it is already T's (a request that came
-  through `saga proxy`). It goes in the body's `session_id`, and the header and
-  `vllm_xargs.session_id` are dropped, so no field can name another tenant's session.
+  identity headers, `X-Session-ID` first, else `vllm_xargs.session_id`) becomes
+  `scopes.scoped(T, id)`: `<T>/<id>`, or the id itself when it is already T's (a
+  request that came through `saga proxy`); so does the parent's. The id goes in the
+  body's `session_id` and `vllm_xargs.session_id`, and the header is dropped, so
+  no field can name another tenant's session; a parent or last-request marker in
+  the body's own `vllm_xargs` is dropped (only the headers' count).
 - **Share.** `vllm_xargs.tenant` is set to T (the engine ranks and charges by
   it), and a `vllm_xargs.deadline_s` shorter than T's `min_deadline_s` is raised to it.
 - **Prefix cache.** `cache_salt` becomes T's salt (`Tenants.cache_salt`, keyed by
@@ -38,6 +59,7 @@ scoped the same way.
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Awaitable, Callable
 
@@ -45,9 +67,13 @@ from ..core.scopes import scoped
 from ..core.events import ADMIN
 from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing
 from ..rpc.reload import register_for_reload, reload_on_sighup
+from .cache_hints import cache_ttl_s
+from ..core.identity import Identity
 from .tenants import SALT_SECRET_ENV, Tenants
+from .turns import headers_identity
 
-__all__ = ["AGENT_PATHS", "MAX_BODY_BYTES", "OPEN_PATHS", "TenantKeysMiddleware"]
+__all__ = ["AGENT_PATHS", "MAX_BODY_BYTES", "OPEN_PATHS", "SESSION_ROUTES", "SessionIdentityMiddleware",
+           "TenantKeysMiddleware"]
 
 OPEN_PATHS = ("/health", "/ping", "/version", "/metrics")
 # vLLM's serving routes; `/v1/responses/...` (a stored response, its cancel, render)
@@ -61,12 +87,39 @@ AGENT_PATHS = frozenset((
     "/generative_scoring", "/inference/v1/generate", "/invocations", "/tokenize", "/detokenize",
     "/tokenizer_info"))
 _AGENT_PREFIXES = ("/v1/responses/",)
+# The routes whose bodies carry a session's requests: read for identity and cache hints.
+SESSION_ROUTES = frozenset(("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"))
 MAX_BODY_BYTES = 64 * 1024 * 1024
 _SESSION_HEADER = b"x-session-id"
 
 Scope = dict
 Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
+
+
+class SessionIdentityMiddleware:
+    """Pure ASGI middleware: identity only (module docstring), for a port without keys."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST" or _path(scope) not in SESSION_ROUTES:
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await _read_body(receive)
+        except _ClientGone:
+            return
+        if body is None:
+            await _error(send, 413, "request_too_large", f"request body over {MAX_BODY_BYTES} bytes")
+            return
+        payload = _json_object(body)
+        if payload is None or not _said_fields(payload, headers_identity(_header_map(scope["headers"])), _same):
+            await self.app(scope, _replay(body, receive), send)  # nothing to add: as it came
+            return
+        out = _dump(payload)
+        await self.app({**scope, "headers": _with_body_length(scope["headers"], out)}, _replay(out, receive), send)
 
 
 class TenantKeysMiddleware:
@@ -114,20 +167,21 @@ class TenantKeysMiddleware:
 
     def isolate(self, headers: list, body: bytes, tenant: str) -> tuple[list, bytes]:
         """The headers and body of `tenant`'s request as the engine gets them."""
-        try:
-            payload = json.loads(body) if body else None
-        except (ValueError, RecursionError):  # RecursionError: nested past the parser's stack
-            payload = None
-        if not isinstance(payload, dict):
+        payload = _json_object(body)
+        if payload is None:
             return _scoped_header(headers, tenant), body
-        header_sid = next((v.decode("latin-1") for k, v in headers if k == _SESSION_HEADER), None)
+        said = headers_identity(_header_map(headers))
         xargs = payload.get("vllm_xargs")
         xargs = dict(xargs) if isinstance(xargs, dict) else {}
-        sid = _text(payload.get("session_id")) or _text(header_sid) or _text(xargs.pop("session_id", None))
+        for field in ("parent_session_id", "session_final"):  # only what the headers say counts
+            xargs.pop(field, None)
+        sid = _text(payload.get("session_id")) or said.session_id or _text(xargs.pop("session_id", None))
         xargs.pop("session_id", None)
         payload.pop("session_id", None)
-        if sid:
-            payload["session_id"] = scoped(tenant, sid)
+        payload["vllm_xargs"] = xargs
+        # What the headers say of their session counts when it is the one the request names.
+        _said_fields(payload, said if sid == said.session_id else Identity(sid), lambda i: scoped(tenant, i))
+        xargs = payload["vllm_xargs"]
         xargs["tenant"] = tenant
         floor = self.tenants.keys.limits(tenant).min_deadline_s
         if floor and "deadline_s" in xargs:  # the engine reads strings as numbers too
@@ -139,9 +193,72 @@ class TenantKeysMiddleware:
                 xargs["deadline_s"] = floor
         payload["vllm_xargs"] = xargs
         payload["cache_salt"] = self.tenants.cache_salt(tenant, payload.get("cache_salt"))
-        out = json.dumps(payload, separators=(",", ":")).encode()
-        kept = [(k, v) for k, v in headers if k not in (_SESSION_HEADER, b"content-length", b"transfer-encoding")]
-        return kept + [(b"content-length", str(len(out)).encode())], out
+        out = _dump(payload)
+        return _with_body_length([(k, v) for k, v in headers if k != _SESSION_HEADER], out), out
+
+
+def _said_fields(payload: dict, said: Identity, scope_id: Callable[[str], str]) -> bool:
+    """Add to `payload` what the request said of itself: the session the headers
+    name (`said`, when the body names none), its parent and last-request marker,
+    and the cache TTL its body asks for (`cache_hints`); ids through `scope_id`.
+    Returns whether anything was added."""
+    xargs = payload.get("vllm_xargs")
+    xargs = dict(xargs) if isinstance(xargs, dict) else {}
+    added = False
+    if said.session_id and not _text(payload.get("session_id")) and not _text(xargs.get("session_id")):
+        payload["session_id"] = xargs["session_id"] = scope_id(said.session_id)
+        if said.parent_id:
+            xargs["parent_session_id"] = scope_id(said.parent_id)
+        if said.final:
+            xargs["session_final"] = "true"  # a string: vLLM's xargs take str, int, float
+        added = True
+    ttl = cache_ttl_s(payload)
+    if ttl is not None and not _number(xargs.get("cache_ttl_s")) >= ttl:
+        xargs["cache_ttl_s"] = ttl
+        added = True
+    if added:
+        payload["vllm_xargs"] = xargs
+    return added
+
+
+def _number(value: Any) -> float:
+    """`value` as a float; NaN for anything else (which compares false)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return math.nan
+    try:
+        return float(value)
+    except ValueError:
+        return math.nan
+
+
+def _same(session_id: str) -> str:
+    return session_id
+
+
+def _header_map(headers: list) -> dict[str, str]:
+    """ASGI headers as {lower-case name: value} (the first of repeated names)."""
+    out: dict[str, str] = {}
+    for name, value in headers:
+        out.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+    return out
+
+
+def _json_object(body: bytes) -> dict | None:
+    try:
+        payload = json.loads(body) if body else None
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's stack
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def _dump(payload: dict) -> bytes:
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def _with_body_length(headers: list, body: bytes) -> list:
+    """`headers` for a rewritten `body`: its length, no transfer encoding."""
+    kept = [(k, v) for k, v in headers if k not in (b"content-length", b"transfer-encoding")]
+    return kept + [(b"content-length", str(len(body)).encode())]
 
 
 def _path(scope: Scope) -> str:

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .answers import JsonAnswer, SseAnswer
-from .turns import (Message, Reply, Request, ToolCall, canonical, canonical_args, count, detail, explicit_session_id,
+from .turns import (Message, Reply, Request, ToolCall, canonical, canonical_args, count, detail, said_fields,
                     text_of)
 
 __all__ = ["MESSAGES"]
@@ -46,7 +46,7 @@ class MessagesApi:
                 messages += _user(m.get("content")) if m.get("role") != "assistant" else [_assistant(m.get("content"))]
         metadata = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
         user = metadata.get("user_id")
-        return Request(tuple(messages), explicit_session_id(body, headers), str(body.get("model") or ""), system,
+        return Request(tuple(messages), model=str(body.get("model") or ""), system=system, **said_fields(body, headers),
                        scope=str(user) if isinstance(user, (str, int)) and not isinstance(user, bool) else "")
 
     def reader(self, sse: bool):

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .answers import JsonAnswer, SseAnswer
-from .turns import (Message, Reply, Request, ToolCall, canonical, canonical_args, count, detail, explicit_session_id,
+from .turns import (Message, Reply, Request, ToolCall, canonical, canonical_args, count, detail, said_fields,
                     text_of)
 
 __all__ = ["RESPONSES"]
@@ -47,7 +47,7 @@ class ResponsesApi:
         messages = ([Message("system", instructions)] if instructions else []) + items_to_messages(items)
         system = instructions or next((m.text for m in messages if m.role in ("system", "developer")), "")
         previous = body.get("previous_response_id")
-        return Request(tuple(messages), explicit_session_id(body, headers), str(body.get("model") or ""), system,
+        return Request(tuple(messages), model=str(body.get("model") or ""), system=system, **said_fields(body, headers),
                        previous=previous if isinstance(previous, str) else "")
 
     def reader(self, sse: bool):

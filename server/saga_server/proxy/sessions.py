@@ -9,8 +9,10 @@ with no HTTP in sight: it works on protocol-neutral `turns.Request`s and
 and the benchmark feed it synthetic requests.
 
 How a request finds its session, first rule that applies:
-  1. an explicit id: a header in `SESSION_HEADERS` or a body field in
-     `SESSION_BODY_FIELDS` (the caller or its gateway already knows);
+  1. an explicit id: a header of `identity.IDENTITY_HEADERS` (Claude Code's,
+     Codex's, OpenCode's, Dynamo's, ...) or a body field in `SESSION_BODY_FIELDS`
+     (the caller or its gateway already knows); with it, the parent session the
+     caller names (a subagent's), which its `SessionStart` carries;
   2. it continues an answer by the id the upstream gave it (`previous`: the
      Responses API's `previous_response_id`);
   3. its messages *extend a known answer*: they start with an earlier request's
@@ -38,6 +40,8 @@ as fenced blocks; each starts a tool call, which the next request ends (OK when 
 first new user message looks like the command's output, else CANCELLED).
 
 Sessions end on in-band signals, or when quiet:
+  - a request that carries its sender's last-request marker
+    (`x-dynamo-session-final: true` and the like): once it succeeds;
   - an action carrying a submit marker: the agent is done once it runs;
   - a final answer (no tool calls, not cut at the length limit, in a session that
     used tools) once its workflow has shown that sessions go quiet after one
@@ -83,11 +87,10 @@ from .chat import CHAT
 from .hints import Hint, HintFacts
 from .pauses import WorkflowPauses
 from .tenants import namespaced
-from .turns import SESSION_BODY_FIELDS, SESSION_HEADERS, Message, Reply, Request, explicit_session_id
+from .turns import SESSION_BODY_FIELDS, Message, Reply, Request, explicit_session_id
 
 __all__ = [
     "SESSION_BODY_FIELDS",
-    "SESSION_HEADERS",
     "SessionTracker",
     "TrackerStats",
     "Turn",
@@ -105,6 +108,7 @@ class Turn:
     step: int
     how: str            # one of `_RULES`
     new_session: bool
+    final: bool = False  # the caller marked it its session's last request
     _chain: list[int] = field(default_factory=list, repr=False)
     _root: int = field(default=0, repr=False)  # what an empty chain extends
 
@@ -135,6 +139,7 @@ class _Session:
     workflow: str
     last_seen: float
     tenant: str = ""
+    parent: str = ""  # the parent session the caller named ("" for none)
     steps: int = 0
     in_flight: int = 0
     last_failed: bool = False
@@ -196,7 +201,8 @@ class SessionTracker:
         if not isinstance(request, Request):
             request = CHAT.read(request if isinstance(request, Mapping) else {}, headers or {})
         if request.tenant and request.explicit is not None:
-            request = replace(request, explicit=namespaced(request.tenant, request.explicit))
+            request = replace(request, explicit=namespaced(request.tenant, request.explicit),
+                              parent=namespaced(request.tenant, request.parent) if request.parent else None)
         now = self._clock()
         events: list[Hint] = []
         with self._lock:
@@ -227,7 +233,7 @@ class SessionTracker:
                                             request_id=_request_id(sid, session.steps)),
                                HintFacts(extends=extends, prompt_chars=_chars(request.messages),
                                          model=request.model[:64])))
-            return Turn(session.session_id, session.steps, how, new, chain, root), events
+            return Turn(session.session_id, session.steps, how, new, request.final, chain, root), events
 
     def finish(self, turn: Turn, reply: Reply | Iterable[Mapping[str, Any]] = (),
                usage: Mapping[str, Any] | None = None) -> list[Hint]:
@@ -258,6 +264,9 @@ class SessionTracker:
                     self._index_answer(session, point)
                     if i == 0 and reply.response_id:
                         self._alias(session, reply.response_id, point)
+            if turn.final:
+                self._end(session, now, events, SessionOutcome.COMPLETED, "marked_final")
+                return events
             answer = next((m for m in reply.messages if m.calls), reply.messages[0] if reply.messages else None)
             if answer is not None:
                 self._act(session, turn, answer, reply.truncated, now, events)
@@ -402,7 +411,8 @@ class SessionTracker:
             self._forget(oldest)
         explicit = request.explicit
         sid = explicit if explicit is not None else namespaced(request.tenant, f"{next(self._ids)}-{self._id_salt}")
-        session = _Session(sid, explicit is not None, self._workflow(request), now, request.tenant)
+        session = _Session(sid, explicit is not None, self._workflow(request), now, request.tenant,
+                           parent=request.parent or "")
         self._sessions[sid] = session
         self._counts["started"] += 1
         events.append(_session_start(session, now))
@@ -517,7 +527,8 @@ class SessionTracker:
 # -- pure helpers --------------------------------------------------------------------------
 
 def _session_start(session: _Session, now: float) -> Hint:
-    return Hint(SessionStart(session.session_id, now, tenant=session.tenant, workflow=session.workflow))
+    return Hint(SessionStart(session.session_id, now, tenant=session.tenant, workflow=session.workflow,
+                             parent_id=session.parent))
 
 
 def _outcome_if_ended_now(session: _Session) -> SessionOutcome:

@@ -16,35 +16,31 @@ consider the same compare (and hash) equal.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from ..core.scopes import MAX_SESSION_ID_CHARS
+from ..core.identity import SESSION_HEADERS_ENV, Identity, header_sets, identity_of
 
 __all__ = [
     "Message",
     "Reply",
     "Request",
     "SESSION_BODY_FIELDS",
-    "SESSION_HEADERS",
     "ToolCall",
     "canonical_args",
     "count",
     "detail",
+    "caller_identity",
     "explicit_session_id",
+    "headers_identity",
+    "said_fields",
     "text_of",
 ]
 
-# Lower-case header names, in order of precedence.
-SESSION_HEADERS = (
-    "x-session-id",          # vLLM's own, and what this proxy forwards
-    "x-saga-session-id",
-    "helicone-session-id",   # Helicone gateway
-    "x-litellm-session-id",  # LiteLLM gateway
-    "x-dynamo-session-id",   # NVIDIA Dynamo
-)
-# Body paths, in order of precedence.
+# Body paths, in order of precedence, read when no header (`core.identity`) names a session.
 SESSION_BODY_FIELDS = (
     ("session_id",),
     ("vllm_xargs", "session_id"),
@@ -78,7 +74,9 @@ class Request:
     session (e.g. the Messages API's `metadata.user_id`); `previous`: the id the
     upstream gave the answer this request continues (`previous_response_id`);
     `tenant`: whose request it is (the caller's API key says; "" without keys):
-    requests of different tenants never share a session (`tenants.namespaced`)."""
+    requests of different tenants never share a session (`tenants.namespaced`).
+    `parent`, `final`: the caller's parent session and last-request marker
+    (`core.identity`)."""
 
     messages: tuple[Message, ...] = ()
     explicit: str | None = None  # the caller's own session id
@@ -87,6 +85,8 @@ class Request:
     scope: str = ""
     previous: str = ""
     tenant: str = ""
+    parent: str | None = None
+    final: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,20 +101,36 @@ class Reply:
     cached_tokens: int | None = None  # prompt tokens the upstream served from its cache; None: not reported
 
 
+def headers_identity(headers: Mapping[str, str]) -> Identity:
+    """What the request's headers (lower-case names) say of it: `core.identity`'s
+    table, after the operator's own sets (`$SAGA_SESSION_HEADERS`)."""
+    return identity_of(headers, header_sets(os.environ.get(SESSION_HEADERS_ENV, "")))
+
+
+def caller_identity(body: Mapping[str, Any], headers: Mapping[str, str]) -> Identity:
+    """What the caller said of itself: its headers (`headers_identity`), else a
+    session id in the body (`SESSION_BODY_FIELDS`)."""
+    said = headers_identity(headers)
+    if said.session_id is not None or not isinstance(body, Mapping):
+        return said
+    for path in SESSION_BODY_FIELDS:
+        node: Any = body
+        for part in path:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if isinstance(node, (str, int)) and not isinstance(node, bool) and str(node).strip():
+            return Identity(str(node).strip()[:MAX_SESSION_ID_CHARS], source="body")
+    return said
+
+
 def explicit_session_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
     """The caller's own session id, if it sent one (headers first, then the body)."""
-    for name in SESSION_HEADERS:
-        value = headers.get(name)
-        if value and value.strip():
-            return value.strip()[:MAX_SESSION_ID_CHARS]
-    if isinstance(body, Mapping):
-        for path in SESSION_BODY_FIELDS:
-            node: Any = body
-            for part in path:
-                node = node.get(part) if isinstance(node, Mapping) else None
-            if isinstance(node, (str, int)) and not isinstance(node, bool) and str(node).strip():
-                return str(node).strip()[:MAX_SESSION_ID_CHARS]
-    return None
+    return caller_identity(body, headers).session_id
+
+
+def said_fields(body: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
+    """`Request`'s fields of what the caller said of itself (`caller_identity`)."""
+    said = caller_identity(body, headers)
+    return {"explicit": said.session_id, "parent": said.parent_id, "final": said.final}
 
 
 _TEXT_PARTS = ("text", "input_text", "output_text")

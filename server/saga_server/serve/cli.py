@@ -63,6 +63,7 @@ import tempfile
 import time
 import urllib.request
 
+from ..core.identity import SESSION_HEADERS_ENV, problem_with
 from ..record import JsonlSink
 from ..record import options as record_options
 from ..rpc.keys import KEYS_FILE_ENV, SCOPED_IDS_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError
@@ -77,6 +78,7 @@ OFFLOAD_POLICY_MODULE = "saga_server.engines.vllm.offload"
 HOST_KV_MODULE = "saga_server.engines.vllm.host_kv"
 TIER_CONNECTOR_MODULE = "saga_server.engines.vllm.tier"
 HTTP_KEYS_MIDDLEWARE = "saga_server.proxy.engine_port.TenantKeysMiddleware"
+HTTP_IDENTITY_MIDDLEWARE = "saga_server.proxy.engine_port.SessionIdentityMiddleware"
 NIXL_CONNECTOR_MODULE = "saga_server.engines.vllm.nixl"
 NIXL_LEASE_S = 600  # how long a source holds a prefix's blocks for a pull that has not come
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
@@ -346,9 +348,10 @@ def _check_record(opts: argparse.Namespace, touch: bool) -> str | None:
 
 
 def _http_keys(opts: argparse.Namespace, passthrough: list[str], env: dict[str, str]) -> list[str]:
-    """The flags that make the engine's HTTP port honour the hint service's keys: a
-    keys file loads SAGA's middleware (`proxy.engine_port`: tenants, scoped session
-    ids, salts); one shared key alone is vLLM's own `VLLM_API_KEY` check."""
+    """The flags that make the engine's HTTP port a front door (`proxy.engine_port`):
+    a keys file loads SAGA's keys middleware (tenants, scoped session ids, salts,
+    and the agents' identity headers); without one, the identity middleware alone,
+    and one shared key is vLLM's own `VLLM_API_KEY` check."""
     keys_file = opts.api_keys or env.get(KEYS_FILE_ENV)
     shared = opts.hint_api_key or env.get(SHARED_KEY_ENV)
     if keys_file:
@@ -358,7 +361,7 @@ def _http_keys(opts: argparse.Namespace, passthrough: list[str], env: dict[str, 
         return ["--middleware", HTTP_KEYS_MIDDLEWARE]
     if shared and not _has_flag(passthrough, "--api-key"):
         env["VLLM_API_KEY"] = shared  # in the environment, not on the command line `ps` shows
-    return []
+    return ["--middleware", HTTP_IDENTITY_MIDDLEWARE]
 
 
 def _check_keys(path: str | None) -> str | None:
@@ -386,7 +389,8 @@ def main(argv: list[str]) -> int:
         opts.nixl_port = _free_port(opts.host)  # vLLM's default, 5600, would collide on a shared host
     cfg = build_command(opts, passthrough, model_dir, default_model)
     keys_file = cfg.env.get(KEYS_FILE_ENV)
-    problem = _check_keys(keys_file) or _check_record(opts, touch=not opts.dry_run)
+    problem = _check_keys(keys_file) or problem_with(cfg.env.get(SESSION_HEADERS_ENV, "")) \
+        or _check_record(opts, touch=not opts.dry_run)
     if problem:
         print(f"saga serve: {problem}", file=sys.stderr)
         return 2

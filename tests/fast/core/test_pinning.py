@@ -11,6 +11,7 @@ from saga_server.core import (
     LlmCallEnd,
     LlmCallStart,
     PinConfig,
+    PinDecision,
     SessionEnd,
     ToolCallEnd,
     ToolCallStart,
@@ -35,6 +36,34 @@ def test_pin_rules_in_order() -> None:
     assert decide_pin(0.9, _q(0), 5000, 0.1, CFG).reason == "tool_done"
     d = decide_pin(0.9, _q(10), 5000, 0.0, CFG)
     assert d.pin and d.ttl_s == pytest.approx(10 * CFG.q_high)
+
+
+def test_a_clients_cache_ttl_is_a_floor_that_never_overrides_the_pools_facts() -> None:
+    asked = 3600.0
+    # The client's ask wins over SAGA's prediction: no reuse predicted, or the resume passed.
+    assert decide_pin(0.1, _q(10), 5000, 0.0, CFG, client_ttl_s=asked) == PinDecision(True, asked, "client_ttl")
+    assert decide_pin(0.9, _q(0), 5000, 0.5, CFG, client_ttl_s=asked) == PinDecision(True, asked * 0.5, "client_ttl")
+    # A longer learnt pin stays SAGA's; a huge ask is capped.
+    assert decide_pin(0.9, _q(1000), 5000, 0.0, CFG, client_ttl_s=60.0).reason == "pin"
+    assert decide_pin(0.9, _q(0), 5000, 0.0, CFG, client_ttl_s=86400.0).ttl_s == CFG.max_client_ttl_s
+    # SAGA's facts win over the ask: ended, too cheap to keep, a pool past the cutoff.
+    assert decide_pin(0.0, _q(10), 5000, 0.0, CFG, client_ttl_s=asked).reason == "ended"
+    assert decide_pin(0.9, _q(10), 10, 0.0, CFG, client_ttl_s=asked).reason == "cheap"
+    assert decide_pin(0.9, _q(10), 5000, 0.99, CFG, client_ttl_s=asked).reason == "pressure"
+
+
+def test_the_core_pins_by_the_ttl_the_sessions_latest_request_asked_for() -> None:
+    from saga_server.core import ManualClock
+    clock = ManualClock()
+    core = WorkflowCore(clock=clock)
+    core.on_request_arrival("s", 4000, cache_ttl_s=300.0)
+    core.on_request_finished("s", 4000, 10)
+    assert core.pin_decision("s", 4096, 0.0).ttl_s >= 300.0
+    core.on_request_arrival("s", 4100)  # asked for nothing this time
+    core.on_request_finished("s", 4100, 10)
+    assert core.pin_decision("s", 4096, 0.0).reason != "client_ttl"
+    with pytest.raises(ValueError):
+        core.on_request_arrival("s", 1, cache_ttl_s=float("nan"))
 
 
 @settings(max_examples=100, deadline=None)

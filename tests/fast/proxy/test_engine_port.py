@@ -73,13 +73,14 @@ def test_the_keys_tenant_takes_every_field_that_could_name_another(port):
     assert reply.status_code == 200
     headers, body = _forwarded(port)
     # x-api-key wins over the bearer token, as at the proxy: this request is team-b's
-    assert body["session_id"] == "team-b/s1" and body["vllm_xargs"] == {"tenant": "team-b", "deadline_s": 5}
+    assert body["session_id"] == "team-b/s1"
+    assert body["vllm_xargs"] == {"tenant": "team-b", "session_id": "team-b/s1", "deadline_s": 5}
     assert "x-session-id" not in headers and int(headers["content-length"]) == len(port.engine.seen[-1][1])
     _post(port, KEY_A, {"model": "m", "session_id": "s1", "cache_salt": "mine",
                         "vllm_xargs": {"tenant": "team-b", "deadline_s": 5}})
     _, body = _forwarded(port)
     assert body["session_id"] == "team-a/s1"
-    assert body["vllm_xargs"] == {"tenant": "team-a", "deadline_s": 60}  # raised to team-a's floor
+    assert body["vllm_xargs"] == {"tenant": "team-a", "session_id": "team-a/s1", "deadline_s": 60}  # the floor
     assert body["cache_salt"] == port.tenants.cache_salt("team-a", "mine") != port.tenants.cache_salt("team-b", "mine")
 
 
@@ -100,7 +101,7 @@ def test_a_deadline_the_engine_would_parse_as_a_number_still_meets_the_floor(por
 def test_the_session_id_vllm_would_read_becomes_the_tenants(port, body, headers, scoped):
     _post(port, KEY_A, {"model": "m", **body}, **headers)
     forwarded_headers, forwarded = _forwarded(port)
-    assert forwarded.get("session_id") == scoped and "session_id" not in forwarded["vllm_xargs"]
+    assert forwarded.get("session_id") == scoped == forwarded["vllm_xargs"].get("session_id")
     assert "x-session-id" not in forwarded_headers and forwarded["vllm_xargs"]["tenant"] == "team-a"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -487,3 +488,34 @@ def test_cached_tokens_are_read_from_each_apis_usage_and_none_when_not_reported(
         "input_tokens": 3, "cache_read_input_tokens": 7, "output_tokens": 1}})
     assert (messages.prompt_tokens, messages.cached_tokens) == (10, 7)
     assert JsonMessages().read({"id": "m", "content": [], "usage": {"input_tokens": 3}}).cached_tokens is None
+
+
+def test_a_subagent_names_its_parent_and_the_final_marker_ends_its_session_at_once():
+    tracker = SessionTracker()
+    msgs = [SYSTEM, {"role": "user", "content": "fix the bug"}]
+    root, root_hints = tracker.begin({"messages": msgs}, {"x-claude-code-session-id": "cc"})
+    tracker.finish(root, [{"role": "assistant", "content": "",
+                           "tool_calls": [{"id": "t1", "type": "function",
+                                           "function": {"name": "Task", "arguments": "{}"}}]}])
+    child_headers = {"x-claude-code-session-id": "cc", "x-claude-code-agent-id": "explore"}
+    child, child_hints = tracker.begin({"messages": [SYSTEM, {"role": "user", "content": "explore"}]}, child_headers)
+    assert of(root_hints, SessionStart)[0].parent_id == ""
+    assert (child.session_id, child.how, of(child_hints, SessionStart)[0].parent_id) == ("cc:explore", "explicit", "cc")
+    # Its last request, so marked: it ends once answered, whatever the answer asks for.
+    last, _ = tracker.begin({"messages": [SYSTEM, {"role": "user", "content": "report"}]},
+                            {**child_headers, "x-saga-session-id": "", "x-dynamo-session-id": "cc:explore",
+                             "x-dynamo-session-final": "true"})
+    done = tracker.finish(last, [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "t9", "type": "function", "function": {"name": "grep", "arguments": "{}"}}]}])
+    assert kinds(done) == [LlmCallEnd, SessionEnd] and done[-1].facts.end_reason == "marked_final"
+    stats = tracker.stats()
+    assert stats.by_rule["explicit"] == 3 and stats.by_rule["new"] == 0 and stats.sessions == 1  # the root lives
+
+
+def test_a_tenants_parent_id_is_namespaced_like_its_session():
+    tracker = SessionTracker()
+    request = CHAT.read({"messages": [SYSTEM]}, {"x-session-id": "c", "x-parent-session-id": "p"})
+    _, hints = tracker.begin(replace(request, tenant="team-a"))
+    start = of(hints, SessionStart)[0]
+    assert start.session_id.startswith("team-a") and start.parent_id.startswith("team-a")
+    assert start.parent_id != "p" and start.session_id != "c"

@@ -77,3 +77,42 @@ def test_a_session_the_core_forgets_leaves_its_kv_first_and_an_end_hint_forgets_
     step(s)
     assert "quiet" not in plugin.ledger and plugin.admission.state("quiet") is None
     assert len(core.table) == 1  # only the ended record, kept for late readers
+
+
+def test_a_request_marked_final_ends_its_session_when_it_finishes_and_nothing_of_it_stays_held(tiny_model):
+    clock = ManualClock(0.0)
+    core = WorkflowCore(clock=clock)
+    s = make_scheduler(SagaScheduler, tiny_model, num_blocks=24, block_size=BS, core=core, clock=clock,
+                       start_hints=False)
+    plugin = s.saga
+    R = Requests(BS)
+    s.add_request(R.make([7, 8] * 32, session_id="lead"))
+    run_until_idle(s)
+    assert plugin.ledger.blocks_of("lead") == 4  # an engine-only session: held for its next call
+    s.add_request(R.make([5, 6] * 32, session_id="lead:kid", extra_args={"parent_session_id": "lead"}))
+    run_until_idle(s)
+    assert core.session("lead:kid").parent_id == "lead" and core.session("lead").live_children == 1
+    s.add_request(R.make([5, 6] * 32 + [9] * 16, session_id="lead:kid",
+                         extra_args={"parent_session_id": "lead", "session_final": True}))
+    run_until_idle(s)
+    assert core.session("lead:kid").state == "ended" and core.session("lead").live_children == 0
+    assert plugin.ledger.blocks_of("lead:kid") == 0 and plugin.admission.state("lead:kid") is None
+    assert plugin.ledger.blocks_of("lead") == 4  # the parent goes on
+
+
+def test_a_clients_cache_ttl_pins_the_sessions_kv_for_as_long_as_it_asked(tiny_model):
+    clock = ManualClock(0.0)
+    core = WorkflowCore(clock=clock)
+    s = make_scheduler(SagaScheduler, tiny_model, num_blocks=128, block_size=BS, core=core, clock=clock,
+                       start_hints=False)
+    plugin = s.saga
+    R = Requests(BS)
+    prompt = [3, 4] * 160  # 20 blocks: worth keeping
+    s.add_request(R.make(prompt, session_id="plain"))
+    s.add_request(R.make(prompt[::-1], session_id="asked", extra_args={"cache_ttl_s": "3600"}))
+    run_until_idle(s)
+    asked, plain = plugin.ledger.get("asked"), plugin.ledger.get("plain")
+    # Past SAGA's own longest pin (`PinConfig.max_ttl_s`); shortened as every pin is under pressure.
+    longest_learnt = core.config.pin.max_ttl_s
+    assert asked.pinned and asked.reason == "client_ttl" and asked.expires_at > 5 * longest_learnt
+    assert plain.reason != "client_ttl" and not (plain.pinned and plain.expires_at > longest_learnt)

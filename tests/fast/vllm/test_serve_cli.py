@@ -27,8 +27,8 @@ def test_saga_mode_loads_the_plugin_and_points_it_at_the_hint_port():
 def test_no_saga_is_the_same_vllm_without_plugin_or_hints():
     saga, stock = build([]), build(["--no-saga"])
     assert "--scheduler-cls" not in stock.argv and "SAGA_HINT_ADDR" not in stock.env
-    rest = saga.argv[:saga.argv.index("--scheduler-cls")]
-    assert stock.argv == rest  # identical otherwise: an honest baseline
+    at = saga.argv.index("--scheduler-cls")
+    assert stock.argv == saga.argv[:at] + saga.argv[at + 2:]  # identical otherwise: an honest baseline
 
 
 def test_user_flags_pass_through_and_override_defaults():
@@ -74,12 +74,26 @@ def test_the_keys_file_reaches_the_engine_and_a_bad_one_stops_saga_serve_first(t
     stock = build(["--api-keys", str(keys), "--no-saga"])  # the baseline's port too
     assert stock.argv[stock.argv.index("--middleware") + 1] == cli.HTTP_KEYS_MIDDLEWARE
     shared = build(["--hint-api-key", "shared-secret"])  # one shared key: vLLM's own check
-    assert shared.env["VLLM_API_KEY"] == "shared-secret" and "--middleware" not in shared.argv
+    assert shared.env["VLLM_API_KEY"] == "shared-secret"
+    assert shared.argv[shared.argv.index("--middleware") + 1] == cli.HTTP_IDENTITY_MIDDLEWARE
     assert "shared-secret" not in " ".join(shared.argv) and "VLLM_API_KEY" not in build([]).env
     keys.write_text("key-team-a-0001 team-a\n")
     (tmp_path / "config.json").write_text("{}")  # a model directory, for --dry-run
     assert cli.main(["--api-keys", str(keys), "--dry-run", "--model", str(tmp_path)]) == 2
     assert f"{keys}:1: want `key tenant role" in capsys.readouterr().err
+
+
+def test_without_keys_the_port_still_reads_agents_identity_headers_and_a_bad_table_stops_saga_serve(
+        tmp_path, capsys, monkeypatch):
+    cfg = build([])
+    assert cfg.argv.count("--middleware") == 1
+    assert cfg.argv[cfg.argv.index("--middleware") + 1] == cli.HTTP_IDENTITY_MIDDLEWARE
+    (tmp_path / "config.json").write_text("{}")  # a model directory, for --dry-run
+    monkeypatch.setenv("SAGA_SESSION_HEADERS", "session=x-run,owner=x-who")
+    assert cli.main(["--dry-run", "--model", str(tmp_path)]) == 2
+    assert "'owner=x-who' is not role=header" in capsys.readouterr().err
+    monkeypatch.setenv("SAGA_SESSION_HEADERS", "session=x-run")
+    assert cli.main(["--dry-run", "--model", str(tmp_path)]) == 0
 
 
 def test_the_record_flags_reach_the_engine_as_its_environment(tmp_path, capsys, monkeypatch):

@@ -19,8 +19,10 @@ the core accepted, on the hint thread.
 A flood cannot grow memory: the queue drops its oldest entries beyond
 `max_queue` (counted in `saga_engine_hints_dropped` and GetStats'
 `engine.hints_dropped`); the core bounds its own session table. Reads
-(GetSession/ListSessions/ListResident/GetStats) are served by the core; GetStats
-adds the engine's own figures (`engine_stats()`, a `core.EngineStats`).
+(GetSession/ListSessions/ListResident/GetStats) are served by the core; GetSession
+adds the KV blocks the engine holds for the session (metric `kv_held_blocks`, from
+`held_blocks`), GetStats the engine's own figures (`engine_stats()`, a
+`core.EngineStats`).
 
 Keys: `$SAGA_API_KEYS` (a keys file, `saga_server.rpc.keys`) and/or `$SAGA_API_KEY`
 (the shared key); the caller of each call goes to the core with the hint (the
@@ -70,8 +72,10 @@ class EngineHintSink:
     def __init__(self, core, engine_stats: Callable[[], EngineStats] = EngineStats,
                  max_queue: int = 10_000, on_drop: Callable[[], None] = lambda: None,
                  on_accept: Callable[[], None] = lambda: None,
-                 on_event: Callable[[HintEvent], None] | None = None) -> None:
+                 on_event: Callable[[HintEvent], None] | None = None,
+                 held_blocks: Callable[[str], int] = lambda session_id: 0) -> None:
         self.core = core
+        self._held_blocks = held_blocks  # read off the engine thread: one dict lookup, a snapshot
         self._on_event = on_event
         self._engine_stats = engine_stats
         self._queue: collections.deque = collections.deque()
@@ -124,7 +128,10 @@ class EngineHintSink:
         return self.core.served_by_tenant()
 
     def session(self, session_id: str, caller: Caller | None = None) -> SessionSnapshot | None:
-        return self.core.session(session_id, caller)
+        snap = self.core.session(session_id, caller)
+        if snap is None:
+            return None
+        return replace(snap, metrics={**snap.metrics, "kv_held_blocks": float(self._held_blocks(session_id))})
 
     def sessions(self, limit: int = 100, caller: Caller | None = None) -> Sequence[SessionSnapshot]:
         return self.core.sessions(limit, caller)

@@ -54,6 +54,7 @@ from saga_server.core import (
     EngineStats,
     FairShareConfig,
     HintRejected,
+    SessionEnd,
     SessionStart,
     TenantLimits,
     ToolCallEnd,
@@ -188,7 +189,8 @@ class SagaPlugin:
             self.kv.on_forget(self.recording.forgotten)
         self.sink = EngineHintSink(self.core, self.engine_stats, on_drop=self.metrics.hints_dropped.inc,
                                    on_accept=self._core_gauges,
-                                   on_event=self.recording.hint if self.recording is not None else None)
+                                   on_event=self.recording.hint if self.recording is not None else None,
+                                   held_blocks=self.ledger.blocks_of)
         self.hint_server = start_hint_service(self.sink) if start_hints else None
         if tenant_limits is None and self.hint_server is not None and self.hint_server.keys is not None:
             self.tenant_limits = self.hint_server.keys.limits
@@ -212,16 +214,18 @@ class SagaPlugin:
             self.recording.arrival(request, meta)
         if self.prefetcher.block_hasher is None:
             self.prefetcher.block_hasher = getattr(request, "_block_hasher", None)
-        if meta.deadline_s is not None and self.core.session(sid) is None:
-            # No hints for this session, but the request carries a deadline: start
-            # the session in the core with it, as a SessionStart hint would.
+        if (meta.deadline_s is not None or meta.parent_id) and self.core.session(sid) is None:
+            # No hints for this session, but the request carries a deadline or names
+            # its parent: start the session in the core with them, as a SessionStart
+            # hint would.
             try:
-                self.core.accept(SessionStart(sid, self.clock(), tenant=meta.tenant, deadline_s=meta.deadline_s))
+                self.core.accept(SessionStart(sid, self.clock(), tenant=meta.tenant, deadline_s=meta.deadline_s,
+                                              parent_id=meta.parent_id or ""))
             except HintRejected:
                 pass
         outlook = self.core.kv_outlook(sid)
         self._had[request.request_id] = outlook.context_tokens if outlook is not None else 0
-        self.core.on_request_arrival(sid, request.num_prompt_tokens, meta.tenant)
+        self.core.on_request_arrival(sid, request.num_prompt_tokens, meta.tenant, cache_ttl_s=meta.cache_ttl_s)
         # Not admitted: RankedRequestQueue holds it back (it asks `may_schedule`).
         self.kv.arrived(sid, request.request_id, request.num_prompt_tokens + request.max_tokens,
                         meta.arrived_at, meta.tenant)
@@ -244,9 +248,16 @@ class SagaPlugin:
         if self.recording is not None:
             self.recording.finished(request)
         self.core.on_request_finished(sid, request.num_prompt_tokens, request.num_output_tokens)
+        if meta.final:  # its sender said so: the session ends now, and its KV is not held
+            try:
+                self.core.accept(SessionEnd(sid, self.clock()))
+            except HintRejected:
+                pass  # already ended
         self.prefetcher.remember(sid, request)
         blocks = self._cached_blocks(rid) if self.enabled else []
         self.kv.finished(sid, rid, blocks, self.clock(), owner=self.core.tenant_of(sid))
+        if meta.final:
+            self.kv.forget_gone()  # now, not at the next step: nothing of it stays held
         self._gauges()
 
     def allocate(self, allocate_slots, request: Request, num_new_tokens: int, *args, **kwargs):

@@ -1,11 +1,13 @@
-"""What a vLLM `Request` says about its agent session: id, tenant, deadline (and
-when the scheduler saw it arrive, for the queue order).
+"""What a vLLM `Request` says about its agent session: id, tenant, deadline,
+parent session, whether it is the session's last request (and when the scheduler
+saw it arrive, for the queue order).
 
 The session id comes from vLLM itself (`request.session_id`, filled from the body
-field `session_id`, the `X-Session-ID` header or `vllm_xargs.session_id`); tenant
-and deadline come from `vllm_xargs` (`sampling_params.extra_args`) when the agent
-sends no hints. Bad values are ignored, never raised: a request must not fail
-because of SAGA metadata.
+field `session_id`, the `X-Session-ID` header or `vllm_xargs.session_id`); tenant,
+deadline, `parent_session_id`, `session_final` and `cache_ttl_s` come from `vllm_xargs`
+(`sampling_params.extra_args`), where the engine port puts what an agent's own
+headers say (`proxy.engine_port`). Bad values are ignored, never raised: a request
+must not fail because of SAGA metadata.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ class RequestMeta:
     tenant: str
     deadline_s: float | None
     arrived_at: float = 0.0  # scheduler clock
+    parent_id: str | None = None  # the session that spawned it (a subagent's parent)
+    final: bool = False  # the session's last request: it ends when this one finishes
+    cache_ttl_s: float | None = None  # how long it asks its prompt cached (the client's hint)
 
 
 def _clean_id(value) -> str | None:
@@ -48,4 +53,16 @@ def request_meta(request, arrived_at: float = 0.0) -> RequestMeta:
         deadline = None
     if deadline is not None and not (math.isfinite(deadline) and deadline > 0):
         deadline = None
-    return RequestMeta(sid, tenant, deadline, arrived_at)
+    parent = _clean_id(extra.get("parent_session_id"))
+    final = extra.get("session_final") in (True, 1, "true", "1")  # 1: True as vLLM's xargs parse it
+    return RequestMeta(sid, tenant, deadline, arrived_at, parent if parent != sid else None, final,
+                       _seconds(extra.get("cache_ttl_s")))
+
+
+def _seconds(value) -> float | None:
+    """A finite number of seconds > 0 (strings too: vLLM's xargs keep them), else None."""
+    try:
+        seconds = float(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+    return seconds if seconds is not None and math.isfinite(seconds) and seconds > 0 else None
