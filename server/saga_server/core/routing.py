@@ -19,6 +19,10 @@ Rules.
   Ray router keeps the hash; the simulator, which rebuilds the views from its
   workers for every decision and has one router, uses `least_loaded` (see
   `engines/sim/saga_policy.py` for what each costs there).
+- **A subagent's home**: a new session that names its parent (`route(...,
+  parent_id=)`) starts on its parent's replica when that is a candidate: a child
+  usually shares its parent's system prompt and tool definitions, which that
+  replica holds, and the parent waits there for it.
 - **Affinity**: once a session has a home it goes there. Homes come from this
   router's own decisions and, for sessions it has not seen (after a router
   restart, or from another router), from replica reports of KV residency.
@@ -93,7 +97,8 @@ class ReplicaView:
 @dataclass(frozen=True, slots=True)
 class Route:
     replica: str
-    reason: str  # "affinity", "home" (new session), "rehome" (home gone), "steal" (reactive), "no-session"
+    reason: str  # "affinity", "home" (new session), "parent" (a new subagent, at its parent's), "rehome"
+    # (home gone), "steal" (reactive), "no-session"
     moved_from: str | None = None
 
 
@@ -140,7 +145,7 @@ class SessionRouter:
         self._homes: OrderedDict[str, _Home] = OrderedDict()
         self._views: dict[str, ReplicaView] = {}
         self._lock = threading.Lock()
-        self.counters: dict[str, int] = {k: 0 for k in ("affinity", "home", "rehome", "steal", "no-session",
+        self.counters: dict[str, int] = {k: 0 for k in ("affinity", "home", "parent", "rehome", "steal", "no-session",
                                                          "planned_steals", "learned")}
 
     # -- reports ------------------------------------------------------------------------
@@ -176,9 +181,10 @@ class SessionRouter:
     # -- decisions ----------------------------------------------------------------------
 
     def route(self, session_id: str | None, candidates: Sequence[str],
-              queue_lens: Mapping[str, int] | None = None) -> Route:
+              queue_lens: Mapping[str, int] | None = None, parent_id: str | None = None) -> Route:
         """The replica for one request. `candidates`: replicas that can take it now;
-        `queue_lens`: fresher in-flight counts than the reports (optional)."""
+        `queue_lens`: fresher in-flight counts than the reports (optional);
+        `parent_id`: the session that spawned this one, if it said."""
         if not candidates:
             raise ValueError("no candidate replicas")
         queue_lens = queue_lens or {}
@@ -196,7 +202,10 @@ class SessionRouter:
                 return home_replica(session_id, candidates)
 
             home = self._homes.get(session_id)
-            if home is None:
+            parent = self._homes.get(parent_id) if parent_id and home is None else None
+            if parent is not None and parent.replica in candidates:
+                route = Route(parent.replica, "parent")
+            elif home is None:
                 route = Route(new_home(), "home")
             elif home.replica not in candidates:
                 route = Route(new_home(), "rehome", home.replica)

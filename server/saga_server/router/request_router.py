@@ -75,6 +75,13 @@ def move_session_id(target: str, session_id: str) -> str:
     return f"{MOVE_PREFIX}{target}:{session_id}"
 
 
+def _parent_of(pending: Optional[PendingRequest]) -> str | None:
+    """The parent session a request names (`vllm_xargs.parent_session_id`), if any."""
+    xargs = getattr(pending.args[0], "vllm_xargs", None) if pending is not None and pending.args else None
+    parent = xargs.get("parent_session_id") if isinstance(xargs, dict) else None
+    return parent if isinstance(parent, str) and parent else None
+
+
 def _session_of(pending: Optional[PendingRequest]) -> str | None:
     if pending is None:
         return None
@@ -139,7 +146,7 @@ class SagaRequestRouter(RequestRouter):
                 self._last_body.move_to_end(sid)
                 while len(self._last_body) > _LAST_BODIES:
                     self._last_body.popitem(last=False)
-            route = self.routing.route(sid, list(by_id), dict(self._inflight))
+            route = self.routing.route(sid, list(by_id), dict(self._inflight), parent_id=_parent_of(pending_request))
             self._maybe_steal(list(by_id))
             self._maybe_publish()
             chosen = by_id[route.replica]

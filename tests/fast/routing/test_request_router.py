@@ -319,3 +319,16 @@ def test_after_a_pull_the_source_drops_what_it_held_for_the_pull_too(monkeypatch
         assert ReleaseKv("agent") in released and ReleaseKv("saga-move:busy:agent") in released
     finally:
         server.close(grace=None)
+
+
+def test_the_router_reads_a_requests_parent_from_its_vllm_xargs():
+    from types import SimpleNamespace
+
+    from saga_server.router.request_router import _parent_of
+
+    def pending(xargs):
+        return SimpleNamespace(args=[SimpleNamespace(vllm_xargs=xargs)], metadata=SimpleNamespace(session_id="kid"))
+
+    assert _parent_of(pending({"parent_session_id": "lead"})) == "lead"
+    assert [_parent_of(p) for p in (pending(None), pending({"parent_session_id": 3}), None,
+                                    SimpleNamespace(args=[], metadata=None))] == [None] * 4

@@ -211,3 +211,18 @@ def test_least_loaded_new_sessions_go_by_load_then_fewest_sessions_then_stick():
     assert r.route("new", REPLICAS) == type(first)("r0", "affinity")
     # a session whose home left goes to the least loaded of the rest
     assert r.route("new", ["r1", "r2"], queue_lens={"r1": 1}).replica == "r2"
+
+
+def test_a_subagent_starts_on_its_parents_replica_and_then_sticks_there():
+    r = SessionRouter()
+    parent = r.route("lead", REPLICAS)
+    children = [f"lead:kid{i}" for i in range(30)]
+    routes = [r.route(kid, REPLICAS, parent_id="lead") for kid in children]
+    assert {(x.replica, x.reason) for x in routes} == {(parent.replica, "parent")}
+    # The hash would have spread them; once placed, each child has its own home.
+    assert len({home_replica(kid, REPLICAS) for kid in children}) > 1
+    assert r.route(children[0], REPLICAS, parent_id="lead").reason == "affinity"
+    # A parent this router never placed, or one whose replica is gone: the usual rule.
+    assert r.route("orphan", REPLICAS, parent_id="nobody").reason == "home"
+    others = [x for x in REPLICAS if x != parent.replica]
+    assert r.route("late-kid", others, parent_id="lead").reason == "home"
