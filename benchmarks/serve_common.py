@@ -146,7 +146,16 @@ def pct(values: list[float], q: float) -> float:
 
 
 def write_results(path: Path | None, args, results: list[dict]) -> None:
-    """The run's arguments and per-mode results as JSON at `path` (if given)."""
+    """The run's command, machine, arguments and per-mode results as JSON at `path`
+    (if given; `scripts/results_page.py` draws them)."""
     if path:
-        path.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
+        from saga_server.bench.calibrate import cpu_description
+
+        path.write_text(json.dumps({"command": command_line(), "machine": cpu_description(),
+                                    "args": {k: str(v) for k, v in vars(args).items()}, "results": results},
                                    indent=2))
+
+
+def command_line() -> str:
+    """How this benchmark was run, as one would type it again."""
+    return " ".join(["python", *sys.argv])

@@ -159,7 +159,8 @@ def main() -> int:
             ratios[f"{base}/{mode}"] = {"measured": got, "predicted": want}
             print(f"{base} / {mode} mean TCT: measured {got:.2f}x, predicted {want:.2f}x ({want / got - 1:+.1%})")
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "machine": cpu,
+        args.json.write_text(json.dumps({"command": " ".join(["python", *sys.argv]),
+                                         "args": {k: str(v) for k, v in vars(args).items()}, "machine": cpu,
                                          "measured": measured, "predicted": predicted, "ratios": ratios}, indent=2))
         print(f"wrote {args.json}")
     return 0

@@ -170,3 +170,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.section("chaos and load suite")
         for line in table.lines():
             terminalreporter.write_line(line)
+        if os.environ.get("SAGA_CHAOS_TABLE"):  # for scripts/results_page.py --chaos
+            from saga_server.bench.calibrate import cpu_description
+
+            cpu = cpu_description()
+            Path(os.environ["SAGA_CHAOS_TABLE"]).write_text(
+                f"Command: `SAGA_CHAOS_TABLE=FILE make test`\n\nMachine: {cpu['model']}, {cpu['cores']} cores\n\n"
+                + "\n".join(table.lines()) + "\n")

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .calibrate import cpu_description
 from .runner import BenchResult
 
 __all__ = ["write_report", "format_table"]
@@ -146,6 +147,8 @@ def write_report(res: BenchResult, out_dir: str | Path, plots: bool = True,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = res.to_json()
+    data["command"] = command
+    data["machine"] = cpu_description()  # where it ran; what it models is `scenario`
     (out / "bench.json").write_text(json.dumps(data, indent=2, default=str))
     made = _plots(res, out) if plots else []
     sc = data["scenario"]

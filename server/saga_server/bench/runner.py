@@ -40,7 +40,8 @@ class BenchResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "scenario": self.scenario.describe(),
-            "policies": {k: dict(r.summary, wall_s=r.wall_s) for k, r in self.runs.items()},
+            "policies": {k: dict(r.summary, wall_s=r.wall_s, tct_s=[round(t, 3) for t in sorted(r.tct_s)])
+                         for k, r in self.runs.items()},
             "load_sweep": self.load_sweep,
             "kv_sweep": self.kv_sweep,
             "host_sweep": self.host_sweep,
