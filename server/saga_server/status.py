@@ -14,6 +14,7 @@ import argparse
 import math
 import os
 import sys
+import time
 
 from saga_sdk import HintReader, SagaUnavailable
 
@@ -29,14 +30,42 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--url", default=os.environ.get("SAGA_SERVER_URL"),
                         help="saga serve base URL, e.g. http://127.0.0.1:8000, to include /metrics")
     parser.add_argument("--sessions", type=int, default=20, help="most sessions to list")
+    parser.add_argument("--watch", type=float, nargs="?", const=2.0, default=None, metavar="SECONDS",
+                        help="redraw every SECONDS (default 2) until interrupted; a server that goes "
+                             "away is shown as such and waited for")
     args = parser.parse_args(argv)
+    if args.watch is not None and not args.watch > 0:
+        parser.error("--watch needs a positive number of seconds")
+    if args.watch is None:
+        view = _view(args)
+        if view is None:
+            return 1
+        print(view)
+        return 0
+    try:
+        while True:
+            view = _view(args)
+            sys.stdout.write(_CLEAR + time.strftime("%H:%M:%S ") + f"(every {args.watch:g} s; Ctrl-C stops)\n"
+                             + (view if view is not None else "waiting for the hint service...") + "\n")
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+
+
+_CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
+
+
+def _view(args) -> str | None:
+    """One rendering of the server's state; None (with the reason on stderr) when
+    the hint service cannot be reached."""
     try:
         with HintReader(args.hints) as reader:
             reply = reader.server_stats()
             sessions = reader.sessions(_listing_limit(dict(reply.stats), args.sessions))
     except SagaUnavailable as exc:
         print(f"saga status: hint service not reachable: {exc}", file=sys.stderr)
-        return 1
+        return None
     metrics = {}
     if args.url:
         try:
@@ -48,10 +77,9 @@ def main(argv: list[str]) -> int:
                 metrics = fetch_metrics(args.url)
             except Exception as exc:  # status is best effort beyond the hint service
                 print(f"(metrics from {args.url} unavailable: {exc})", file=sys.stderr)
-    print(render(dict(reply.stats), sessions, metrics, served=dict(reply.served_tokens_by_tenant),
-                 limit=args.sessions, engine=reply.engine if reply.HasField("engine") else None,
-                 engine_by_replica=dict(reply.engine_by_replica)))
-    return 0
+    return render(dict(reply.stats), sessions, metrics, served=dict(reply.served_tokens_by_tenant),
+                  limit=args.sessions, engine=reply.engine if reply.HasField("engine") else None,
+                  engine_by_replica=dict(reply.engine_by_replica))
 
 
 def _listing_limit(stats, wanted: int) -> int:

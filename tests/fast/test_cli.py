@@ -135,3 +135,32 @@ def test_status_shows_each_subagent_under_its_parent():
     names = [line[:28].rstrip() for line in out.splitlines()[-4:]]
     assert names == ["x", "cc", "└ cc:explore", "  └ cc:review"]
     assert "1 subagents running" in out
+
+
+def test_status_watch_redraws_until_interrupted_and_waits_for_a_server_that_is_away(capsys, monkeypatch):
+    import time
+    from types import SimpleNamespace
+
+    from saga_server import status
+    from saga_server.core import SessionStart, WorkflowCore
+    from saga_server.rpc import HintServer
+
+    core = WorkflowCore()
+    with HintServer(core, "127.0.0.1:0") as server:
+        naps = []
+
+        def nap(seconds):  # between redraws: a session starts, then the operator presses Ctrl-C
+            naps.append(seconds)
+            if len(naps) > 1:
+                raise KeyboardInterrupt
+            if core.session("watched") is None:
+                core.accept(SessionStart("watched", core.now(), tenant="acme"))
+
+        monkeypatch.setattr(status, "time", SimpleNamespace(sleep=nap, strftime=time.strftime))
+        assert cli.main(["status", "--hints", server.endpoint, "--watch", "0.5"]) == 0
+    frames = capsys.readouterr().out.split(status._CLEAR)[1:]
+    assert naps == [0.5, 0.5] and len(frames) == 2
+    assert "0 live sessions" in frames[0] and "watched" in frames[1]
+    naps.clear()
+    assert cli.main(["status", "--hints", "127.0.0.1:9", "--watch"]) == 0  # nobody there: it waits
+    assert "waiting for the hint service" in capsys.readouterr().out and naps == [2.0, 2.0]  # the default period
