@@ -4,7 +4,8 @@
 `saga-only-<m>` is `apc-lru` plus the one SAGA mechanism `m`; `saga-no-<m>` is full
 SAGA without it (mechanisms: walru, ttl, prefetch, afs, steal, admit);
 `saga-request-fcfs` is full SAGA with request-level FCFS inside a tenant (no task
-seniority, as the engine's `SAGA_SENIORITY_WINDOW_S=0`). `saga` routes with
+seniority, as the engine's `SAGA_SENIORITY_WINDOW_S=0`); `saga-no-trees` is full
+SAGA told nothing of subagents' parents (each child an unrelated session). `saga` routes with
 `saga_server.core.routing` (new sessions to the least loaded worker, periodic
 steals that move the KV); `saga-hash` is the same with the Ray router's
 rendezvous-hash homes for new sessions.
@@ -36,6 +37,7 @@ POLICIES: dict[str, Callable[[], SimPolicy]] = {
     "saga": SagaPolicy,
     "saga-hash": lambda: SagaPolicy(name="saga-hash", routing=_HASH_ROUTING),
     "saga-request-fcfs": lambda: SagaPolicy(name="saga-request-fcfs", config=_REQUEST_FCFS),
+    "saga-no-trees": lambda: SagaPolicy(name="saga-no-trees", trees=False),
     "infinite": Infinite,
     "belady": Belady,
 }

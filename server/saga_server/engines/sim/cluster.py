@@ -5,6 +5,13 @@ Model (deterministic under a seed; all times in simulated seconds):
 - **Sessions** replay a task's steps closed-loop: a step's request arrives at the
   session's worker, is queued, admitted, prefilled, decoded; then the step's tools run
   (their trace durations) and the next step's request arrives.
+- **Subagents**: a step that spawns (`StepSpec.spawns`) starts each child as a session
+  of its own, naming its parent, when the step ends; the parent's next step comes once
+  its tools' time is up and its children have all ended; its tool calls end then (a
+  call that starts subagents, as Claude Code's Task, returns with their results).
+  A tree is one task: the root's record spans it; children are counted apart
+  (`SimResult.subagents`) and never take the closed loop's slots. A child is placed
+  like any new session (the policy's router is told its parent).
 - **Router**: a session is placed at start and stays there (session affinity, for
   every policy: without it no prefix cache survives). Baselines model a stock router:
   the worker with the fewest live sessions (then most free KV). Policies with `steals`
@@ -147,6 +154,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
 
     # --- sessions ------------------------------------------------------
     def _start_task(self, inst: TaskInstance) -> None:
+        if inst.parent_id:
+            self.result.subagents += 1
         base = inst.task.shared_prefix_tokens if self.policy.caches else 0
         s = Session(inst, self.now, base)
         s.unloaded_s = unloaded_time_s(inst.task, self.cost)
@@ -193,11 +202,32 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         return self._seq
 
     def _tool_end(self, s: Session) -> None:
+        if s.children_left:  # its tools' time is up, but it waits on its subagents: a call
+            s.tool_done = True  # that starts one (Claude Code's Task) ends when they return
+            return
+        s.tool_done = False
         if s.tool_names:
             self.policy.on_tool_end(s, self.now)
             self.workers[s.worker].kv.tool_ended(s.session_id, self.now)
         s.step += 1
         self._arrive(s)
+
+    def _spawn(self, s: Session, children) -> None:
+        """`s`'s step ended and starts these subagents now."""
+        s.children_left = len(children)
+        for i, task in enumerate(children):
+            self._push(self.now, TASK_START, TaskInstance(f"{s.session_id}:sub{s.step}.{i}", task, s.tenant,
+                                                          parent_id=s.session_id))
+
+    def _child_ended(self, child: Session) -> None:
+        parent = self.sessions.get(child.parent_id)
+        if parent is None or parent.children_left <= 0:
+            return
+        parent.children_left -= 1
+        if not parent.children_left:
+            parent.back_from_children = True
+            if parent.tool_done:  # its tools ended first: it was waiting on this child
+                self._tool_end(parent)
 
     def _forgotten(self, w: Worker, sid: str, how: str) -> None:
         """The worker's policy forgot a session: its host-tier copy goes (unless its
@@ -262,6 +292,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
                 self._evicted(w, evs)
             held = own_reuse // bt * bt
             w.offloaded.discard(sid)
+            back = s.back_from_children
+            s.back_from_children = False
             s.state = "running"
             w.running += 1
             r.scheduled_at = now
@@ -279,6 +311,9 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             res.hit_tokens += hit
             res.loaded_tokens += loaded
             res.recomputed_tokens += recomputed
+            if back:
+                res.after_children_reusable_tokens += r.reuse
+                res.after_children_recomputed_tokens += recomputed
             w.kv.scheduled(sid, held, held - recomputed)
             res.prefilled_tokens += new
             if recomputed and new:
@@ -323,6 +358,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             if st.tools:
                 pol.on_tool_start(s, now)
                 self._pin_expiry(w, kv.tool_started(sid, now))
+            if st.spawns:
+                self._spawn(s, st.spawns)
             self._push(now + st.gap_s, TOOL_END, s)
             if kv.admission is not None:
                 self._rebalance(w)
@@ -342,6 +379,9 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
     def _end_task(self, s: Session) -> None:
         self._live_sessions.pop(s.session_id, None)
         self._live -= 1
+        if s.parent_id:  # a subagent: part of its root's task
+            self._child_ended(s)
+            return
         self._done += 1
         self.result.tasks.append(TaskRecord(s.session_id, s.tenant, s.task.task_id,
                                             s.started_at, self.now, s.unloaded_s, s.deadline_s))

@@ -52,6 +52,11 @@ class SimResult:
     hit_tokens: int = 0  # served from GPU KV
     loaded_tokens: int = 0  # served from the host tier
     recomputed_tokens: int = 0  # cacheable (full blocks), neither hit nor loaded: regenerated
+    subagents: int = 0  # subagent sessions run (their parents' `tasks` include them)
+    # A parent's first request after its subagents returned: what it could reuse, and
+    # how much of that was recomputed (its KV lost while it waited on them).
+    after_children_reusable_tokens: int = 0
+    after_children_recomputed_tokens: int = 0
     prefilled_tokens: int = 0
     regen_gpu_s: float = 0.0  # compute time of regenerating recomputed tokens
     busy_gpu_s: float = 0.0  # worker time with a non-empty batch

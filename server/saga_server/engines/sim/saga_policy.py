@@ -73,7 +73,9 @@ SIM_ROUTING = RoutingConfig(new_session="least_loaded")
 class SagaPolicy(SimPolicy):
     def __init__(self, mechanisms: Sequence[str] = MECHANISMS, name: str = "saga",
                  config: CoreConfig | None = None, routing: RoutingConfig | None = None,
-                 admission: AdmissionConfig | None = None) -> None:
+                 admission: AdmissionConfig | None = None, trees: bool = True) -> None:
+        """`trees`: a subagent's start names its parent (as the agents' headers do);
+        False treats every subagent as a session of its own (`saga-no-trees`)."""
         unknown = set(mechanisms) - set(MECHANISMS)
         if unknown:
             raise ValueError(f"unknown SAGA mechanisms: {sorted(unknown)}")
@@ -85,6 +87,7 @@ class SagaPolicy(SimPolicy):
         self._config = config
         self.routing = routing or SIM_ROUTING
         self.admission_config = admission
+        self.trees = trees
         self.core: WorkflowCore | None = None
         self.router: SessionRouter | None = None
 
@@ -98,7 +101,7 @@ class SagaPolicy(SimPolicy):
         if self.router is None:
             return None
         self.router.update(views)
-        return self.router.route(s.session_id, [v.replica for v in views]).replica
+        return self.router.route(s.session_id, [v.replica for v in views], parent_id=self._parent(s)).replica
 
     def plan_steal(self, views: Sequence[ReplicaView], now: float) -> Steal | None:
         if self.router is None:
@@ -131,8 +134,13 @@ class SagaPolicy(SimPolicy):
 
     # --- hints and engine events -------------------------------------------
     def on_session_start(self, s: "Session", now: float) -> None:
-        self.core.accept(SessionStart(s.session_id, now, tenant=s.tenant, workflow=s.tenant,
-                                      deadline_s=s.deadline_s))
+        # A subagent runs its own program (its own prompt): a workflow of its own, tree or not.
+        workflow = f"{s.tenant}:subagent" if s.parent_id else s.tenant
+        self.core.accept(SessionStart(s.session_id, now, tenant=s.tenant, workflow=workflow,
+                                      deadline_s=s.deadline_s, parent_id=self._parent(s) or ""))
+
+    def _parent(self, s: "Session") -> str | None:
+        return s.parent_id if self.trees and s.parent_id else None
 
     def on_llm_start(self, s: "Session", now: float) -> None:
         self.core.accept(LlmCallStart(s.session_id, now, step=s.step))

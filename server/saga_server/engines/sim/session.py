@@ -13,7 +13,8 @@ class Session:
     __slots__ = ("session_id", "task", "tenant", "worker", "step", "started_at",
                  "last_access", "state", "next_use", "tool_names", "kv_tokens", "base",
                  "prefetch_ready_at", "unloaded_s", "deadline_s",
-                 "move_to", "move_in_tool", "in_transit", "awaiting_kv")
+                 "move_to", "move_in_tool", "in_transit", "awaiting_kv",
+                 "parent_id", "children_left", "tool_done", "back_from_children")
 
     def __init__(self, inst: TaskInstance, now: float, base: int) -> None:
         self.session_id = inst.session_id
@@ -35,6 +36,10 @@ class Session:
         self.move_in_tool = False  # the router chose it while it was in a tool
         self.in_transit = False  # its KV is on the way to `worker`
         self.awaiting_kv = None  # what waits for its KV in flight: ARRIVE or a stolen queue item
+        self.parent_id = inst.parent_id
+        self.children_left = 0  # its subagents still running
+        self.tool_done = False  # its tools' time is up while its subagents still run
+        self.back_from_children = False  # its next request is the first after its subagents returned
 
 
 class Request:

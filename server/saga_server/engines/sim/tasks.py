@@ -28,6 +28,9 @@ class StepSpec:
     tools: tuple[ToolSpec, ...] = ()
     # Gap before the next step when there is no tool (e.g. a simulated user's turn).
     idle_s: float = 0.0
+    # Subagents this step starts, in parallel with its tools: the session's next step
+    # comes once they have all ended and its tools are done (the parent waits on them).
+    spawns: tuple["TaskSpec", ...] = ()
 
     @property
     def gap_s(self) -> float:
@@ -45,10 +48,12 @@ class TaskSpec:
 @dataclass(frozen=True, slots=True)
 class TaskInstance:
     """One replayed task: a distinct session, its tenant, when it arrives (None: it is
-    started by the closed-loop concurrency limit) and its deadline multiple."""
+    started by the closed-loop concurrency limit) and its deadline multiple; a
+    subagent's names its parent and is started by it, never by the load."""
 
     session_id: str
     task: TaskSpec
     tenant: str = "default"
     arrival_s: float | None = None
     deadline_factor: float | None = None
+    parent_id: str = ""  # a subagent's parent session ("" for a task of its own)
