@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .answers import JsonAnswer, SseAnswer
-from .turns import Message, Reply, Request, ToolCall, canonical_args, count, detail, said_fields, text_of
+from .turns import (Message, Reply, Request, ToolCall, cache_key_scope, canonical_args, count, detail, said_fields,
+                    text_of)
 
 __all__ = ["CHAT"]
 
@@ -33,7 +34,8 @@ class ChatApi:
                 and raw[0].get("role") in ("system", "developer"):
             system = text_of(raw[0].get("content"))
         model = body.get("model") if isinstance(body, Mapping) else None
-        return Request(messages, model=str(model or ""), system=system, **said_fields(body, headers))
+        return Request(messages, model=str(model or ""), system=system, scope=cache_key_scope(body),
+                       **said_fields(body, headers))
 
     def reader(self, sse: bool):
         return SseChat() if sse else JsonChat()

@@ -24,8 +24,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .answers import JsonAnswer, SseAnswer
-from .turns import (Message, Reply, Request, ToolCall, canonical, canonical_args, count, detail, said_fields,
-                    text_of)
+from .turns import (Message, Reply, Request, ToolCall, cache_key_scope, canonical, canonical_args, count, detail,
+                    said_fields, text_of)
 
 __all__ = ["RESPONSES"]
 
@@ -48,7 +48,7 @@ class ResponsesApi:
         system = instructions or next((m.text for m in messages if m.role in ("system", "developer")), "")
         previous = body.get("previous_response_id")
         return Request(tuple(messages), model=str(body.get("model") or ""), system=system, **said_fields(body, headers),
-                       previous=previous if isinstance(previous, str) else "")
+                       scope=cache_key_scope(body), previous=previous if isinstance(previous, str) else "")
 
     def reader(self, sse: bool):
         return SseResponses() if sse else JsonResponses()

@@ -25,7 +25,8 @@ How a request finds its session, first rule that applies:
      after it failed (a retry);
   5. otherwise it starts a new session.
 Messages are compared as `turns.Message`s (what a client preserves when it sends an
-answer back). A request's `scope` (the Messages API's `metadata.user_id`) and its
+answer back). A request's `scope` (the Messages API's `metadata.user_id`, OpenAI's
+`prompt_cache_key`) and its
 `tenant` seed its history: requests of different scopes or tenants never match. A
 tenant's session ids, explicit or inferred, are namespaced (`tenants.namespaced`)
 and its response ids are its own, so no rule above ever crosses tenants; its

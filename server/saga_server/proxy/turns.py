@@ -33,6 +33,7 @@ __all__ = [
     "canonical_args",
     "count",
     "detail",
+    "cache_key_scope",
     "caller_identity",
     "explicit_session_id",
     "headers_identity",
@@ -125,6 +126,14 @@ def caller_identity(body: Mapping[str, Any], headers: Mapping[str, str]) -> Iden
 def explicit_session_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
     """The caller's own session id, if it sent one (headers first, then the body)."""
     return caller_identity(body, headers).session_id
+
+
+def cache_key_scope(body: Mapping[str, Any]) -> str:
+    """The request's OpenAI `prompt_cache_key` as a scope ("" for none): a client
+    keeps one per conversation or user, so requests under different keys never
+    continue one another (`Request.scope`)."""
+    key = body.get("prompt_cache_key") if isinstance(body, Mapping) else None
+    return f"cache-key:{key[:MAX_SESSION_ID_CHARS]}" if isinstance(key, str) and key.strip() else ""
 
 
 def said_fields(body: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:

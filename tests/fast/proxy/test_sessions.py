@@ -519,3 +519,15 @@ def test_a_tenants_parent_id_is_namespaced_like_its_session():
     start = of(hints, SessionStart)[0]
     assert start.session_id.startswith("team-a") and start.parent_id.startswith("team-a")
     assert start.parent_id != "p" and start.session_id != "c"
+
+
+def test_requests_under_different_prompt_cache_keys_never_continue_one_another():
+    tracker = SessionTracker()
+    msgs = [SYSTEM, {"role": "user", "content": "hi"}]
+    a, _ = tracker.begin({"messages": msgs, "prompt_cache_key": "conv-1"})
+    tracker.finish(a, [{"role": "assistant", "content": "hello"}])
+    follow = msgs + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    same, _ = tracker.begin({"messages": follow, "prompt_cache_key": "conv-1"})
+    other, _ = tracker.begin({"messages": follow, "prompt_cache_key": "conv-2"})
+    assert (same.session_id, same.how) == (a.session_id, "answer")
+    assert other.session_id != a.session_id and other.how == "new"
