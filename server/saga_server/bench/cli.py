@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-tokens", type=int, help="KV pool per worker in tokens (default: from memory)")
     p.add_argument("--mfu", type=float, help="prefill compute efficiency (default: the preset's 0.5)")
     p.add_argument("--bw-eff", type=float, help="decode memory-bandwidth efficiency (default: the preset's 0.8)")
+    p.add_argument("--max-num-seqs", type=int, help="the engine's vLLM --max-num-seqs (default: the preset's)")
     p.add_argument("--concurrency", type=int, help="closed loop: tasks in flight")
     p.add_argument("--rate", type=float, help="open loop: Poisson task arrivals per second")
     p.add_argument("--host-tier-factor", type=float, help="host KV capacity / GPU pool")
@@ -87,7 +88,7 @@ def scenario_from_args(a: argparse.Namespace) -> Scenario:
     sc = load_scenario(a.config) if a.config else Scenario()
     changes = {}
     for field in ("name", "tasks", "workers", "gpu", "model", "tp", "seed", "host_tier_factor", "mfu", "bw_eff",
-                  "calibration"):
+                  "max_num_seqs", "calibration"):
         v = getattr(a, field)
         if v is not None:
             changes[field] = v

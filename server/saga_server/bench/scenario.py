@@ -63,6 +63,7 @@ class Scenario:
     kv_tokens: int | None = None
     mfu: float | None = None  # cost-model overrides (default: the preset's, see engines/sim/hardware.py)
     bw_eff: float | None = None
+    max_num_seqs: int | None = None  # the engine's batch limit (default: the preset's)
     calibration: str | None = None  # a `saga calibrate --out` file (the device's fitted constants)
     concurrency: int | None = 36
     rate: float | None = None
@@ -77,7 +78,8 @@ class Scenario:
     def cost_model(self, kv_tokens: int | None = None) -> CostModel:
         kv = self.kv_tokens if kv_tokens is None else kv_tokens
         extra = {"kv_capacity_override": kv} if kv is not None else {}
-        extra.update({k: v for k, v in (("mfu", self.mfu), ("bw_eff", self.bw_eff)) if v is not None})
+        extra.update({k: v for k, v in (("mfu", self.mfu), ("bw_eff", self.bw_eff),
+                                        ("max_num_seqs", self.max_num_seqs)) if v is not None})
         calibration = load_calibration(self.calibration) if self.calibration else None
         return make_cost_model(self.gpu, self.model, self.tp, calibration=calibration, **extra)
 
