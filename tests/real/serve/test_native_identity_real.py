@@ -101,7 +101,7 @@ def test_through_the_proxy_the_same_agents_are_the_same_tree_and_nothing_is_infe
 
 
 @pytest.mark.parametrize("headers", [
-    {"x-claude-code-session-id": "   ", "x-claude-code-agent-id": "a"},         # blank: no session
+    {"x-claude-code-session-id": "", "x-claude-code-agent-id": "a"},            # blank: no session
     {"thread-id": "t" * 5000, "x-codex-parent-thread-id": "p" * 5000},         # overlong: cut
     {"x-dynamo-session-id": "d-bad", "x-dynamo-session-final": "maybe"},      # not a yes
     {"x-session-id": "loop", "x-parent-session-id": "loop"},                   # its own parent
