@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from saga_server.engines.sim import StepSpec, TaskInstance, TaskSpec, ToolSpec
 
-__all__ = ["FALLBACK_DURATIONS", "TenantSpec", "load_trace", "materialize", "build_instances"]
+__all__ = ["FALLBACK_DURATIONS", "TenantSpec", "build_instances", "load_trace", "materialize", "nest_subagents"]
 
 # category -> (median seconds, log-normal sigma). `api` and `user` fit tau-bench
 # (fast JSON APIs; a simulated user writing a reply); the rest mirror the medians of
@@ -79,6 +79,26 @@ def load_trace(path: str | Path) -> list[dict[str, Any]]:
     return tasks
 
 
+def nest_subagents(tasks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The tasks with each recorded subagent (`parent_session_id`, `parent_step`) put
+    under the step of its parent that spawned it (`spawns`), so that a tree replays
+    as one task; a child whose parent is not in the list, or was spawned by the
+    parent's last step, stays a task of its own. The input is not changed."""
+    out = [dict(t, steps=[dict(st) for st in t["steps"]]) for t in tasks]
+    by_id: dict[str, dict[str, Any]] = {}
+    for t in out:
+        by_id.setdefault(str(t.get("task_id", "")), t)
+    roots = []
+    for t in out:
+        parent = by_id.get(str(t.get("parent_session_id") or "")) if t.get("parent_session_id") else None
+        k = t.get("parent_step")
+        if parent is not None and parent is not t and isinstance(k, int) and 0 <= k < len(parent["steps"]) - 1:
+            parent["steps"][k].setdefault("spawns", []).append(t)
+        else:
+            roots.append(t)
+    return roots
+
+
 def _draw(category: str, rng: random.Random, fallback: Mapping[str, tuple[float, float]]) -> float:
     median, sigma = fallback.get(category, fallback.get("other", (0.3, 0.5)))
     return median * math.exp(sigma * rng.gauss(0.0, 1.0))
@@ -104,7 +124,8 @@ def materialize(raw: Mapping[str, Any], rng: random.Random,
         prompt = int(st["prompt_tokens"])
         steps.append(StepSpec(prompt, max(int(st["output_tokens"]), 1),
                               min(int(st.get("reused_prefix_tokens") or 0), prompt),
-                              tuple(tools), idle))
+                              tuple(tools), idle,
+                              tuple(materialize(child, rng, fallback) for child in st.get("spawns") or ())))
     return TaskSpec(str(raw.get("task_id", "")), str(raw.get("run", "")),
                     int(raw.get("shared_prefix_tokens") or 0), tuple(steps))
 
@@ -120,7 +141,7 @@ def build_instances(tenants: Sequence[TenantSpec], n_tasks: int, seed: int = 0,
     pools: dict[str, list] = {}
     for t in tenants:
         if t.trace not in traces:
-            traces[t.trace] = load_trace(t.trace)
+            traces[t.trace] = nest_subagents(load_trace(t.trace))
         pools[t.name] = []
     weights = [t.weight for t in tenants]
     out = []

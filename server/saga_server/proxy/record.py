@@ -30,7 +30,7 @@ def feed_hints(builder: TraceBuilder, t: float, hints: Iterable[Hint]) -> None:
         event, facts = hint.event, hint.facts
         match event:
             case SessionStart(session_id=sid):
-                builder.session_start(sid, t, workflow=event.workflow, tenant=event.tenant)
+                builder.session_start(sid, t, workflow=event.workflow, tenant=event.tenant, parent=event.parent_id)
             case LlmCallStart(session_id=sid):
                 builder.llm_start(sid, t, step=event.step, extends=facts.extends, prompt_chars=facts.prompt_chars,
                                   model=facts.model)

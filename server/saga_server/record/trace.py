@@ -26,6 +26,9 @@ ends the builder makes its task, one line of the format `saga bench` loads
   estimated from characters (`CHARS_PER_TOKEN`) and the task says
   `tokens_estimated`;
 - `tenant`, where a session's start said one;
+- `parent_session_id` and `parent_step`, for a subagent whose start named its
+  parent: the parent's id and the index of the parent's last finished step when
+  the child started (the step that spawned it; `saga bench` nests the child there);
 - `end_reason`: why the session ended; `truncated` unless it ended in-band
   (`IN_BAND_ENDS`: the proxy's `submit` and `final`, an agent's own session end
   with its outcome): a session that only went quiet, or that the recorder
@@ -159,6 +162,8 @@ class _Task:
     last_seen: float
     model: str = ""
     tenant: str = ""
+    parent: str = ""
+    parent_step: int = -1
     steps: list[_Step] = field(default_factory=list)
     running: dict[int, _Step] = field(default_factory=dict)  # step number -> call in flight
     tools: dict[str, _Tool] = field(default_factory=dict)    # call id (or name) -> call not yet ended
@@ -193,7 +198,7 @@ class TraceBuilder:
     # -- facts --------------------------------------------------------------------------
 
     def session_start(self, sid: str, t: float, *, workflow: str = "", tenant: str = "",
-                      restart: bool = True) -> None:
+                      restart: bool = True, parent: str = "") -> None:
         """`restart`: a start of a session still open ends that one first ("restarted");
         False: it is the same session (an engine may see a session's first call before
         its start hint), whose workflow and tenant are filled in where still empty."""
@@ -202,6 +207,10 @@ class TraceBuilder:
             self._finish(task, "restarted")
         task = self._task(sid, t, workflow)
         task.workflow, task.tenant = task.workflow or workflow, task.tenant or tenant
+        if parent and not task.parent and parent != sid:
+            spawner = self._open.get(parent)
+            task.parent = parent
+            task.parent_step = len(spawner.steps) - 1 if spawner is not None else -1
 
     def llm_start(self, sid: str, t: float, *, step: int | None = None, extends: str = "", prompt_chars: int = 0,
                   model: str = "", tokens: TokenBlocks | None = None) -> int:
@@ -352,6 +361,7 @@ class TraceBuilder:
             "format": "saga-trace/1", "source": self.source, "agent": "", "benchmark": "recorded",
             "run": task.workflow, "model": task.model, "task_id": task.session_id,
             **({"tenant": task.tenant} if task.tenant else {}),
+            **({"parent_session_id": task.parent, "parent_step": task.parent_step} if task.parent else {}),
             "shared_prefix_tokens": min(task.steps[0].cached or 0, task.steps[0].prompt),
             "started_unix_s": round(task.started_unix, 3),
             "duration_s": round(last.ended - task.steps[0].started, 4),

@@ -262,3 +262,37 @@ def test_a_tool_lasts_from_the_answer_to_the_next_request_whenever_its_hints_cam
     b.tool_end("x", 2, name="never-started")
     b.session_end("x", 2, reason="completed")
     assert b.take()[0]["incomplete"] is True
+
+
+def test_a_recorded_subagent_names_its_parent_and_replays_nested_in_the_step_that_spawned_it():
+    from saga_server.bench.workload import nest_subagents
+
+    b = TraceBuilder()
+    b.session_start("lead", 0.0, workflow="wf")
+    b.llm_start("lead", 0.0, step=1, model="m")
+    b.llm_end("lead", 1.0, step=1, prompt_tokens=1000, output_tokens=50)
+    b.tool_start("lead", 1.0, name="Task", call_id="t1")
+    b.session_start("lead:kid", 1.0, workflow="wf", parent="lead")  # after the lead's first step
+    for k in (1, 2):
+        b.llm_start("lead:kid", 1.0 + k, step=k, extends="answer" if k > 1 else "", model="m")
+        b.llm_end("lead:kid", 2.0 + k, step=k, prompt_tokens=800 * k, output_tokens=20)
+    b.session_start("lead:kid", 4.0, parent="other", restart=False)  # the same session: its parent is kept
+    b.session_end("lead:kid", 4.0, reason="submit")
+    b.session_start("lone", 1.0, parent="nobody")
+    b.llm_start("lone", 1.0, step=1, model="m")
+    b.llm_end("lone", 2.0, step=1, prompt_tokens=500, output_tokens=5)
+    b.session_end("lone", 2.0, reason="submit")
+    b.tool_end("lead", 6.0, call_id="t1")
+    for k in (2, 3):
+        b.llm_start("lead", 5.0 + k, step=k, extends="answer", model="m")
+        b.llm_end("lead", 6.0 + k, step=k, prompt_tokens=1000 * k, output_tokens=50)
+    b.session_end("lead", 9.0, reason="submit")
+    tasks = {t["task_id"]: t for t in b.take()}
+    assert "parent_session_id" not in tasks["lead"]
+    assert (tasks["lead:kid"]["parent_session_id"], tasks["lead:kid"]["parent_step"]) == ("lead", 0)
+    assert (tasks["lone"]["parent_session_id"], tasks["lone"]["parent_step"]) == ("nobody", -1)
+    roots = nest_subagents(list(tasks.values()))
+    assert sorted(t["task_id"] for t in roots) == ["lead", "lone"]  # the kid runs inside the lead's tree
+    lead = materialize(next(t for t in roots if t["task_id"] == "lead"), random.Random(0))
+    assert [len(st.spawns) for st in lead.steps] == [1, 0, 0] and len(lead.steps[0].spawns[0].steps) == 2
+    assert "spawns" not in tasks["lead"]["steps"][0]  # the input is left as it was

@@ -259,3 +259,13 @@ def serves(s, sid: str = "x") -> None:
     while s.has_unfinished_requests():
         step(s)
     assert req.is_finished() and s.saga.counters.total("plugin_errors") == 0
+
+
+def test_a_subagent_that_named_its_parent_is_recorded_under_it(engine):
+    s, clock, path = engine()
+    R = Requests(BS)
+    call(s, clock, R, tokens(100, 40), "lead", max_tokens=2)
+    call(s, clock, R, tokens(100, 32) + tokens(900, 16), "lead:kid", max_tokens=2,
+         extra_args={"parent_session_id": "lead", "session_final": "true"})
+    [task] = written(s, path)  # its last request ended it at once
+    assert (task["task_id"], task["parent_session_id"], task["parent_step"]) == ("lead:kid", "lead", 0)

@@ -249,8 +249,8 @@ class SagaPlugin:
             self.recording.finished(request)
         self.core.on_request_finished(sid, request.num_prompt_tokens, request.num_output_tokens)
         if meta.final:  # its sender said so: the session ends now, and its KV is not held
-            try:
-                self.core.accept(SessionEnd(sid, self.clock()))
+            try:  # as the end hint would come: through the sink, so the recorder sees it too
+                self.sink.accept(SessionEnd(sid, self.clock()))
             except HintRejected:
                 pass  # already ended
         self.prefetcher.remember(sid, request)

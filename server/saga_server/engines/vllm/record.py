@@ -71,6 +71,7 @@ class _Arrival(NamedTuple):
     tokens: Sequence[int]   # the prompt's ids (vLLM's list)
     blocks: Sequence[Any]   # vLLM's block hashes of the request (grows as it decodes)
     waited_s: float         # since the API server took it in (the engine loop sees it a step later)
+    parent: str = ""        # the parent session its request named
 
 
 class _Scheduled(NamedTuple):
@@ -110,7 +111,7 @@ class EngineFeed:
     def __call__(self, builder: TraceBuilder, t: float, item: Any) -> None:
         if isinstance(item, _Arrival):
             sid = item.session_id
-            builder.session_start(sid, t, tenant=item.tenant, restart=False)
+            builder.session_start(sid, t, tenant=item.tenant, restart=False, parent=item.parent)
             step = builder.llm_start(sid, t - item.waited_s, model=self.model, tokens=self._tokens(item))
             self._calls[item.request_id] = [sid, step, None]
             while len(self._calls) > self.max_requests:
@@ -140,7 +141,7 @@ class EngineFeed:
 def _feed_hint(builder: TraceBuilder, t: float, event: HintEvent, tenant: str) -> None:
     sid = event.session_id
     if isinstance(event, SessionStart):
-        builder.session_start(sid, t, workflow=event.workflow, tenant=tenant, restart=False)
+        builder.session_start(sid, t, workflow=event.workflow, tenant=tenant, restart=False, parent=event.parent_id)
     elif isinstance(event, ToolCallStart):
         builder.tool_start(sid, t, name=event.tool, call_id=event.call_id, category=event.category)
     elif isinstance(event, ToolCallEnd):
@@ -183,7 +184,8 @@ class EngineRecording:
         # `arrival_time`, wall clock), or tool gaps would absorb that wait.
         waited = min(max(0.0, time.time() - request.arrival_time), _MAX_WAIT_S)
         self.recorder.submit(_Arrival(request.request_id, meta.session_id, meta.tenant,
-                                      request.prompt_token_ids or (), request.block_hashes, waited))
+                                      request.prompt_token_ids or (), request.block_hashes, waited,
+                                      meta.parent_id or ""))
 
     def scheduled(self, request_id: str, cached: int) -> None:
         self.recorder.submit(_Scheduled(request_id, cached))
