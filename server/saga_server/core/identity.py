@@ -58,8 +58,9 @@ class HeaderSet:
 # Codex's `codex-rs/core/src/client.rs`, OpenCode's `session/llm/request.ts`,
 # Claude Code's LLM-gateway docs). Order is precedence.
 IDENTITY_HEADERS: tuple[HeaderSet, ...] = (
-    # vLLM's own header, what `saga proxy` forwards; OpenCode sends it with its parent's
-    HeaderSet("vllm", "x-session-id", parent="x-parent-session-id"),
+    # vLLM's own header, what `saga proxy` forwards (with SAGA's marker on a session's last
+    # request); OpenCode sends it with its parent's
+    HeaderSet("vllm", "x-session-id", parent="x-parent-session-id", final="x-saga-session-final"),
     HeaderSet("saga", "x-saga-session-id", parent="x-saga-parent-session-id", final="x-saga-session-final"),
     HeaderSet("dynamo", "x-dynamo-session-id", parent="x-dynamo-parent-session-id",
               final="x-dynamo-session-final"),

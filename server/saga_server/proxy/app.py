@@ -77,6 +77,7 @@ _KEEPALIVE_EXPIRY_S = 2.0  # under the upstream's keep-alive timeout (see `_pool
 _RETRIED_BEFORE_AN_ANSWER = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 # An HTTP field value (RFC 9110 5.5) without tabs: visible bytes, inner spaces.
 _FIELD_VALUE = re.compile(rb"[\x21-\x7e\x80-\xff](?:[\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?")
+_FINAL_HEADER = b"x-saga-session-final"  # what the engine reads as X-Session-ID's last-request marker
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones httpx recomputes.
 _REQUEST_DROP = {b"host", b"content-length", b"connection", b"keep-alive", b"proxy-connection", b"te",
                  b"trailer", b"transfer-encoding", b"upgrade", b"proxy-authorization"}
@@ -326,8 +327,10 @@ class SagaProxy:
             sid = turn.session_id.encode("latin-1", "replace")
             in_header = _FIELD_VALUE.fullmatch(sid) is not None
             dropped = (b"x-session-id", b"accept-encoding") if in_header else (b"accept-encoding",)
-            headers = [(k, v) for k, v in headers if k.lower() not in dropped]
+            headers = [(k, v) for k, v in headers if k.lower() not in dropped + (_FINAL_HEADER,)]
             headers += ([(b"x-session-id", sid)] if in_header else []) + [(b"accept-encoding", b"identity")]
+            if turn.final and in_header:  # the engine ends it as this request finishes, as the proxy does
+                headers.append((_FINAL_HEADER, b"true"))
         elif tenant:  # no session: none of the caller's own ids may reach the upstream
             headers = [(k, v) for k, v in headers if k.lower() != b"x-session-id"]
         add_session_id = api.body_session_field and self.config.inject_body_session_id

@@ -438,3 +438,13 @@ def test_leaving_an_async_with_block_ends_the_proxys_sessions(upstream, hint_ser
     hints.close()
     assert tracker.session_ids() == []
     assert registry.session("direct").state == "ended"
+
+
+def test_a_last_request_marker_reaches_the_upstream_in_the_header_it_reads_with_x_session_id(proxy, upstream):
+    client = sdk(proxy)
+    run_agent(client, "tools get_user | answer", extra_headers={"x-dynamo-session-id": "dyn-1"})
+    run_agent(client, "answer", extra_headers={"x-dynamo-session-id": "dyn-1", "x-dynamo-session-final": "true"})
+    run_agent(client, "answer", extra_headers={"X-Session-ID": "plain", "x-saga-session-final": "no"})
+    marks = [(r["headers"].get("x-session-id"), r["headers"].get("x-saga-session-final"))
+             for r in upstream.app.state.requests]
+    assert marks == [("dyn-1", None), ("dyn-1", None), ("dyn-1", "true"), ("plain", None)]
