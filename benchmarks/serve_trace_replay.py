@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_common import ROOT, free_port, pct, start_server, write_results  # noqa: E402
+from serve_common import free_port, pct, start_server, write_results  # noqa: E402
 
 from saga_server.bench.traces import trace_path  # noqa: E402
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -131,7 +132,7 @@ def main() -> int:
                 f"{p}/saga mean {by[p]['tct_mean_s'] / by['saga']['tct_mean_s']:.2f}x "
                 f"p90 {by[p]['tct_p90_s'] / by['saga']['tct_p90_s']:.2f}x" for p in others))
     if a.json:
-        a.json.write_text(json.dumps({"command": " ".join(["python", *__import__("sys").argv]), "rows": rows},
+        a.json.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "rows": rows},
                                      indent=2))
         print(f"wrote {a.json}")
     return 0

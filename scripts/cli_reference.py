@@ -16,7 +16,6 @@ import importlib
 import io
 import os
 import sys
-from pathlib import Path
 
 from generated_file import ROOT, write_or_check
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from generated_file import ROOT, write_or_check
 

@@ -134,7 +134,7 @@ def render(stats, sessions, metrics=None, served=None, limit: int | None = None,
 
 def _as_trees(listed) -> list:
     """(depth, session) in listing order, each subagent right under its parent
-    (a child whose parent is not listed is shown as a root)."""
+    (a child whose parent is not listed is shown as a root; the core links no cycles)."""
     ids = {s.session_id for s in listed}
     children: dict[str, list] = {}
     for s in listed:
@@ -145,8 +145,7 @@ def _as_trees(listed) -> list:
     def walk(s, depth: int) -> None:
         out.append((depth, s))
         for child in children.get(s.session_id, ()):
-            if len(out) < len(listed):  # a cycle cannot loop: each session is shown once
-                walk(child, depth + 1)
+            walk(child, depth + 1)
 
     for s in listed:
         if s.parent_session_id not in ids or s.parent_session_id == s.session_id:

@@ -18,7 +18,8 @@ the fields its plugin reads (`engines.vllm.sessions`):
   OpenAI `prompt_cache_retention`) in `vllm_xargs.cache_ttl_s`, unless the
   caller's own is longer.
 
-A request that says nothing of this passes byte for byte.
+A request that says nothing of this passes byte for byte (without keys, a body is
+parsed only when its headers name a session or it mentions a cache key).
 
 **Keys** (`TenantKeysMiddleware`, with `saga serve --api-keys FILE`): the engine's
 port becomes a front door with the proxy's rules. It reads the file
@@ -107,17 +108,17 @@ class SessionIdentityMiddleware:
         if scope["type"] != "http" or scope.get("method") != "POST" or _path(scope) not in SESSION_ROUTES:
             await self.app(scope, receive, send)
             return
-        try:
-            body = await _read_body(receive)
-        except _ClientGone:
-            return
+        body = await _whole_body(receive, send)
         if body is None:
-            await _error(send, 413, "request_too_large", f"request body over {MAX_BODY_BYTES} bytes")
             return
-        payload = _json_object(body)
-        if payload is None or not _said_fields(payload, headers_identity(_header_map(scope["headers"])), _same):
+        said = headers_identity(_header_map(scope["headers"]))
+        # Parsed only when there may be something to add: the hot path stays a byte search.
+        payload = _json_object(body) if said.session_id or _may_ask_caching(body) else None
+        xargs = _xargs_of(payload) if payload is not None else {}
+        if payload is None or not _said_fields(payload, xargs, said, _same):
             await self.app(scope, _replay(body, receive), send)  # nothing to add: as it came
             return
+        payload["vllm_xargs"] = xargs
         out = _dump(payload)
         await self.app({**scope, "headers": _with_body_length(scope["headers"], out)}, _replay(out, receive), send)
 
@@ -155,12 +156,8 @@ class TenantKeysMiddleware:
         if scope["type"] != "http" or scope.get("method") != "POST":
             await self.app({**scope, "headers": _scoped_header(scope["headers"], tenant)}, receive, send)
             return
-        try:
-            body = await _read_body(receive)
-        except _ClientGone:
-            return  # nothing to answer, and a partial body must not reach the engine
+        body = await _whole_body(receive, send)
         if body is None:
-            await _error(send, 413, "request_too_large", f"request body over {MAX_BODY_BYTES} bytes")
             return
         headers, body = self.isolate(scope["headers"], body, tenant)
         await self.app({**scope, "headers": headers}, _replay(body, receive), send)
@@ -171,17 +168,14 @@ class TenantKeysMiddleware:
         if payload is None:
             return _scoped_header(headers, tenant), body
         said = headers_identity(_header_map(headers))
-        xargs = payload.get("vllm_xargs")
-        xargs = dict(xargs) if isinstance(xargs, dict) else {}
+        xargs = _xargs_of(payload)
         for field in ("parent_session_id", "session_final"):  # only what the headers say counts
             xargs.pop(field, None)
         sid = _text(payload.get("session_id")) or said.session_id or _text(xargs.pop("session_id", None))
         xargs.pop("session_id", None)
         payload.pop("session_id", None)
-        payload["vllm_xargs"] = xargs
         # What the headers say of their session counts when it is the one the request names.
-        _said_fields(payload, said if sid == said.session_id else Identity(sid), lambda i: scoped(tenant, i))
-        xargs = payload["vllm_xargs"]
+        _said_fields(payload, xargs, said if sid == said.session_id else Identity(sid), lambda i: scoped(tenant, i))
         xargs["tenant"] = tenant
         floor = self.tenants.keys.limits(tenant).min_deadline_s
         if floor and "deadline_s" in xargs:  # the engine reads strings as numbers too
@@ -197,13 +191,23 @@ class TenantKeysMiddleware:
         return _with_body_length([(k, v) for k, v in headers if k != _SESSION_HEADER], out), out
 
 
-def _said_fields(payload: dict, said: Identity, scope_id: Callable[[str], str]) -> bool:
-    """Add to `payload` what the request said of itself: the session the headers
-    name (`said`, when the body names none), its parent and last-request marker,
-    and the cache TTL its body asks for (`cache_hints`); ids through `scope_id`.
-    Returns whether anything was added."""
+def _xargs_of(payload: dict) -> dict:
+    """A copy of the body's `vllm_xargs` to change ({} when it has none)."""
     xargs = payload.get("vllm_xargs")
-    xargs = dict(xargs) if isinstance(xargs, dict) else {}
+    return dict(xargs) if isinstance(xargs, dict) else {}
+
+
+def _may_ask_caching(body: bytes) -> bool:
+    """Whether the raw body could hold a cache hint (`cache_hints` reads only these keys)."""
+    return b"cache_control" in body or b"prompt_cache_" in body
+
+
+def _said_fields(payload: dict, xargs: dict, said: Identity, scope_id: Callable[[str], str]) -> bool:
+    """Add what the request said of itself: the session the headers name (`said`,
+    when the body names none) to `payload` and `xargs` (the body's `vllm_xargs`,
+    which the caller puts back), its parent and last-request marker, and the cache
+    TTL the body asks for (`cache_hints`) to `xargs`; ids through `scope_id`.
+    Returns whether anything was added."""
     added = False
     if said.session_id and not _text(payload.get("session_id")) and not _text(xargs.get("session_id")):
         payload["session_id"] = xargs["session_id"] = scope_id(said.session_id)
@@ -216,8 +220,6 @@ def _said_fields(payload: dict, said: Identity, scope_id: Callable[[str], str]) 
     if ttl is not None and not _number(xargs.get("cache_ttl_s")) >= ttl:
         xargs["cache_ttl_s"] = ttl
         added = True
-    if added:
-        payload["vllm_xargs"] = xargs
     return added
 
 
@@ -298,6 +300,19 @@ def _text(value: Any) -> str | None:
 
 class _ClientGone(Exception):
     """The client disconnected before its body was complete."""
+
+
+async def _whole_body(receive: Receive, send: Send) -> bytes | None:
+    """The request's whole body; None when there is none to pass on: the client hung
+    up before its last part (nothing to answer, and a partial body must not reach the
+    engine) or it is over `MAX_BODY_BYTES` (answered 413)."""
+    try:
+        body = await _read_body(receive)
+    except _ClientGone:
+        return None
+    if body is None:
+        await _error(send, 413, "request_too_large", f"request body over {MAX_BODY_BYTES} bytes")
+    return body
 
 
 async def _read_body(receive: Receive) -> bytes | None:

@@ -79,11 +79,16 @@ def test_a_session_the_core_forgets_leaves_its_kv_first_and_an_end_hint_forgets_
     assert len(core.table) == 1  # only the ended record, kept for late readers
 
 
-def test_a_request_marked_final_ends_its_session_when_it_finishes_and_nothing_of_it_stays_held(tiny_model):
+def saga_engine(tiny_model, num_blocks: int):
+    """vLLM's scheduler with SAGA over a fresh core on a manual clock: (scheduler, core)."""
     clock = ManualClock(0.0)
     core = WorkflowCore(clock=clock)
-    s = make_scheduler(SagaScheduler, tiny_model, num_blocks=24, block_size=BS, core=core, clock=clock,
-                       start_hints=False)
+    return make_scheduler(SagaScheduler, tiny_model, num_blocks=num_blocks, block_size=BS, core=core,
+                          clock=clock, start_hints=False), core
+
+
+def test_a_request_marked_final_ends_its_session_when_it_finishes_and_nothing_of_it_stays_held(tiny_model):
+    s, core = saga_engine(tiny_model, num_blocks=24)
     plugin = s.saga
     R = Requests(BS)
     s.add_request(R.make([7, 8] * 32, session_id="lead"))
@@ -101,10 +106,7 @@ def test_a_request_marked_final_ends_its_session_when_it_finishes_and_nothing_of
 
 
 def test_a_clients_cache_ttl_pins_the_sessions_kv_for_as_long_as_it_asked(tiny_model):
-    clock = ManualClock(0.0)
-    core = WorkflowCore(clock=clock)
-    s = make_scheduler(SagaScheduler, tiny_model, num_blocks=128, block_size=BS, core=core, clock=clock,
-                       start_hints=False)
+    s, core = saga_engine(tiny_model, num_blocks=128)
     plugin = s.saga
     R = Requests(BS)
     prompt = [3, 4] * 160  # 20 blocks: worth keeping
