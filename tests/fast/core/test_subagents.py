@@ -109,6 +109,7 @@ def test_a_parent_waits_on_its_children_it_will_continue_when_the_longest_is_don
     assert alone.p_continue < 0.5 and waiting.p_continue == 1.0
     assert waiting.resume_mean_s == pytest.approx(kid.remaining_time_s) and kid.remaining_time_s > 20.0
     held = core.pin_decision("lead", 4096, 0.0)
-    assert held.pin and held.ttl_s >= kid.remaining_time_s
+    pin = core.config.pin  # Markov's bound on the q_high-quantile of the children's time, capped
+    assert held.pin and held.ttl_s == pytest.approx(min(kid.remaining_time_s / (1 - pin.q_high), pin.max_ttl_s))
     core.accept(SessionEnd("kid", clock()))
     assert core.predict("lead").p_continue == pytest.approx(alone.p_continue)
