@@ -45,6 +45,12 @@ that started when it arrived. Bound: seniority is never earlier than
 only by requests that arrive within that window after it; then it is served
 before every later arrival of its tenant (0 gives request-level FCFS).
 
+A client's priority (Dynamo's `nvext.agent_hints.priority`, `proxy.agent_hints`)
+moves its request's seniority earlier by that many seconds, at most
+`max_priority_jump_s`: it reorders the tenant's own requests only, since the score
+decides first (a tenant's share is not for its clients to buy), and the window's
+bound becomes `seniority_window_s + max_priority_jump_s`.
+
 Cluster. On several engines each keeps its own queues; `record_peer_service`
 feeds in the service the *other* engines delivered (see `cluster_share`), which
 updates Q exactly like local service but is not counted in `served` (so it is
@@ -67,13 +73,14 @@ class FairShareConfig:
     urgency_cap: float = 10.0
     active_window_s: float = 60.0
     seniority_window_s: float = 900.0
+    max_priority_jump_s: float = 60.0
     weights: tuple[tuple[str, float], ...] = ()  # (tenant, weight); others weigh 1
 
     def __post_init__(self) -> None:
         if self.v < 0 or self.queue_scale_tokens <= 0 or self.urgency_cap <= 0 or self.active_window_s <= 0:
             raise ValueError("v >= 0 and queue_scale_tokens, urgency_cap, active_window_s > 0 required")
-        if not self.seniority_window_s >= 0:
-            raise ValueError("seniority_window_s must be >= 0")
+        if not self.seniority_window_s >= 0 or not self.max_priority_jump_s >= 0:
+            raise ValueError("seniority_window_s and max_priority_jump_s must be >= 0")
         if any(w <= 0 for _, w in self.weights):
             raise ValueError("tenant weights must be > 0")
 
@@ -88,12 +95,13 @@ def urgency(remaining_s: float, deadline_at: float | None, now: float, cap: floa
     return u if u < cap else cap
 
 
-def seniority(task_started_at: float | None, arrived_at: float, window_s: float) -> float:
+def seniority(task_started_at: float | None, arrived_at: float, window_s: float, jump_s: float = 0.0) -> float:
     """Within-tenant order key of a request (LOWER = sooner): its task's start,
-    clamped to at most `window_s` before the request arrived."""
+    clamped to at most `window_s` before the request arrived, less the client's
+    priority `jump_s` (already capped)."""
     started = arrived_at if task_started_at is None else min(task_started_at, arrived_at)
     floor = arrived_at - window_s
-    return started if started > floor else floor
+    return (started if started > floor else floor) - jump_s
 
 
 class FairShare:

@@ -264,17 +264,20 @@ class WorkflowCore:
         with self._lock:
             return self._priority(self._sessions.get(session_id), tenant)
 
-    def request_rank(self, session_id: str, tenant: str, arrived_at: float) -> tuple[float, float]:
+    def request_rank(self, session_id: str, tenant: str, arrived_at: float,
+                     priority_jump_s: float = 0.0) -> tuple[float, float]:
         """Order key of a waiting request that arrived at `arrived_at` (core clock):
         (`request_priority`, task seniority); LOWER = schedule sooner, ties FCFS.
         Seniority orders a tenant's tasks by when they started (rule and bound:
         `fairshare`); a subagent tree is one task, started with its root; an
-        unknown session counts as a task started on arrival."""
+        unknown session counts as a task started on arrival. `priority_jump_s`:
+        the client's priority, seconds earlier within its tenant (capped; `fairshare`)."""
+        fs = self.config.fairshare
+        jump = min(priority_jump_s, fs.max_priority_jump_s) if priority_jump_s > 0 else 0.0  # also NaN
         with self._lock:
             s = self._sessions.get(session_id)
             started = s.task_started_at if s is not None and not s.ended else None  # a subagent's: its root's
-            return (self._priority(s, tenant),
-                    seniority(started, arrived_at, self.config.fairshare.seniority_window_s))
+            return (self._priority(s, tenant), seniority(started, arrived_at, fs.seniority_window_s, jump))
 
     def record_service(self, tenant: str, tokens: int, session_id: str = "") -> None:
         """Service delivered (prefill + decode tokens), counted for the session's

@@ -16,10 +16,12 @@ the fields its plugin reads (`engines.vllm.sessions`):
   last-request marker in `vllm_xargs.session_final`;
 - the cache TTL the body asks for (`cache_hints`: Anthropic `cache_control`,
   OpenAI `prompt_cache_retention`) in `vllm_xargs.cache_ttl_s`, unless the
-  caller's own is longer.
+  caller's own is longer;
+- its Dynamo agent hints (`agent_hints`: `nvext.agent_hints.priority`, `osl`) in
+  `vllm_xargs.priority_jump_s` and `vllm_xargs.osl`, unless the caller set them.
 
 A request that says nothing of this passes byte for byte (without keys, a body is
-parsed only when its headers name a session or it mentions a cache key).
+parsed only when its headers name a session or it mentions a cache key or agent hints).
 
 **Keys** (`TenantKeysMiddleware`, with `saga serve --api-keys FILE`): the engine's
 port becomes a front door with the proxy's rules. It reads the file
@@ -68,6 +70,7 @@ from ..core.scopes import scoped
 from ..core.events import ADMIN
 from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing
 from ..rpc.reload import register_for_reload, reload_on_sighup
+from .agent_hints import agent_hints
 from .cache_hints import cache_ttl_s
 from ..core.identity import Identity
 from .tenants import SALT_SECRET_ENV, Tenants
@@ -113,7 +116,7 @@ class SessionIdentityMiddleware:
             return
         said = headers_identity(_header_map(scope["headers"]))
         # Parsed only when there may be something to add: the hot path stays a byte search.
-        payload = _json_object(body) if said.session_id or _may_ask_caching(body) else None
+        payload = _json_object(body) if said.session_id or _may_hint(body) else None
         xargs = _xargs_of(payload) if payload is not None else {}
         if payload is None or not _said_fields(payload, xargs, said, _same):
             await self.app(scope, _replay(body, receive), send)  # nothing to add: as it came
@@ -197,17 +200,18 @@ def _xargs_of(payload: dict) -> dict:
     return dict(xargs) if isinstance(xargs, dict) else {}
 
 
-def _may_ask_caching(body: bytes) -> bool:
-    """Whether the raw body could hold a cache hint (`cache_hints` reads only these keys)."""
-    return b"cache_control" in body or b"prompt_cache_" in body
+def _may_hint(body: bytes) -> bool:
+    """Whether the raw body could hold a cache or agent hint (`cache_hints` and
+    `agent_hints` read only these keys)."""
+    return b"cache_control" in body or b"prompt_cache_" in body or b"agent_hints" in body
 
 
 def _said_fields(payload: dict, xargs: dict, said: Identity, scope_id: Callable[[str], str]) -> bool:
     """Add what the request said of itself: the session the headers name (`said`,
     when the body names none) to `payload` and `xargs` (the body's `vllm_xargs`,
     which the caller puts back), its parent and last-request marker, and the cache
-    TTL the body asks for (`cache_hints`) to `xargs`; ids through `scope_id`.
-    Returns whether anything was added."""
+    TTL the body asks for (`cache_hints`) and its agent hints (`agent_hints`) to
+    `xargs`; ids through `scope_id`. Returns whether anything was added."""
     added = False
     if said.session_id and not _text(payload.get("session_id")) and not _text(xargs.get("session_id")):
         payload["session_id"] = xargs["session_id"] = scope_id(said.session_id)
@@ -220,6 +224,11 @@ def _said_fields(payload: dict, xargs: dict, said: Identity, scope_id: Callable[
     if ttl is not None and not _number(xargs.get("cache_ttl_s")) >= ttl:
         xargs["cache_ttl_s"] = ttl
         added = True
+    hints = agent_hints(payload)
+    for field, value in (("priority_jump_s", hints.priority_jump_s), ("osl", hints.osl)):
+        if value is not None and field not in xargs:
+            xargs[field] = value
+            added = True
     return added
 
 

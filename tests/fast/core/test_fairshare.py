@@ -266,3 +266,21 @@ def test_seniority_window_must_be_non_negative() -> None:
         FairShareConfig(seniority_window_s=-1.0)
     with pytest.raises(ValueError):
         FairShareConfig(seniority_window_s=float("nan"))
+
+
+def test_a_clients_priority_moves_its_request_earlier_within_its_tenant_only_and_capped() -> None:
+    clock = ManualClock(100.0)
+    core = WorkflowCore(CoreConfig(fairshare=FairShareConfig(max_priority_jump_s=30.0)), clock=clock)
+    core.accept(SessionStart("a1", 100.0, tenant="a"))
+    core.accept(SessionStart("b1", 100.0, tenant="b"))
+    clock.t = 110.0
+    core.accept(SessionStart("a2", 110.0, tenant="a"))
+    # a2's task started 10 s after a1's; with a 20 s jump it goes first, with 5 s not
+    assert core.request_rank("a2", "a", 110.0, priority_jump_s=20.0) < core.request_rank("a1", "a", 110.0)
+    assert core.request_rank("a2", "a", 110.0, priority_jump_s=5.0) > core.request_rank("a1", "a", 110.0)
+    # capped at max_priority_jump_s; nonsense counts as none
+    assert core.request_rank("a2", "a", 110.0, priority_jump_s=1e9)[1] == 110.0 - 30.0
+    assert core.request_rank("a2", "a", 110.0, priority_jump_s=float("nan"))[1] == 110.0
+    # across tenants the share decides first: a served tenant's priority buys nothing
+    core.record_service("a", 50_000)
+    assert core.request_rank("b1", "b", 110.0) < core.request_rank("a2", "a", 110.0, priority_jump_s=30.0)

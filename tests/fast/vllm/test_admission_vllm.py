@@ -172,3 +172,22 @@ def test_a_session_admitted_while_its_request_waits_for_a_slot_has_its_kv_protec
         if s.saga.admission.state("A") == ACTIVE:
             admitted_waiting.append(s.saga.ledger.get("A").tier)
     assert admitted_waiting and set(admitted_waiting) == {PROTECTED}
+
+
+def test_an_osl_hint_counts_for_the_kv_need_instead_of_max_tokens(tiny_model):
+    # 23 usable blocks (limit ~331 tokens). Two sessions of 96-token prompts with
+    # max_tokens 150 need 246 each: only one fits. Saying they write 8 (Dynamo's
+    # `osl`) makes the need 104 each: both run at once.
+    def first_step(extra):
+        s = saga(tiny_model, num_blocks=24, block_size=BS)
+        R = Requests(BS)
+        reqs = [R.make(tokens(1000 * (i + 1), 96), session_id=sid, max_tokens=150, extra_args=extra)
+                for i, sid in enumerate("AB")]
+        for req in reqs:
+            s.saga.core.accept(SessionStart(req.session_id, s.saga.clock()))
+            s.add_request(req)
+        return len(scheduled(step(s)))
+
+    assert first_step(None) == 1
+    assert first_step({"osl": 8}) == 2
+    assert first_step({"osl": 10_000}) == 1  # never above max_tokens' need

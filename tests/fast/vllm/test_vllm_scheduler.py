@@ -246,11 +246,14 @@ def test_afs_orders_waiting_requests_by_fair_share(tiny_model):
     assert order.index(l1.request_id) < order.index(h2.request_id)
 
 
-@pytest.mark.parametrize("window", [900.0, 0.0])
-def test_within_a_tenant_the_senior_task_goes_first(tiny_model, window):
+@pytest.mark.parametrize("window, young_hint, young_first", [
+    (900.0, None, False), (0.0, None, True), (900.0, 40, True), (900.0, 20, False)])
+def test_within_a_tenant_the_senior_task_goes_first(tiny_model, window, young_hint, young_first):
     """Sessions `old` and `young` of one tenant both wait for the single slot;
     young asked first. By seniority old's request runs first; with the window at
-    0 (request-level FCFS, as stock) young's does."""
+    0 (request-level FCFS, as stock) young's does, and so it does when young's
+    client asks a priority (`nvext.agent_hints.priority`, seconds) larger than
+    the 30 s by which old's task is senior."""
     clock = ManualClock(100.0)
     core = WorkflowCore(CoreConfig(fairshare=FairShareConfig(seniority_window_s=window)), clock=clock)
     s = saga(tiny_model, clock=clock, core=core, num_blocks=64, block_size=BS, max_num_seqs=1)
@@ -260,14 +263,15 @@ def test_within_a_tenant_the_senior_task_goes_first(tiny_model, window):
     s.saga.core.accept(SessionStart("young", clock(), tenant="t"))
     s.add_request(R.make(tokens(1, 40), session_id="filler"))
     step(s)  # the filler holds the only slot
-    young = R.make(tokens(2000, 40), session_id="young")
+    young = R.make(tokens(2000, 40), session_id="young",
+                   extra_args={"priority_jump_s": young_hint} if young_hint else None)
     s.add_request(young)
     clock.t += 1
     old = R.make(tokens(3000, 40), session_id="old")
     s.add_request(old)
     outs = run_until_idle(s)
     order = [n.req_id for o in outs for n in o.scheduled_new_reqs]
-    first, second = (old, young) if window else (young, old)
+    first, second = (young, old) if young_first else (old, young)
     assert order.index(first.request_id) < order.index(second.request_id)
 
 

@@ -19,7 +19,10 @@ stock vLLM (everything else is vLLM's own code path):
 - **AFS**: before each step the waiting queue (`RankedRequestQueue`) is stably ordered
   by the core's `request_rank`: tenants' fair-share priority, then within a tenant the
   task's seniority (older tasks first, so tasks finish in the order they began;
-  preempted requests stay in front). Service is recorded per tenant after each step.
+  preempted requests stay in front; a client's `nvext.agent_hints.priority` moves its
+  request earlier within its tenant, `core.fairshare`). Service is recorded per tenant
+  after each step. Admission counts a request's KV need with its `osl` hint when it
+  gives one (`RequestMeta.kv_need`).
   `SAGA_SENIORITY_WINDOW_S` bounds how far seniority reaches back (0: request-level
   FCFS within a tenant, as stock).
 - **Prefetch**: see `prefetch`.
@@ -227,7 +230,7 @@ class SagaPlugin:
         self._had[request.request_id] = outlook.context_tokens if outlook is not None else 0
         self.core.on_request_arrival(sid, request.num_prompt_tokens, meta.tenant, cache_ttl_s=meta.cache_ttl_s)
         # Not admitted: RankedRequestQueue holds it back (it asks `may_schedule`).
-        self.kv.arrived(sid, request.request_id, request.num_prompt_tokens + request.max_tokens,
+        self.kv.arrived(sid, request.request_id, meta.kv_need(request.num_prompt_tokens, request.max_tokens),
                         meta.arrived_at, meta.tenant)
 
     @_guarded("finish")
@@ -429,7 +432,8 @@ class SagaPlugin:
             # Requests without a session compete as their tenant ("" if none) and as
             # a task that started on arrival, so they are neither starved nor favoured.
             key = core.request_rank((meta.session_id or "") if meta else "", tenant,
-                                    meta.arrived_at if meta else now)
+                                    meta.arrived_at if meta else now,
+                                    priority_jump_s=meta.priority_jump_s if meta else 0.0)
             tenant_prio[tenant] = min(key[0], tenant_prio.get(tenant, math.inf))
             return key
 
