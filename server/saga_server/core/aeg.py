@@ -35,7 +35,12 @@ Predictions (`Prediction`, all "from now", on the injected clock):
   the current node (what the agent will do after the running/next call).
 - A parent waiting on its subagents (live children, no call of its own running):
   ``p_continue`` 1 (their results come back to it) and ``resume_*`` the longest
-  of its children's ``remaining_time_s``.
+  of its children's expected remaining times. Each node counts the subagents
+  started while a session waited after it (``spawns_per_visit``) and learns how
+  long they ran; a child's remaining time is that duration given its elapsed
+  time once the node has `min_samples` of them, else its own graph's
+  ``remaining_time_s``. Before its children start, a parent waits on the tool
+  (or gap) that starts them, learnt like any other.
 - ``remaining_steps``/``remaining_time_s``: the workflow's mean steps per session
   minus the steps taken (geometric in ``p_continue`` before any session ended),
   times its mean time between calls.
@@ -153,7 +158,7 @@ class AEG(WorkflowGraphs):
         s = self._by_id.get(sid)
         if s is None or s.ended:
             return None
-        self._stop(s)
+        self._stop(s, t)
         self.sessions.end(s)
         self.sessions.touch(s, t)
         return s
@@ -169,14 +174,22 @@ class AEG(WorkflowGraphs):
         s = self._by_id.get(sid)
         return None if s is None else self.reuse_of(s, now)
 
-    def children_remaining_s(self, s: Session) -> float:
+    def children_remaining_s(self, s: Session, now: float) -> float:
         """Expected seconds until the last of `s`'s live children ends: the longest of
-        their expected remaining times, each learnt from its own workflow's graph."""
+        their expected remaining times, each from how long subagents started where it
+        was ran (its spawn site, given their elapsed time), else from its own graph."""
         longest = 0.0
         for cid in s.children:
             child = self._by_id.get(cid)
-            if child is not None and not child.ended:
-                longest = max(longest, self.remaining(child)[1])
+            if child is None or child.ended:
+                continue
+            d = self.child_dist(child.spawn_site)
+            if d is not None:
+                el = now - child.started_at if now > child.started_at else 0.0
+                rem = d.mean_above(el) - el
+            else:
+                rem = self.remaining(child)[1]
+            longest = max(longest, rem)
         return longest
 
     # -- Tracker (the table calls these) ------------------------------------------
@@ -194,11 +207,16 @@ class AEG(WorkflowGraphs):
         elif isinstance(ev, SessionStart):
             if ev.structure is not None:
                 self.declare(session.graph, ev.structure)
+            if session.parent and session.spawn_site is None:  # the table linked it: a subagent
+                parent = self._by_id.get(session.parent)
+                if parent is not None:
+                    session.spawn_site = self.learn_spawn(parent)
         elif isinstance(ev, SessionEnd):
-            self._stop(session)
+            self._stop(session, ev.time)
 
     def on_drop(self, session: Session, now: float) -> None:
         self.learn_end(session)
+        self._child_done(session, session.last_event_at)  # went silent: it finished at its last event
 
     # -- internals: how each event moves a record ------------------------------------
 
@@ -277,11 +295,18 @@ class AEG(WorkflowGraphs):
             key, cat, t0, _ = opened
             self.learn_duration(s, key, cat, t - t0)
 
-    def _stop(self, s: Session) -> None:
+    def _stop(self, s: Session, t: float) -> None:
         """`s` ends: its edge led to END; it waits on nothing (the table marks it ended)."""
         self.learn_end(s)
+        self._child_done(s, t)
         s.running_tools.clear()
         s.gap_started = None
+
+    def _child_done(self, s: Session, t: float) -> None:
+        """A subagent stops: its spawn site learns how long it ran (once)."""
+        if s.spawn_site is not None:
+            self.learn_child_end(s.spawn_site, t - s.started_at)
+            s.spawn_site = None
 
 
 def _without_tool_hints(s: Session) -> bool:

@@ -95,6 +95,8 @@ class _Node:
     ended: float = 0.0
     growth_n: float = 0.0
     growth_mean: float = 0.0
+    spawned: float = 0.0  # subagents started while a session waited after this node
+    child_durations: LogHistogram | None = None  # how long those subagents ran
 
 
 @dataclass(slots=True)
@@ -229,6 +231,43 @@ class WorkflowGraphs:
         g.sessions_done += 1
         g.steps_mean += (s.steps - g.steps_mean) * (1.0 / g.sessions_done if g.sessions_done < 5 else _EWMA)
 
+    def learn_spawn(self, parent: Session) -> tuple[str, str] | None:
+        """A subagent of `parent` started while `parent` waited after its node: counts
+        for that node. Returns the spawn site (workflow graph, node) that the child's
+        duration is learnt for (`learn_child_end`); None when the parent has no node."""
+        g = self._graphs.get(parent.graph)
+        node = g.nodes.get(parent.node) if g is not None and parent.node else None
+        if node is None:
+            return None
+        node.spawned += 1
+        return g.name, node.name
+
+    def learn_child_end(self, site: tuple[str, str], duration: float) -> None:
+        """A subagent started at `site` (`learn_spawn`) ran `duration` seconds."""
+        g = self._graphs.get(site[0])
+        node = g.nodes.get(site[1]) if g is not None else None
+        if node is None or not 0.0 <= duration < math.inf:
+            return
+        if node.child_durations is None:
+            node.child_durations = LogHistogram()
+        node.child_durations.add(duration)
+
+    def spawns_per_visit(self, workflow: str, node: str) -> float:
+        """Mean number of subagents a visit of the node starts (0 if unknown)."""
+        g = self._graphs.get(workflow)
+        n = g.nodes.get(node) if g is not None else None
+        return n.spawned / n.visits if n is not None and n.visits else 0.0
+
+    def child_dist(self, site: tuple[str, str] | None) -> LogHistogram | None:
+        """The learnt duration of subagents started at `site`, once it has
+        `min_samples` samples; else None."""
+        if site is None:
+            return None
+        g = self._graphs.get(site[0])
+        node = g.nodes.get(site[1]) if g is not None else None
+        h = node.child_durations if node is not None else None
+        return h if h is not None and h.samples >= self.min_samples else None
+
     def declare(self, workflow: str, structure) -> None:
         """Seed counts (weight 0.5 each) from a declared structure, so predictions
         follow it before there is data; observed counts outweigh it quickly."""
@@ -302,7 +341,7 @@ class WorkflowGraphs:
         if s.in_llm and not s.running_tools:
             return p, 0.0
         if s.children:
-            return p, self.children_remaining_s(s)
+            return p, self.children_remaining_s(s, now)
         d, t0 = self.resume_dist(s)
         if d is None:
             d, t0 = self.idle_dist(s), s.last_event_at
@@ -375,7 +414,7 @@ class WorkflowGraphs:
 
     # -- internals --------------------------------------------------------------
 
-    def children_remaining_s(self, s: Session) -> float:
+    def children_remaining_s(self, s: Session, now: float) -> float:
         """Expected seconds until the last of `s`'s live children ends (the tracker,
         which knows the records, answers: `AEG`); 0 here."""
         return 0.0
@@ -384,7 +423,7 @@ class WorkflowGraphs:
         if s.in_llm and not s.running_tools:
             return 0.0, 0.0, 0.0
         if s.children:
-            rem = self.children_remaining_s(s)
+            rem = self.children_remaining_s(s, now)
             return rem, rem, rem
         d, t0 = self.resume_dist(s)
         if d is None:

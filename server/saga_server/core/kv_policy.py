@@ -17,6 +17,7 @@ The state machine of one session's KV (tiers, order and budget: `holds`):
 | it finished (`finished`) | its cached prefix becomes the session's hold, keyed by the rules' key; a TTL pin when the rules pin it (within the pin budget and the owner's cap), else SOFT |
 | a tool started (`tool_started`) | re-keyed, and the pin decided again now that the tool is known: the latest decision wins (a pin the tool no longer merits becomes SOFT) |
 | a tool ended (`tool_ended`) | re-keyed, tier kept |
+| a subagent of it started, or one stopped (the core publishes it; `follow_core`) | as a tool call starting (its wait on the children starts: the pin decided again), or ending |
 | its pin's TTL passed (`expire_pins`) | SOFT, re-keyed |
 | admission parked it (`plan`) | SOFT with the lowest key: the first KV to go, kept while nobody needs the room |
 | admission admitted it (`plan`) | PROTECTED, keyed by its waiting request's arrival |
@@ -35,8 +36,10 @@ Lifecycle: with a `core`, the policy subscribes to its session table, which
 publishes each session's end, idle expiry and eviction once, from whatever thread
 changed it; the ids are queued and forgotten on the engine loop at the next
 `forget_gone` (`tick` does it, and asks the core to expire idle sessions, so a quiet
-engine forgets too). Without a core (a baseline), the engine reports ends itself
-(`session_ended`). Not thread-safe otherwise: owned by one engine loop.
+engine forgets too). Its parents' changes (a subagent started or stopped) are queued
+the same way and applied by `follow_core` (which `tick` calls). Without a core (a
+baseline), the engine reports ends itself (`session_ended`). Not thread-safe
+otherwise: owned by one engine loop.
 """
 
 from __future__ import annotations
@@ -123,9 +126,11 @@ class SessionKvPolicy:
         self._requests: dict[str, set] = {}  # session -> its requests admission counts in flight
         self._queued_at: dict[str, float] = {}  # session -> latest arrival of a request not yet scheduled
         self._gone: collections.deque[tuple[str, str]] = collections.deque()  # (session, how), any thread
+        self._parents: collections.deque[tuple[str, bool]] = collections.deque()  # (parent, started), any thread
         self._listeners: list[Callable[[str, str], None]] = []
         if core is not None:
             core.subscribe(self._published)
+            core.subscribe_parents(self._parent_changed)
 
     # -- reads -----------------------------------------------------------------------
 
@@ -241,9 +246,25 @@ class SessionKvPolicy:
         pins, carry out the admission plan (returned)."""
         if self._core is not None:
             self._core.expire_idle()
-        self.forget_gone()
+        self.follow_core(now)
         self.expire_pins(now)
         return self.plan()
+
+    def follow_core(self, now: float) -> list[Hold]:
+        """Apply what the core published since the last call: forget the sessions it
+        let go (`forget_gone`), and treat a subagent's start as its parent's tool call
+        starting (the parent's pin decided again) and its stop as one ending. Returns
+        the parents' holds that were decided again."""
+        self.forget_gone()
+        out = []
+        parents = self._parents
+        while parents:
+            sid, started = parents.popleft()
+            if not started:
+                self.tool_ended(sid, now)
+            elif (hold := self.tool_started(sid, now)) is not None:
+                out.append(hold)
+        return out
 
     def expire_pins(self, now: float) -> list[str]:
         """Pins whose TTL passed become SOFT under a fresh key; returns their sessions."""
@@ -346,6 +367,9 @@ class SessionKvPolicy:
 
     def _published(self, session_id: str, how: str) -> None:
         self._gone.append((session_id, how))  # from the core's lock, any thread: act on the engine loop
+
+    def _parent_changed(self, parent_id: str, started: bool) -> None:
+        self._parents.append((parent_id, started))  # as `_published`
 
     def _drop(self, session_id: str) -> None:
         self._requests.pop(session_id, None)

@@ -54,7 +54,10 @@ not the child itself or one of its descendants; otherwise the session starts as 
 root (counted `subagent_parent_refused`). A tree is one task: a child's
 `task_started_at` is its root's start (task seniority, `fairshare`), and a child
 that declares no deadline has its parent's. A parent counts its live children
-(`Session.children`); a child that stops being live leaves that count.
+(`Session.children`); a child that stops being live leaves that count. Both
+changes are published to `subscribe_parents` listeners (`ParentChanged`): a child
+starting is its parent's wait starting, as a tool call is, so an engine decides
+the parent's hold again (`kv_policy`). Same rules as the lifecycle listeners below.
 
 Lifecycle: the table publishes, once per run of an id, how a session stopped being
 live: `ENDED` (its end hint), `EXPIRED` (idle past `idle_ttl_s`) or `EVICTED` (its
@@ -95,10 +98,11 @@ from .events import (
 )
 from .scopes import owns_scope, tag
 
-__all__ = ["Session", "SessionTable", "Tracker", "SessionGone", "ENDED", "EXPIRED", "EVICTED"]
+__all__ = ["Session", "SessionTable", "Tracker", "SessionGone", "ParentChanged", "ENDED", "EXPIRED", "EVICTED"]
 
 ENDED, EXPIRED, EVICTED = "ended", "expired", "evicted"
 SessionGone = Callable[[str, str], None]  # (session id, how: ENDED / EXPIRED / EVICTED)
+ParentChanged = Callable[[str, bool], None]  # (parent id, a child started (True) or stopped (False))
 
 _SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
 _MAX_DEPTH = 64  # ancestors a link checks for a cycle; deeper trees are refused
@@ -147,6 +151,7 @@ class Session:
     entered_from: tuple[str, str] | None = None  # (node, via) whose growth is pending
     last_llm_start: float | None = None
     cache_ttl_s: float = 0.0  # the cache TTL its latest request asked for (0: none; `pinning`)
+    spawn_site: tuple[str, str] | None = None  # a subagent: (parent's graph, node) it started at
 
     @property
     def state(self) -> str:
@@ -250,12 +255,19 @@ class SessionTable:
         }
         self._live_owned: dict[str, int] = {}  # owner -> its live (not ended) sessions
         self._listeners: list[SessionGone] = []
+        self._parent_listeners: list[ParentChanged] = []
 
     def subscribe(self, listener: SessionGone) -> None:
         """Call `listener(session_id, how)` whenever a session stops being live
         (module docstring, "Lifecycle")."""
         with self.lock:
             self._listeners.append(listener)
+
+    def subscribe_parents(self, listener: ParentChanged) -> None:
+        """Call `listener(parent_id, started)` whenever a live session gains or loses
+        a live child (module docstring, "Subagent trees")."""
+        with self.lock:
+            self._parent_listeners.append(listener)
 
     def attach(self, tracker: Tracker) -> None:
         """Hand the tracked part of every record to `tracker`, once, before use."""
@@ -503,12 +515,17 @@ class SessionTable:
             child.deadline_at = parent.deadline_at
         parent.children.add(child.session_id)
         self.counters["subagents_linked"] += 1
+        for listener in self._parent_listeners:
+            listener(parent_id, True)
 
     def _unlink(self, session: Session) -> None:
         """`session` stops being live: its parent stops counting it."""
         parent = self.by_id.get(session.parent) if session.parent else None
-        if parent is not None:
+        if parent is not None and session.session_id in parent.children:
             parent.children.discard(session.session_id)
+            if not parent.ended:
+                for listener in self._parent_listeners:
+                    listener(parent.session_id, False)
 
     def _make_room(self, t: float, evict: bool) -> None:
         self.expire(t)

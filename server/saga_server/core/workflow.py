@@ -28,7 +28,7 @@ from .fairshare import FairShare, FairShareConfig, seniority, urgency
 from .graph import Prediction
 from .pinning import PinConfig, PinDecision, decide_pin
 from .prefetch import PrefetchAction, PrefetchCandidate, PrefetchConfig, plan_prefetch
-from .sessions import Session, SessionGone, SessionTable
+from .sessions import ParentChanged, Session, SessionGone, SessionTable
 
 __all__ = ["CoreConfig", "WorkflowCore", "KvOutlook"]
 
@@ -133,6 +133,11 @@ class WorkflowCore:
         """`listener(session_id, how)` whenever a session stops being live: its end,
         its idle expiry, its eviction from the full table (`sessions`, "Lifecycle")."""
         self.table.subscribe(listener)
+
+    def subscribe_parents(self, listener: ParentChanged) -> None:
+        """`listener(parent_id, started)` whenever a session gains (True) or loses
+        (False) a live subagent: its wait on them starts or shrinks (`sessions`)."""
+        self.table.subscribe_parents(listener)
 
     def expire_idle(self) -> list[str]:
         """Forget every session idle past its time, now (the table also expires a few
@@ -321,7 +326,7 @@ class WorkflowCore:
         if s.in_llm and not s.running_tools:
             return _zero
         if s.children:  # waiting on its subagents (`AEG.children_remaining_s`)
-            mean = aeg.children_remaining_s(s)
+            mean = aeg.children_remaining_s(s, now)
             # Markov: P(X > mean / (1 - q)) <= 1 - q bounds the q-quantile from above,
             # so a hold of that length outlives the children with probability >= q.
             return lambda q: mean / max(1.0 - q, 1e-3)

@@ -61,3 +61,28 @@ def test_saga_hears_each_childs_parent_unless_told_not_to(policy, linked):
     parents = {sid: parent for sid, parent in seen}
     assert parents["r"] == "" and len(parents) == 3
     assert all((parent == "r") == linked for sid, parent in parents.items() if sid != "r")
+
+
+@pytest.mark.parametrize("policy, pinned", [("saga", True), ("saga-no-trees", False)])
+def test_a_childs_start_decides_the_waiting_parents_pin_again_in_the_simulator(policy, pinned):
+    from saga_server.core.holds import PINNED
+
+    sim = Simulator(make_cost_model(), make_policy(policy), [TaskInstance("r", tree())], SimConfig(workers=1))
+    kv = sim.workers[0].kv
+    pinned_at, ended_at = [], []
+    follow, child_ended = kv.follow_core, sim._child_ended
+
+    def spy_follow(now):
+        holds = follow(now)
+        pinned_at.extend(now for h in holds if h.session_id == "r" and h.tier == PINNED)
+        return holds
+
+    def spy_end(child):
+        ended_at.append(sim.now)
+        child_ended(child)
+
+    kv.follow_core, sim._child_ended = spy_follow, spy_end
+    sim.run()
+    assert bool(pinned_at) == pinned
+    if pinned:  # as its children start, not once one of them is back
+        assert min(pinned_at) < min(ended_at)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from saga_server.core import CoreConfig, ManualClock, SessionEnd, SessionStart, ToolCallStart, WorkflowCore
+from saga_server.core import (CoreConfig, LlmCallEnd, LlmCallStart, ManualClock, SessionEnd, SessionStart,
+                              ToolCallStart, WorkflowCore)
 from saga_server.core.admission import SessionAdmission
 from saga_server.core.holds import PINNED, PROTECTED, SOFT, HoldLedger
 from saga_server.core.host_tier import HostTierOrder
@@ -91,6 +92,29 @@ def test_a_tool_start_pins_and_a_later_decision_against_a_pin_unpins_it():
     kv.rules.pins = False  # the rules now say no pin (e.g. memory is short): the latest decision wins
     kv.tool_started("a", clock())
     assert kv.ledger.get("a").tier == SOFT
+
+
+def test_a_subagents_start_decides_its_parents_pin_again_as_a_tool_call_would():
+    kv, core, clock = policy()
+    for n in range(10):  # "lead" sessions end after one call: a lone lead's KV is not worth a pin
+        core.accept(SessionStart(f"l{n}", clock(), workflow="lead"))
+        core.accept(LlmCallStart(f"l{n}", clock()))
+        clock.t += 1.0
+        core.accept(LlmCallEnd(f"l{n}", clock(), prompt_tokens=64, output_tokens=1))
+        core.accept(SessionEnd(f"l{n}", clock()))
+    core.accept(SessionStart("lead", clock(), workflow="lead"))
+    core.accept(LlmCallStart("lead", clock()))
+    run_request(kv, core, clock, "lead", 8)
+    core.accept(LlmCallEnd("lead", clock(), prompt_tokens=8 * BT, output_tokens=1))
+    kv.tick(clock())
+    assert kv.ledger.get("lead").tier == SOFT
+    core.accept(SessionStart("kid", clock(), parent_id="lead"))  # it waits on the kid now
+    kv.tick(clock())
+    hold = kv.ledger.get("lead")
+    assert hold.tier == PINNED and hold.expires_at > clock()
+    core.accept(SessionEnd("kid", clock()))
+    kv.tick(clock())  # re-keyed as after a tool; the pin's TTL still runs
+    assert kv.ledger.get("lead").tier == PINNED
 
 
 def test_an_expired_pin_turns_soft():

@@ -113,3 +113,29 @@ def test_a_parent_waits_on_its_children_it_will_continue_when_the_longest_is_don
     assert held.pin and held.ttl_s == pytest.approx(min(kid.remaining_time_s / (1 - pin.q_high), pin.max_ttl_s))
     core.accept(SessionEnd("kid", clock()))
     assert core.predict("lead").p_continue == pytest.approx(alone.p_continue)
+
+
+def test_a_node_learns_how_many_subagents_it_starts_and_for_how_long(core, clock):
+    # "lead" sessions start two "sub" subagents after their first call; each runs one
+    # 2 s call and ends 30 s after it started. The sub workflow alone knows only its
+    # calls, so only the lead's node knows the 30 s a parent waits.
+    def lead(name, finish=True):
+        core.accept(SessionStart(name, clock(), tenant="a", workflow="lead"))
+        _call(core, clock, name)
+        for k in range(2):
+            core.accept(SessionStart(f"{name}.{k}", clock(), tenant="a", workflow="sub", parent_id=name))
+            _call(core, clock, f"{name}.{k}", seconds=2.0)
+        if finish:
+            clock.t += 28.0
+            for k in range(2):
+                core.accept(SessionEnd(f"{name}.{k}", clock()))
+            _call(core, clock, name)
+            core.accept(SessionEnd(name, clock()))
+
+    for n in range(6):
+        lead(f"l{n}")
+    lead("now", finish=False)  # its children started 2 s ago
+    waits = core.predict("now").resume_mean_s
+    own = core.predict("now.0").remaining_time_s  # what the child's own graph expects: a call or so
+    assert core.aeg.spawns_per_visit("lead", "start") == pytest.approx(2.0, rel=0.01)
+    assert own < 10.0 and waits == pytest.approx(28.0, rel=0.15)  # 30 s each, 2 s gone

@@ -172,7 +172,18 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         s.worker = w.wid
         self._live += 1
         self.policy.on_session_start(s, self.now)
+        if s.parent_id:
+            self._follow_parent(s)
         self._arrive(s)
+
+    def _follow_parent(self, child: Session) -> None:
+        """A subagent started or stopped: its parent's worker applies what the core
+        published of it (the parent's pin decided again, `SessionKvPolicy.follow_core`)."""
+        parent = self.sessions.get(child.parent_id)
+        if parent is not None and parent.worker >= 0:
+            w = self.workers[parent.worker]
+            for hold in w.kv.follow_core(self.now):
+                self._pin_expiry(w, hold)
 
     def _arrive(self, s: Session) -> None:
         """The session's next step reaches its worker."""
@@ -220,6 +231,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
                                                           parent_id=s.session_id))
 
     def _child_ended(self, child: Session) -> None:
+        self._follow_parent(child)
         parent = self.sessions.get(child.parent_id)
         if parent is None or parent.children_left <= 0:
             return
