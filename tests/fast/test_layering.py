@@ -46,8 +46,8 @@ ROOMS: dict[str, Room] = {
         never=ENGINES_AND_FRONT_DOORS + ("saga_server.record", "saga_sdk", "saga_proto", "grpc", "google.protobuf",
                                          "httpx") + HEAVY + FRAMEWORKS),
     "saga_server.rpc": Room(
-        "the hint service: gRPC in, validated core events out",
-        saga=("saga_server.core", "saga_proto"), third_party=("grpc",),
+        "the hint service: gRPC in, validated core events out; `saga hints` keeps what its core learnt",
+        saga=("saga_server.core", "saga_proto", "saga_server.state_file"), third_party=("grpc",),
         never=("saga_server.engines", "saga_server.router", "saga_server.serve", "saga_server.proxy",
                "saga_server.record", "saga_server.bench") + HEAVY + FRAMEWORKS),
     "saga_server.record": Room(
@@ -57,7 +57,7 @@ ROOMS: dict[str, Room] = {
     "saga_server.engines.vllm": Room(
         "SAGA inside vLLM's scheduler: the core's rules over vLLM's blocks, its own hint service and recorder; "
         "on a CPU engine the host tier's copies (torch, numpy: vLLM's own)",
-        saga=("saga_server.core", "saga_server.record", "saga_server.rpc"),
+        saga=("saga_server.core", "saga_server.record", "saga_server.rpc", "saga_server.state_file"),
         third_party=("vllm", "prometheus_client", "torch", "numpy"),
         never=("saga_server.engines.sim", "saga_server.router", "saga_server.serve", "saga_server.proxy",
                "saga_server.bench", "ray", "httpx") + FRAMEWORKS),
@@ -75,7 +75,8 @@ ROOMS: dict[str, Room] = {
     "saga_server.serve": Room(
         "`saga serve` runs vLLM as a child process and names SAGA's classes to it as strings; "
         "it checks the keys, the identity headers and the record file before vLLM starts and prepares the model",
-        saga=("saga_server.record", "saga_server.rpc.keys", "saga_server.rpc.reload", "saga_server.core.identity"),
+        saga=("saga_server.record", "saga_server.rpc.keys", "saga_server.rpc.reload", "saga_server.core.identity",
+              "saga_server.state_file"),
         third_party=("torch", "transformers"),
         never=("saga_server.engines", "saga_server.router", "saga_server.proxy", "saga_server.bench",
                "saga_server.rpc.service", "vllm", "ray") + FRAMEWORKS),
@@ -86,7 +87,7 @@ ROOMS: dict[str, Room] = {
         "(vLLM loads that middleware by name)",
         saga=("saga_server.core.categories", "saga_server.core.events", "saga_server.core.identity",
               "saga_server.core.scopes", "saga_server.record",
-              "saga_server.rpc.keys", "saga_server.rpc.reload", "saga_sdk"),
+              "saga_server.rpc.keys", "saga_server.rpc.reload", "saga_server.state_file", "saga_sdk"),
         third_party=("httpx", "starlette", "uvicorn", "anyio"),
         never=("saga_server.engines", "saga_server.router", "saga_server.serve", "saga_server.bench",
                "saga_server.core.workflow", "saga_server.rpc.service", "saga_proto", "grpc") + HEAVY + FRAMEWORKS),
@@ -98,6 +99,11 @@ ROOMS: dict[str, Room] = {
         third_party=("ray", "httpx", "grpc", "prometheus_client"),
         never=("saga_server.engines.sim", "saga_server.proxy", "saga_server.bench", "saga_server.core.workflow",
                "vllm", "torch") + FRAMEWORKS),
+    "saga_server.state_file": Room(
+        "what a process learnt, on disk across restarts: standard library only, handed the state to keep",
+        never=("saga_server.engines", "saga_server.core", "saga_server.rpc", "saga_server.router",
+               "saga_server.serve", "saga_server.proxy", "saga_server.bench", "saga_server.record", "grpc")
+        + HEAVY + FRAMEWORKS),
     "saga_server": Room(
         "`saga` and `saga status`: subcommands imported by name only when used, so `saga status` never "
         "pays for vLLM",

@@ -292,6 +292,30 @@ class WorkflowGraphs:
                     e = self._node(g, src).edges.setdefault(a, _Edge())
                     e.succ[nxt] = e.succ.get(nxt, 0.0) + w
 
+    # -- learnt state: what survives a restart (`saga_server.state_file`) ---------------
+
+    def learnt(self) -> dict:
+        """Everything learnt, as plain JSON-able data: per workflow its graph (node,
+        workflow and tool names, counts, durations), and the cross-workflow
+        durations. No record of a session, nothing of a prompt."""
+        return {"graphs": [_graph_state(g) for g in self._graphs.values()],  # least recently used first
+                "by_category": {c: h.state() for c, h in self._by_category.items()},
+                "global": self._global.state()}
+
+    def restore_learnt(self, data: dict) -> None:
+        """Replace what was learnt with `data` (from `learnt`), within this object's
+        bounds; ValueError, with nothing changed, if `data` is not such a state."""
+        if not isinstance(data, dict) or not isinstance(data.get("graphs"), list):
+            raise ValueError("learnt graphs must be an object with a list of graphs")
+        graphs: OrderedDict[str, _Graph] = OrderedDict()
+        for item in data["graphs"][-self.max_workflows:]:
+            g = _graph_from(item, self.max_nodes, 2 * self.max_tools)
+            graphs[g.name] = g
+        by_category = {_name(c): LogHistogram.from_state(h)
+                       for c, h in list(_mapping(data.get("by_category")).items())[:4 * self.max_tools]}
+        glob = LogHistogram.from_state(data.get("global"))
+        self._graphs, self._by_category, self._global = graphs, by_category, glob
+
     # -- predictions --------------------------------------------------------------
 
     def prediction(self, s: Session, now: float) -> Prediction:
@@ -525,3 +549,87 @@ def _argmax(counts: dict[str, float], skip: str = "") -> str:
         if k != skip and (v > best_v or (v == best_v and k < best)):
             best, best_v = k, v
     return best
+
+
+# -- learnt state: (de)serialising a graph -----------------------------------------------
+
+_MAX_NAME = 1024
+
+
+def _graph_state(g: _Graph) -> dict:
+    return {"name": g.name, "nodes": [_node_state(n) for n in g.nodes.values()],
+            "durations": {k: h.state() for k, h in g.durations.items()}, "categories": dict(g.categories),
+            "tools": dict(g.tools), "sessions_done": g.sessions_done, "steps_mean": g.steps_mean,
+            "cycle_n": g.cycle_n, "cycle_mean": g.cycle_mean, "growth_n": g.growth_n, "growth_mean": g.growth_mean}
+
+
+def _node_state(n: _Node) -> dict:
+    return {"name": n.name, "visits": n.visits, "tools": dict(n.tools),
+            "edges": {via: {"resumed": e.resumed, "ended": e.ended, "succ": dict(e.succ),
+                            "growth_n": e.growth_n, "growth_mean": e.growth_mean} for via, e in n.edges.items()},
+            "resumed": n.resumed, "ended": n.ended, "growth_n": n.growth_n, "growth_mean": n.growth_mean,
+            "spawned": n.spawned,
+            "child_durations": n.child_durations.state() if n.child_durations is not None else None}
+
+
+def _graph_from(data, max_nodes: int, max_durations: int) -> _Graph:
+    d = _mapping(data)
+    g = _Graph(_name(d.get("name")))
+    nodes = d.get("nodes")
+    if not isinstance(nodes, list):
+        raise ValueError("a graph's nodes must be a list")
+    for item in nodes[:max_nodes]:
+        node = _node_from(item)
+        g.nodes[node.name] = node
+    g.durations = {_name(k): LogHistogram.from_state(h)
+                   for k, h in list(_mapping(d.get("durations")).items())[:max_durations]}
+    g.categories = {_name(k): _name(v, empty=True) for k, v in _mapping(d.get("categories")).items()}
+    g.tools = _counts(d.get("tools"))
+    g.sessions_done, g.cycle_n = _count(d.get("sessions_done")), _count(d.get("cycle_n"))
+    g.steps_mean, g.cycle_mean, g.growth_n, g.growth_mean = (
+        _number(d.get(k)) for k in ("steps_mean", "cycle_mean", "growth_n", "growth_mean"))
+    return g
+
+
+def _node_from(data) -> _Node:
+    d = _mapping(data)
+    n = _Node(_name(d.get("name")))
+    n.visits, n.resumed, n.ended, n.growth_n, n.growth_mean, n.spawned = (
+        _number(d.get(k)) for k in ("visits", "resumed", "ended", "growth_n", "growth_mean", "spawned"))
+    n.tools = _counts(d.get("tools"))
+    for via, e in _mapping(d.get("edges")).items():
+        ed = _mapping(e)
+        edge = _Edge(_number(ed.get("resumed")), _number(ed.get("ended")), _counts(ed.get("succ")),
+                     _number(ed.get("growth_n")), _number(ed.get("growth_mean")))
+        n.edges[_name(via, empty=True)] = edge
+    cd = d.get("child_durations")
+    n.child_durations = None if cd is None else LogHistogram.from_state(cd)
+    return n
+
+
+def _mapping(value) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def _name(value, empty: bool = False) -> str:
+    if not isinstance(value, str) or len(value) > _MAX_NAME or (not value and not empty):
+        raise ValueError(f"bad name {value!r:.80}")
+    return value
+
+
+def _number(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value!r:.80}")
+    return float(value)
+
+
+def _count(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a count, got {value!r:.80}")
+    return value
+
+
+def _counts(value) -> dict[str, float]:
+    return {_name(k, empty=True): _number(v) for k, v in _mapping(value).items()}

@@ -68,6 +68,44 @@ class LogHistogram:
             self._sum *= 0.5
         self._dirty = True
 
+    # -- learnt state (`WorkflowGraphs.learnt`) ------------------------------------
+
+    def state(self) -> dict:
+        """What it learnt, as plain JSON-able data (its bucket layout, sparse counts)."""
+        return {"lo": self._lo, "r": self._r, "n": self._n, "max_weight": self._max_weight,
+                "counts": {str(i): c for i, c in enumerate(self._counts) if c},
+                "total": self._total, "sum": self._sum, "min": self._min if self._total else None,
+                "max": self._max, "samples": self.samples}
+
+    @classmethod
+    def from_state(cls, data: dict) -> "LogHistogram":
+        """The histogram `state()` described; ValueError if `data` is not one."""
+        if not isinstance(data, dict):
+            raise ValueError("a histogram is an object")
+        h = cls.__new__(cls)
+        h._lo, h._r, h._max_weight = _positive(data, "lo"), _positive(data, "r"), _positive(data, "max_weight")
+        n = data.get("n")
+        if h._r <= 1.0 or not isinstance(n, int) or not 2 <= n <= 100_000:
+            raise ValueError("bad histogram layout")
+        h._n, h._logr = n, math.log(h._r)
+        counts = data.get("counts")
+        if not isinstance(counts, dict):
+            raise ValueError("histogram counts must be an object")
+        h._counts = [0.0] * n
+        for key, c in counts.items():
+            i = int(key)
+            if not 0 <= i < n:
+                raise ValueError(f"histogram bucket {i} out of range")
+            h._counts[i] = _non_negative(c)
+        h._total, h._sum, h._max = (_non_negative(data.get(k)) for k in ("total", "sum", "max"))
+        h._min = math.inf if data.get("min") is None else _non_negative(data.get("min"))
+        samples = data.get("samples")
+        if not isinstance(samples, int) or samples < 0:
+            raise ValueError("histogram samples must be an int >= 0")
+        h.samples = samples
+        h._cum, h._tail_sum, h._dirty = [], [], True
+        return h
+
     # -- reads ------------------------------------------------------------------
 
     @property
@@ -174,3 +212,16 @@ class LogHistogram:
         else:
             x = lo_e * (self._r ** frac)
         return min(max(x, self._min), self._max)
+
+
+def _non_negative(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < math.inf:
+        raise ValueError(f"expected a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _positive(data: dict, key: str) -> float:
+    value = _non_negative(data.get(key))
+    if value <= 0.0:
+        raise ValueError(f"{key} must be > 0")
+    return value

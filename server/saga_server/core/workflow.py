@@ -134,6 +134,21 @@ class WorkflowCore:
         its idle expiry, its eviction from the full table (`sessions`, "Lifecycle")."""
         self.table.subscribe(listener)
 
+    def learnt(self) -> dict:
+        """What the core learnt about workflows (`WorkflowGraphs.learnt`), to survive a
+        restart (`saga_server.state_file`). Sessions are not in it: their KV does not
+        survive. Nor is Agent Fair Share's owed service: a tenant idle past
+        `active_window_s` keeps none (`fairshare`), and a restart takes longer."""
+        with self._lock:
+            return {"graphs": self.aeg.learnt()}
+
+    def restore_learnt(self, data: dict) -> None:
+        """Take back what `learnt` returned (ValueError, nothing changed, if it is not that)."""
+        if not isinstance(data, dict):
+            raise ValueError("the core's learnt state must be an object")
+        with self._lock:
+            self.aeg.restore_learnt(data.get("graphs"))
+
     def subscribe_parents(self, listener: ParentChanged) -> None:
         """`listener(parent_id, started)` whenever a session gains (True) or loses
         (False) a live subagent: its wait on them starts or shrinks (`sessions`)."""
@@ -242,8 +257,7 @@ class WorkflowCore:
             elif s.ended:
                 decision = decide_pin(0.0, _never, kv_tokens, memory_pressure, self.config.pin)
             else:
-                decision = decide_pin(self.aeg.p_continue(s), self._remaining_q(s, now), kv_tokens,
-                                      memory_pressure, self.config.pin, client_ttl_s=s.cache_ttl_s)
+                decision = self._pin(s, kv_tokens, memory_pressure, now)
             self._counters["pins_granted" if decision.pin else "pins_refused"] += 1
             return decision
 
@@ -321,6 +335,11 @@ class WorkflowCore:
                 u = urgency(rem_s, s.deadline_at, now, self.config.fairshare.urgency_cap)
         return self.fair.priority(tenant, u, now)
 
+    def _pin(self, s: Session, kv_tokens: int, memory_pressure: float, now: float) -> PinDecision:
+        """`pin_decision` of a live session's record; lock held."""
+        return decide_pin(self.aeg.p_continue(s), self._remaining_q(s, now), kv_tokens, memory_pressure,
+                          self.config.pin, client_ttl_s=s.cache_ttl_s)
+
     def _remaining_q(self, s: Session, now: float) -> Callable[[float], float]:
         aeg = self.aeg
         if s.in_llm and not s.running_tools:
@@ -342,7 +361,16 @@ class WorkflowCore:
                 "resume_p90_s": p.resume_p90_s, "prompt_growth_tokens": p.prompt_growth_tokens,
                 "remaining_steps": p.remaining_steps, "remaining_time_s": p.remaining_time_s,
                 "context_tokens": float(s.context_tokens), "owed_service_tokens": self.fair.owed(s.tenant),
-                "kv_resident": 0.0 if s.kv_moved or not s.context_tokens else 1.0}
+                "kv_resident": 0.0 if s.kv_moved or not s.context_tokens else 1.0,
+                "pin_ttl_s": self._pin_ttl_s(s)}
+
+    def _pin_ttl_s(self, s: Session) -> float:
+        """The TTL the session's KV would be pinned for now, in a pool under no
+        pressure (0: no pin); what an operator compares across restarts."""
+        if s.ended:
+            return 0.0
+        d = self._pin(s, s.context_tokens, 0.0, self._clock())
+        return d.ttl_s if d.pin else 0.0
 
 
 def _tenant_for(s: Session | None, label: str) -> str:

@@ -50,7 +50,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
 import anyio
@@ -68,7 +68,7 @@ from .hints import Hint, send_hint
 from .sessions import SessionTracker, Turn
 from .tenants import Tenants
 
-__all__ = ["ProxyConfig", "SagaProxy"]
+__all__ = ["ProxyConfig", "SagaProxy", "tracker_for"]
 
 log = logging.getLogger("saga_server.proxy")
 
@@ -108,18 +108,28 @@ class ProxyConfig:
             raise ValueError(f"upstream must be an http(s) URL, e.g. http://127.0.0.1:8000/v1; got {self.upstream!r}")
 
 
+def tracker_for(config: ProxyConfig) -> SessionTracker:
+    """The session tracker a proxy of `config` runs."""
+    return SessionTracker(max_sessions=config.max_sessions, idle_ttl_s=config.idle_ttl_s,
+                          idle_min_s=config.idle_min_s, abandon_grace_s=config.abandon_grace_s,
+                          text_actions=config.text_actions)
+
+
 class SagaProxy:
     """ASGI app; see the module docstring for the contract."""
 
     def __init__(self, config: ProxyConfig, *, hints: HintClient | None = None,
-                 tracker: SessionTracker | None = None, recorder=None, tenants: Tenants | None = None) -> None:
+                 tracker: SessionTracker | None = None, recorder=None, tenants: Tenants | None = None,
+                 on_close: Sequence[Callable[[], None]] = ()) -> None:
+        """`on_close`: called in order as the proxy stops, once its sessions have
+        ended (`saga proxy` writes its learnt state and closes its recorder there:
+        uvicorn re-raises the SIGTERM it handled, so nothing after its run returns)."""
         self.config = config
+        self.on_close = tuple(on_close)
         self.hints = hints if hints is not None else HintClient()
         self.recorder = recorder  # a `saga_server.record.Recorder`; the caller's, like `hints`
         self.tenants = tenants
-        self.tracker = tracker or SessionTracker(max_sessions=config.max_sessions, idle_ttl_s=config.idle_ttl_s,
-                                                 idle_min_s=config.idle_min_s, abandon_grace_s=config.abandon_grace_s,
-                                                 text_actions=config.text_actions)
+        self.tracker = tracker or tracker_for(config)
         parts = urlsplit(config.upstream)
         prefix = parts.path.rstrip("/")
         if prefix.endswith("/v1"):
@@ -164,6 +174,8 @@ class SagaProxy:
             self._expiry.cancel()
             self._expiry = None
         self._emit(self.tracker.close())
+        for close in self.on_close:
+            await asyncio.to_thread(close)
         await asyncio.to_thread(self.hints.flush, 1.0)
         pools, self._pools = self._pools, []
         for pool in pools:

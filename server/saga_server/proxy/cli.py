@@ -26,6 +26,7 @@ import sys
 from ..record import options as record_options
 from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing
 from ..rpc.reload import reload_on_sighup
+from ..state_file import StateFile, StateKeeper, add_state_arguments, state_path_of
 from ..core.identity import SESSION_HEADERS_ENV, problem_with
 from . import record
 from .actions import TextActions
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a text action matching this ends its session (repeatable; default: "
                         "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT and kin)")
     record_options.add_arguments(p)
+    add_state_arguments(p)
     p.add_argument("--read-timeout-s", type=float, default=600.0)
     p.add_argument("--log-level", default="warning")
     return p
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from saga_sdk import HintClient
 
-    from .app import ProxyConfig, SagaProxy
+    from .app import ProxyConfig, SagaProxy, tracker_for
 
     try:
         actions = None if args.no_text_actions else TextActions(
@@ -116,7 +118,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         tenants = Tenants(keys, salt_secret=os.environ.get(SALT_SECRET_ENV, "").encode())
         reload_on_sighup(keys)
-    app = SagaProxy(config, hints=hints, recorder=recorder, tenants=tenants)
+    tracker = tracker_for(config)
+    path = state_path_of(args, "proxy", args.port)
+    state = None if path is None else StateKeeper(StateFile(path, "proxy"), tracker.learnt,
+                                                  tracker.restore_learnt).start()
+    closing = [part.close for part in (state, recorder) if part is not None]
+    app = SagaProxy(config, hints=hints, recorder=recorder, tenants=tenants, tracker=tracker, on_close=closing)
     hint_note = "off" if args.no_hints else hints.config.endpoint
     key_note = f", {len(keys)} API keys required" if keys is not None else ""
     print(f"saga proxy: OpenAI base URL http://{args.host}:{args.port}/v1 -> {app._origin} "

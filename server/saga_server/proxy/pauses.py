@@ -17,6 +17,7 @@ Not thread-safe: the tracker calls it under its lock.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
@@ -70,6 +71,24 @@ class WorkflowPauses:
         w = self._workflows.get(workflow)
         return w is not None and (w.resumed + 1) / (w.resumed + w.quiet + 2) < 0.5
 
+    def learnt(self) -> dict:
+        """What it learnt per workflow (gaps, final-answer outcomes), JSON-able, least
+        recently seen first; workflows are named by model and a hash of their system
+        prompt (`SessionTracker`), never by text."""
+        return {"workflows": [{"name": name, "gaps": list(w.gaps), "resumed": w.resumed, "quiet": w.quiet}
+                              for name, w in self._workflows.items()]}
+
+    def restore_learnt(self, data: dict) -> None:
+        """Replace what was learnt with `data` (from `learnt`); ValueError, nothing changed, if it is not that."""
+        items = data.get("workflows") if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            raise ValueError("learnt pauses must be an object with a list of workflows")
+        restored: OrderedDict[str, _Workflow] = OrderedDict()
+        for item in items[-self.max_workflows:]:
+            name, w = _workflow_from(item, self.samples)
+            restored[name] = w
+        self._workflows = restored
+
     def _get(self, workflow: str) -> _Workflow:
         w = self._workflows.get(workflow)
         if w is None:
@@ -79,3 +98,23 @@ class WorkflowPauses:
         else:
             self._workflows.move_to_end(workflow)
         return w
+
+
+def _workflow_from(item, samples: int) -> tuple[str, _Workflow]:
+    """One entry of `learnt()`'s list; ValueError if it is not one."""
+    if not isinstance(item, dict):
+        raise ValueError("a learnt workflow pause is an object")
+    name, gaps, resumed, quiet = item.get("name"), item.get("gaps"), item.get("resumed"), item.get("quiet")
+    if not isinstance(name, str) or not isinstance(gaps, list):
+        raise ValueError("a learnt workflow pause needs a name and a list of gaps")
+    if not all(_is_count(c) for c in (resumed, quiet)) or not all(_is_seconds(g) for g in gaps):
+        raise ValueError(f"bad counts or gaps in the learnt pauses of {name[:80]!r}")
+    return name, _Workflow(deque((float(g) for g in gaps), maxlen=samples), resumed, quiet)
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_seconds(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf

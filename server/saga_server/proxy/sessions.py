@@ -330,6 +330,19 @@ class SessionTracker:
                 self._forget(session)
         return events
 
+    def learnt(self) -> dict:
+        """What the tracker learnt (idle times and final answers per workflow:
+        `WorkflowPauses.learnt`), to survive a restart (`saga_server.state_file`)."""
+        with self._lock:
+            return {"pauses": self.pauses.learnt()}
+
+    def restore_learnt(self, data: dict) -> None:
+        """Take back what `learnt` returned (ValueError, nothing changed, if it is not that)."""
+        if not isinstance(data, dict):
+            raise ValueError("the proxy's learnt state must be an object")
+        with self._lock:
+            self.pauses.restore_learnt(data.get("pauses"))
+
     def stats(self) -> TrackerStats:
         with self._lock:
             live = sum(1 for s in self._sessions.values() if not s.ended)

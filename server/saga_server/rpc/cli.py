@@ -18,6 +18,7 @@ import threading
 from ..core import WorkflowCore
 from .keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError
 from .reload import reload_on_sighup
+from ..state_file import StateFile, StateKeeper, add_state_arguments, state_path_of
 from .service import HintServer
 
 __all__ = ["main"]
@@ -30,6 +31,7 @@ def main(argv: list[str]) -> int:
                         help="shared token clients must send, one tenant, admin (default: $SAGA_API_KEY)")
     parser.add_argument("--api-keys", default=os.environ.get(KEYS_FILE_ENV), metavar="FILE",
                         help="keys file: one `key tenant role [limits]` per line (default: $SAGA_API_KEYS)")
+    add_state_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -39,6 +41,8 @@ def main(argv: list[str]) -> int:
         return 2
     sink = WorkflowCore()
     server = HintServer(sink, args.listen, keys=keys).start()
+    path = state_path_of(args, "hints", args.listen.rsplit(":", 1)[-1])  # as configured: the same file next time
+    state = None if path is None else StateKeeper(StateFile(path, "hints"), sink.learnt, sink.restore_learnt).start()
     if keys is not None and keys.path is not None:
         reload_on_sighup(keys)
     print(f"SAGA hint service ({type(sink).__name__}) listening on {server.endpoint}"
@@ -48,4 +52,6 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     server.close(grace=1.0)
+    if state is not None:
+        state.close()
     return 0

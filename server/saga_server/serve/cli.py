@@ -68,6 +68,7 @@ from ..record import JsonlSink
 from ..record import options as record_options
 from ..rpc.keys import KEYS_FILE_ENV, SCOPED_IDS_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError
 from ..rpc.reload import RELOAD_DIR_ENV, forward_reload
+from ..state_file import STATE_FILE_ENV, add_state_arguments, state_path_of
 from .model import ModelPrepError, resolve_model_dir
 
 __all__ = ["main", "build_command", "ServeConfig"]
@@ -121,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
                         "nixl (vLLM's NixlConnector, engines/vllm/nixl.py)")
     p.add_argument("--nixl-port", type=int, default=None, metavar="PORT",
                    help="NIXL side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT; default: a free one)")
+    add_state_arguments(p)
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for readiness")
     p.add_argument("--dry-run", action="store_true", help="print the vLLM command and env, start nothing")
     return p
@@ -178,6 +180,7 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
         if not _has_flag(passthrough, flag):
             args += value
     hint_addr = None
+    env.pop(STATE_FILE_ENV, None)  # only the options say where the engine keeps its state
     if not opts.no_saga:
         if _has_flag(passthrough, "--scheduler-cls"):
             raise SystemExit("saga serve: --scheduler-cls is set by SAGA; use --no-saga for stock vLLM")
@@ -193,6 +196,9 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
         if opts.pin_max_fraction is not None:
             env["SAGA_PIN_MAX_FRACTION"] = str(opts.pin_max_fraction)
         env.update(record_options.to_env(opts, opts.record_idle_s))
+        state = state_path_of(opts, "engine", opts.port)
+        if state is not None:
+            env[STATE_FILE_ENV] = str(state)
     elif opts.record:
         raise SystemExit("saga serve: --record needs the SAGA scheduler (it records in its process); "
                          "record a --no-saga run with saga proxy --record")
@@ -416,6 +422,8 @@ def main(argv: list[str]) -> int:
     print(f"[saga] metrics    : {cfg.api_url}/metrics", flush=True)
     if opts.record:
         print(f"[saga] recording  : {cfg.env[record_options.RECORD_ENV]}", flush=True)
+    if STATE_FILE_ENV in cfg.env:
+        print(f"[saga] learnt state: {cfg.env[STATE_FILE_ENV]}", flush=True)
     started = time.monotonic()
     proc = subprocess.Popen(cfg.argv, env=cfg.env, start_new_session=True)
 

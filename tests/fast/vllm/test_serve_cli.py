@@ -145,3 +145,17 @@ def test_kv_transfer_nixl_refuses_a_second_connector():
     for other in (["--kv-transfer-config", "{}"], ["--kv-offloading-size", "8"]):
         with pytest.raises(SystemExit, match="sets the engine's KV connector"):
             build(["--kv-transfer", "nixl", *other])
+
+
+def test_the_engine_keeps_its_learnt_state_under_state_dir_by_port_unless_told_not_to(tmp_path, monkeypatch):
+    from saga_server.state_file import STATE_FILE_ENV, default_state_dir
+
+    monkeypatch.delenv("SAGA_NO_STATE", raising=False)
+    monkeypatch.delenv("SAGA_STATE_DIR", raising=False)
+    assert build(["--port", "8111"]).env[STATE_FILE_ENV] == str(default_state_dir() / "engine-8111.json")
+    cfg = build(["--port", "8111", "--state-dir", str(tmp_path)])
+    assert cfg.env[STATE_FILE_ENV] == str(tmp_path / "engine-8111.json")
+    assert STATE_FILE_ENV not in build(["--no-state"]).env
+    assert STATE_FILE_ENV not in build(["--no-saga"]).env  # stock vLLM learns nothing to keep
+    monkeypatch.setenv("SAGA_NO_STATE", "1")
+    assert STATE_FILE_ENV not in build([]).env

@@ -32,6 +32,8 @@ stock vLLM (everything else is vLLM's own code path):
 - **Moves** (`saga serve --kv-transfer nixl`): tokens a request pulled from another
   engine (`loads.LoadLog`) are counted as pulled, not as prefix hits; tokens loaded
   from the host tier (`--kv-offloading-size`, `tier`) as tier hits.
+- **Learnt state** (`SAGA_STATE_FILE`, `saga_server.state_file`): what the core learnt is
+  read back at start and written every minute and at shutdown.
 - **Recording** (`SAGA_RECORD`, see `record`): each session's requests and hints,
   enqueued for a writer thread, become `saga-trace/1` tasks.
 
@@ -68,6 +70,7 @@ from saga_server.core.admission import ACTIVE, PARKED, WAITING, SessionAdmission
 from saga_server.core.holds import PINNED, HoldLedger, Release
 from saga_server.core.kv_policy import SessionKvPolicy, WorkflowRules
 from saga_server.core.sessions import ENDED
+from saga_server.state_file import StateKeeper
 
 from .holds import VllmBlockPool, cached_prefix_blocks
 from .intake import EngineHintSink, ReleaseKv, start_hint_service
@@ -142,10 +145,13 @@ class SagaPlugin:
         service per env, each tenant's limits from that service's keys file)."""
         self.scheduler = scheduler
         self.clock = clock or time.monotonic
-        if core is None:
+        own_core = core is None
+        if own_core:
             window = env_float(SENIORITY_WINDOW_ENV, FairShareConfig().seniority_window_s, 0.0)
             core = WorkflowCore(CoreConfig(fairshare=FairShareConfig(seniority_window_s=window)), clock=self.clock)
         self.core = core
+        # What the engine's own core learnt survives a restart (`saga_server.state_file`).
+        self.state = StateKeeper.from_env("engine", core.learnt, core.restore_learnt) if own_core else None
         self.metrics = SagaMetrics.get()
         self.counters = PluginCounters(self.metrics)
         self.enabled = bool(scheduler.cache_config.enable_prefix_caching)
@@ -356,6 +362,8 @@ class SagaPlugin:
         self.ledger.release_all("reset")
 
     def close(self) -> None:
+        if self.state is not None:
+            self.state.close()
         if self.hint_server is not None:
             try:
                 self.hint_server.stop(grace=0.5)
