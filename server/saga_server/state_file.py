@@ -39,7 +39,7 @@ __all__ = ["FORMAT", "StateFile", "StateKeeper", "default_state_dir", "state_pat
 
 FORMAT = "saga-learnt/1"
 STATE_FILE_ENV = "SAGA_STATE_FILE"  # how `saga serve` tells the engine process where its file is
-STATE_DIR_ENV, NO_STATE_ENV = "SAGA_STATE_DIR", "SAGA_NO_STATE"  # defaults of --state-dir, --no-state
+STATE_DIR_ENV, NO_STATE_ENV = "SAGA_STATE_DIR", "SAGA_NO_STATE"  # what the options default to
 DEFAULT_INTERVAL_S = 60.0
 
 log = logging.getLogger("saga.state")
@@ -57,19 +57,29 @@ def state_path(state_dir: str | os.PathLike | None, component: str, port: int | 
 
 
 def add_state_arguments(parser) -> None:
-    """`--state-dir DIR` and `--no-state`, the same for every SAGA process
-    (defaults from `$SAGA_STATE_DIR` and `$SAGA_NO_STATE`, e.g. for a test harness)."""
-    parser.add_argument("--state-dir", default=os.environ.get(STATE_DIR_ENV) or None, metavar="DIR",
+    """`--state-dir DIR` and `--no-state`, the same for every SAGA process (read with
+    `state_path_of`)."""
+    parser.add_argument("--state-dir", default=None, metavar="DIR",
                         help="where what SAGA learnt (workflow graphs, tool and idle times) is kept across "
                              f"restarts (default: ${STATE_DIR_ENV}, else $XDG_CACHE_HOME/saga/state, "
                              "else ~/.cache/saga/state)")
-    parser.add_argument("--no-state", action="store_true", default=os.environ.get(NO_STATE_ENV, "") not in ("", "0"),
-                        help=f"keep no learnt state: every start is a clean one (default: ${NO_STATE_ENV} set)")
+    parser.add_argument("--no-state", action="store_true",
+                        help=f"keep no learnt state: every start is a clean one (also ${NO_STATE_ENV}=1, "
+                             "unless --state-dir is given)")
 
 
-def state_path_of(opts, component: str, port: int | str) -> Path | None:
-    """The file parsed `add_state_arguments` options name (None: `--no-state`)."""
-    return None if opts.no_state else state_path(opts.state_dir, component, port)
+def state_path_of(opts, component: str, port: int | str, env: dict | None = None) -> Path | None:
+    """The file `add_state_arguments` options name (None: none kept). The options win
+    over the environment: `--no-state`, else `--state-dir`, else `$SAGA_NO_STATE`
+    (a test harness's), else `$SAGA_STATE_DIR` or the default."""
+    env = os.environ if env is None else env
+    if opts.no_state:
+        return None
+    if opts.state_dir:
+        return state_path(opts.state_dir, component, port)
+    if env.get(NO_STATE_ENV, "") not in ("", "0"):
+        return None
+    return state_path(env.get(STATE_DIR_ENV) or None, component, port)
 
 
 def _checksum(state: dict) -> str:
@@ -79,9 +89,11 @@ def _checksum(state: dict) -> str:
 class StateFile:
     """One learnt-state file (module docstring)."""
 
-    def __init__(self, path: str | os.PathLike, component: str) -> None:
+    def __init__(self, path: str | os.PathLike, component: str, logger: logging.Logger | None = None) -> None:
+        """`logger`: where its warnings go (inside vLLM: under "vllm.", whose handler shows them)."""
         self.path = Path(path)
         self.component = component
+        self.log = logger or log
 
     def load(self) -> dict | None:
         """The state in the file; None (with a one-line warning unless the file is
@@ -89,25 +101,25 @@ class StateFile:
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
-            log.info("SAGA: no learnt state at %s: a clean start", self.path)
+            self.log.info("SAGA: no learnt state at %s: a clean start", self.path)
             return None
         except OSError as exc:
-            log.warning("SAGA: cannot read the learnt state %s (%s): a clean start", self.path, exc)
+            self.log.warning("SAGA: cannot read the learnt state %s (%s): a clean start", self.path, exc)
             return None
         try:
             doc = json.loads(raw)
             if not isinstance(doc, dict):
                 raise ValueError("not a JSON object")
         except ValueError as exc:
-            log.warning("SAGA: the learnt state %s is corrupt (%s): a clean start", self.path, str(exc)[:120])
+            self.log.warning("SAGA: the learnt state %s is corrupt (%s): a clean start", self.path, str(exc)[:120])
             return None
         if doc.get("format") != FORMAT or doc.get("component") != self.component:
-            log.warning("SAGA: the learnt state %s is %r of %r, not %r of %r: a clean start", self.path,
+            self.log.warning("SAGA: the learnt state %s is %r of %r, not %r of %r: a clean start", self.path,
                         doc.get("format"), doc.get("component"), FORMAT, self.component)
             return None
         state = doc.get("state")
         if not isinstance(state, dict) or doc.get("sha256") != _checksum(state):
-            log.warning("SAGA: the learnt state %s fails its checksum: a clean start", self.path)
+            self.log.warning("SAGA: the learnt state %s fails its checksum: a clean start", self.path)
             return None
         return state
 
@@ -158,9 +170,9 @@ class StateKeeper:
             try:
                 self.restore(state)
                 self.restored = True
-                log.info("SAGA: learnt state restored from %s", self.file.path)
+                self.file.log.info("SAGA: learnt state restored from %s", self.file.path)
             except ValueError as exc:
-                log.warning("SAGA: the learnt state %s cannot be taken (%s): a clean start",
+                self.file.log.warning("SAGA: the learnt state %s cannot be taken (%s): a clean start",
                             self.file.path, str(exc)[:120])
         self._thread = threading.Thread(target=self._run, name="saga-state", daemon=True)
         self._thread.start()
@@ -173,7 +185,7 @@ class StateKeeper:
                 self.file.save(self.export())
             except Exception as exc:  # a full disk or a bad directory must not stop serving
                 if str(exc) != self._last_error:
-                    log.warning("SAGA: writing the learnt state %s failed: %s", self.file.path, exc)
+                    self.file.log.warning("SAGA: writing the learnt state %s failed: %s", self.file.path, exc)
                     self._last_error = str(exc)
                 return False
             self.saves += 1
@@ -193,7 +205,7 @@ class StateKeeper:
 
     @classmethod
     def from_env(cls, component: str, export: Callable[[], dict], restore: Callable[[dict], None],
-                 env: dict | None = None) -> "StateKeeper | None":
+                 env: dict | None = None, logger: logging.Logger | None = None) -> "StateKeeper | None":
         """The keeper of `$SAGA_STATE_FILE` (None when unset: no state kept), started;
         `$SAGA_STATE_INTERVAL_S` sets the interval."""
         env = os.environ if env is None else env
@@ -204,5 +216,5 @@ class StateKeeper:
             interval = float(env.get("SAGA_STATE_INTERVAL_S", DEFAULT_INTERVAL_S))
         except ValueError:
             interval = DEFAULT_INTERVAL_S
-        return cls(StateFile(path, component), export, restore,
+        return cls(StateFile(path, component, logger), export, restore,
                    interval if interval > 0 else DEFAULT_INTERVAL_S).start()

@@ -26,11 +26,13 @@ __all__ = ["OwnEngine"]
 
 
 class OwnEngine:
-    def __init__(self, name: str, tmp: Path, args: list[str]) -> None:
-        self.port = free_port()
+    def __init__(self, name: str, tmp: Path, args: list[str], *, port: int | None = None,
+                 hint_port: int | None = None) -> None:
+        """`port`, `hint_port`: the same again for a restart (default: free ones)."""
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"{name}.log"
-        self.hint_addr = f"127.0.0.1:{free_port()}"
+        self.hint_addr = f"127.0.0.1:{hint_port or free_port()}"
         argv = ["--fast-start", "--port", str(self.port), "--hint-port", self.hint_addr.rpartition(":")[2], *args]
         os.environ.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1")
         try:

@@ -150,6 +150,9 @@ class ServeConfig:
             argv, env, api_url, hint_addr, with_saga, model)
 
 
+SHUTDOWN_TIMEOUT_S = 10
+
+
 def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: str, default_model: bool,
                   base_env: dict[str, str] | None = None) -> ServeConfig:
     """vLLM argv + env for the options (pure: no side effects, for tests and --dry-run)."""
@@ -160,6 +163,10 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
         ("--enable-prefix-caching", ["--enable-prefix-caching"]),
         ("--block-size", ["--block-size", "32"]),
         ("--enable-prompt-tokens-details", ["--enable-prompt-tokens-details"]),
+        # vLLM's default (0) kills its EngineCore at once on SIGTERM; this leaves it the
+        # seconds to finish its requests and shut its scheduler down, which writes what
+        # SAGA learnt (`saga_server.state_file`). The same for --no-saga: a fair baseline.
+        ("--shutdown-timeout", ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]),
     ]
     if default_model:
         from .model import TOOL_TEMPLATE_FILE  # noqa: PLC0415
@@ -196,7 +203,7 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
         if opts.pin_max_fraction is not None:
             env["SAGA_PIN_MAX_FRACTION"] = str(opts.pin_max_fraction)
         env.update(record_options.to_env(opts, opts.record_idle_s))
-        state = state_path_of(opts, "engine", opts.port)
+        state = state_path_of(opts, "engine", opts.port, env)
         if state is not None:
             env[STATE_FILE_ENV] = str(state)
     elif opts.record:
@@ -315,11 +322,13 @@ def _port_open(addr: str) -> bool:
         return False
 
 
-def _stop(proc: subprocess.Popen, grace: float = 15.0) -> int:
-    """Stop vLLM and everything it spawned (its own process group)."""
+def _stop(proc: subprocess.Popen, grace: float = 30.0) -> int:
+    """Stop vLLM and everything it spawned (its own process group): SIGTERM to its API
+    server, which stops its EngineCore in order (the engine writes its learnt state
+    as it shuts down, within `--shutdown-timeout`), then SIGKILL to what is left."""
     if proc.poll() is None:
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM)
         except ProcessLookupError:
             pass
         try:

@@ -3,7 +3,6 @@ read back when it starts again, so a new session gets the same predictions."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -13,9 +12,8 @@ from tests.support.http import free_port
 
 
 def start(port: int, *args: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "SAGA_NO_STATE"}
     proc = subprocess.Popen([sys.executable, "-m", "saga_server.cli", "hints", "--listen", f"127.0.0.1:{port}",
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert "listening" in proc.stdout.readline()
     return proc
 
@@ -88,12 +86,10 @@ def test_the_proxy_writes_its_learnt_state_when_it_stops_and_warns_of_a_corrupt_
     import json
 
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "SAGA_NO_STATE"}
-
     def run_proxy() -> str:
         proc = subprocess.Popen([sys.executable, "-m", "saga_server.cli", "proxy", "--upstream", "http://127.0.0.1:9/v1",
                                  "--no-hints", "--port", str(port), "--state-dir", str(tmp_path), "--log-level", "info"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert "OpenAI base URL" in proc.stdout.readline()
         time.sleep(0.5)  # serving
         proc.terminate()

@@ -147,15 +147,18 @@ def test_kv_transfer_nixl_refuses_a_second_connector():
             build(["--kv-transfer", "nixl", *other])
 
 
-def test_the_engine_keeps_its_learnt_state_under_state_dir_by_port_unless_told_not_to(tmp_path, monkeypatch):
+def test_the_engine_keeps_its_learnt_state_under_state_dir_by_port_unless_told_not_to(tmp_path):
     from saga_server.state_file import STATE_FILE_ENV, default_state_dir
 
-    monkeypatch.delenv("SAGA_NO_STATE", raising=False)
-    monkeypatch.delenv("SAGA_STATE_DIR", raising=False)
-    assert build(["--port", "8111"]).env[STATE_FILE_ENV] == str(default_state_dir() / "engine-8111.json")
-    cfg = build(["--port", "8111", "--state-dir", str(tmp_path)])
-    assert cfg.env[STATE_FILE_ENV] == str(tmp_path / "engine-8111.json")
-    assert STATE_FILE_ENV not in build(["--no-state"]).env
-    assert STATE_FILE_ENV not in build(["--no-saga"]).env  # stock vLLM learns nothing to keep
-    monkeypatch.setenv("SAGA_NO_STATE", "1")
-    assert STATE_FILE_ENV not in build([]).env
+    def state_of(argv, env):
+        opts, rest = cli._parser().parse_known_args(argv)
+        return cli.build_command(opts, rest, "/models/m", True, base_env=env).env.get(STATE_FILE_ENV)
+
+    assert state_of(["--port", "8111"], {}) == str(default_state_dir() / "engine-8111.json")
+    assert state_of(["--port", "8111"], {"SAGA_STATE_DIR": str(tmp_path)}) == str(tmp_path / "engine-8111.json")
+    assert state_of(["--port", "8111", "--state-dir", "/d"], {}) == "/d/engine-8111.json"
+    assert state_of(["--no-state"], {}) is None
+    assert state_of(["--no-saga"], {}) is None  # stock vLLM learns nothing to keep
+    assert state_of([], {"SAGA_NO_STATE": "1"}) is None  # a test harness's
+    assert state_of(["--state-dir", "/d"], {"SAGA_NO_STATE": "1"}) == "/d/engine-8000.json"  # the option wins
+    assert state_of([], {STATE_FILE_ENV: "/elsewhere.json", "SAGA_NO_STATE": "1"}) is None  # only the options say

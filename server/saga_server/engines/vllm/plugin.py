@@ -151,7 +151,8 @@ class SagaPlugin:
             core = WorkflowCore(CoreConfig(fairshare=FairShareConfig(seniority_window_s=window)), clock=self.clock)
         self.core = core
         # What the engine's own core learnt survives a restart (`saga_server.state_file`).
-        self.state = StateKeeper.from_env("engine", core.learnt, core.restore_learnt) if own_core else None
+        self.state = StateKeeper.from_env("engine", core.learnt, core.restore_learnt,
+                                          logger=logging.getLogger("vllm.saga.state")) if own_core else None
         self.metrics = SagaMetrics.get()
         self.counters = PluginCounters(self.metrics)
         self.enabled = bool(scheduler.cache_config.enable_prefix_caching)
