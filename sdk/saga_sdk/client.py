@@ -268,7 +268,12 @@ class HintClient:
 
         try:
             stub = self._connect()
-            batch = _encode_batch(self.client_id, sequence, events)
+            batch, carried = _encode_batch(self.client_id, sequence, events)
+            if len(carried) < len(events):  # left out for good: a retry of the batch does not count them again
+                self._counts["dropped_failed"] += len(events) - len(carried)
+                self._log_once("encode", "dropped %d hint(s) the wire cannot carry (e.g. negative token counts)",
+                               len(events) - len(carried))
+                events[:] = carried
             ack = stub.SendHints(batch, timeout=self.config.rpc_timeout_s)
         except grpc.RpcError as exc:
             code = exc.code().name if hasattr(exc, "code") and exc.code() else "UNKNOWN"
@@ -360,42 +365,54 @@ class _Backoff:
 
 
 def _encode_batch(client_id: str, sequence: int, events: list):
+    """The wire batch of `events`, and the events it carries: one with a value the
+    wire cannot carry (e.g. negative tokens) is left out, not the whole batch."""
     from saga_proto import hints_pb2 as pb
 
     batch = pb.HintBatch(client_id=client_id, sequence=sequence)
-    for kind, session_id, t, payload in events:
-        ev = batch.events.add(session_id=session_id, client_time=t)
-        if kind == "session_start":
-            tenant, workflow, deadline_s, nodes, edges, parent_id = payload
-            msg = ev.session_start
-            msg.tenant, msg.workflow, msg.deadline_s = tenant, workflow, deadline_s or 0.0
-            msg.parent_session_id = parent_id
-            for node in nodes:
-                name, node_kind = (node, "llm") if isinstance(node, str) else node
-                msg.structure.nodes.add(name=name, kind=node_kind)
-            for src, dst in edges:
-                msg.structure.edges.add(src=src, dst=dst)
-            if not nodes and not edges:
-                msg.ClearField("structure")
-        elif kind == "llm_call_start":
-            step, node, request_id = payload
-            ev.llm_call_start.CopyFrom(pb.LlmCallStart(step=step, node=node, request_id=request_id))
-        elif kind == "llm_call_end":
-            step, node, request_id, prompt_tokens, output_tokens = payload
-            ev.llm_call_end.CopyFrom(pb.LlmCallEnd(step=step, node=node, request_id=request_id,
-                                                   prompt_tokens=prompt_tokens, output_tokens=output_tokens))
-        elif kind == "tool_call_start":
-            tool, call_id, category, expected = payload
-            ev.tool_call_start.CopyFrom(pb.ToolCallStart(tool=tool, call_id=call_id, category=category,
-                                                         expected_duration_s=expected or 0.0))
-        elif kind == "tool_call_end":
-            tool, call_id, outcome = payload
-            ev.tool_call_end.CopyFrom(pb.ToolCallEnd(tool=tool, call_id=call_id,
-                                                     outcome=_TOOL_OUTCOMES.get(outcome, 0)))
-        elif kind == "session_end":
-            (outcome,) = payload
-            ev.session_end.CopyFrom(pb.SessionEnd(outcome=_SESSION_OUTCOMES.get(outcome, 0)))
-    return batch
+    carried = []
+    for event in events:
+        kind, session_id, t, payload = event
+        try:
+            _encode_event(pb, batch.events.add(session_id=session_id, client_time=t), kind, payload)
+            carried.append(event)
+        except (ValueError, TypeError):
+            del batch.events[-1]
+    return batch, carried
+
+
+def _encode_event(pb, ev, kind: str, payload) -> None:
+    """Fill `ev` with one event; ValueError/TypeError for a value the wire cannot carry."""
+    if kind == "session_start":
+        tenant, workflow, deadline_s, nodes, edges, parent_id = payload
+        msg = ev.session_start
+        msg.tenant, msg.workflow, msg.deadline_s = tenant, workflow, deadline_s or 0.0
+        msg.parent_session_id = parent_id
+        for node in nodes:
+            name, node_kind = (node, "llm") if isinstance(node, str) else node
+            msg.structure.nodes.add(name=name, kind=node_kind)
+        for src, dst in edges:
+            msg.structure.edges.add(src=src, dst=dst)
+        if not nodes and not edges:
+            msg.ClearField("structure")
+    elif kind == "llm_call_start":
+        step, node, request_id = payload
+        ev.llm_call_start.CopyFrom(pb.LlmCallStart(step=step, node=node, request_id=request_id))
+    elif kind == "llm_call_end":
+        step, node, request_id, prompt_tokens, output_tokens = payload
+        ev.llm_call_end.CopyFrom(pb.LlmCallEnd(step=step, node=node, request_id=request_id,
+                                               prompt_tokens=prompt_tokens, output_tokens=output_tokens))
+    elif kind == "tool_call_start":
+        tool, call_id, category, expected = payload
+        ev.tool_call_start.CopyFrom(pb.ToolCallStart(tool=tool, call_id=call_id, category=category,
+                                                     expected_duration_s=expected or 0.0))
+    elif kind == "tool_call_end":
+        tool, call_id, outcome = payload
+        ev.tool_call_end.CopyFrom(pb.ToolCallEnd(tool=tool, call_id=call_id,
+                                                 outcome=_TOOL_OUTCOMES.get(outcome, 0)))
+    elif kind == "session_end":
+        (outcome,) = payload
+        ev.session_end.CopyFrom(pb.SessionEnd(outcome=_SESSION_OUTCOMES.get(outcome, 0)))
 
 
 def _shutdown_all_at_exit() -> None:

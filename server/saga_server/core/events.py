@@ -274,8 +274,9 @@ class EngineStats:
       (`kv_pulled_tokens`, `kv_pull_seconds`, `kv_tier_hit_tokens`,
       `kv_tier_load_seconds`, `session_hit_tokens`, `session_prompt_tokens`,
       `afs_reorders`); with a host tier, also its occupancy at the read
-      (`kv_tier_used_chunks` of `kv_tier_chunks`). A count that never happened is
-      absent, not 0.
+      (`kv_tier_used_chunks` of `kv_tier_chunks`); and the sizes of its per-session
+      and per-request tables at the read (`table_<name>`: what a soak watches stay
+      flat). A count that never happened is absent, not 0.
     """
 
     held_sessions: int = 0

@@ -43,6 +43,10 @@ class WorkflowPauses:
         self.min_samples, self.samples, self.max_workflows = max(1, min_samples), samples, max_workflows
         self._workflows: OrderedDict[str, _Workflow] = OrderedDict()
 
+    def __len__(self) -> int:
+        """Workflows it keeps (at most `max_workflows`)."""
+        return len(self._workflows)
+
     def gap(self, workflow: str, seconds: float) -> None:
         w = self._get(workflow)
         w.gaps.append(max(0.0, seconds))

@@ -330,6 +330,12 @@ class SessionTracker:
                 self._forget(session)
         return events
 
+    def table_sizes(self) -> dict[str, int]:
+        """Entries of each of its tables (all bounded: module docstring)."""
+        with self._lock:
+            return {"sessions": len(self._sessions), "answers": len(self._answers), "requests": len(self._requests),
+                    "aliases": len(self._aliases), "pause_workflows": len(self.pauses)}
+
     def learnt(self) -> dict:
         """What the tracker learnt (idle times and final answers per workflow:
         `WorkflowPauses.learnt`), to survive a restart (`saga_server.state_file`)."""

@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 
-from ..core import WorkflowCore
+from ..core import CoreConfig, WorkflowCore
 from .keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError
 from .reload import reload_on_sighup
 from ..state_file import StateFile, StateKeeper, add_state_arguments, state_path_of
@@ -31,6 +31,10 @@ def main(argv: list[str]) -> int:
                         help="shared token clients must send, one tenant, admin (default: $SAGA_API_KEY)")
     parser.add_argument("--api-keys", default=os.environ.get(KEYS_FILE_ENV), metavar="FILE",
                         help="keys file: one `key tenant role [limits]` per line (default: $SAGA_API_KEYS)")
+    parser.add_argument("--max-sessions", type=int, default=CoreConfig().max_sessions,
+                        help="sessions the core keeps at most (least recently active go first)")
+    parser.add_argument("--session-idle-s", type=float, default=CoreConfig().session_idle_s,
+                        help="a session silent this long is forgotten")
     add_state_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -39,7 +43,12 @@ def main(argv: list[str]) -> int:
     except KeysFileError as exc:
         print(f"saga hints: {exc}", file=sys.stderr)
         return 2
-    sink = WorkflowCore()
+    try:
+        config = CoreConfig(max_sessions=args.max_sessions, session_idle_s=args.session_idle_s)
+    except ValueError as exc:
+        print(f"saga hints: {exc}", file=sys.stderr)
+        return 2
+    sink = WorkflowCore(config)
     server = HintServer(sink, args.listen, keys=keys).start()
     path = state_path_of(args, "hints", args.listen.rsplit(":", 1)[-1])  # as configured: the same file next time
     state = None if path is None else StateKeeper(StateFile(path, "hints"), sink.learnt, sink.restore_learnt).start()

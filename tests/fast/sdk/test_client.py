@@ -102,12 +102,26 @@ def test_reconnects_after_the_server_restarts():
 def test_a_resent_batch_is_applied_once(hint_server, registry):
     from saga_sdk.client import _encode_batch
 
-    batch = _encode_batch("client-x", 7, [("llm_call_start", "s", time.time(), (1, "", ""))])
+    batch, _ = _encode_batch("client-x", 7, [("llm_call_start", "s", time.time(), (1, "", ""))])
     first = hint_server.service.ingest(batch)
     again = hint_server.service.ingest(batch)
     assert (first.accepted, first.duplicate) == (1, False)
     assert (again.accepted, again.duplicate) == (0, True)
     assert registry.session("s").steps == 1
+
+
+def test_a_hint_the_wire_cannot_carry_is_dropped_alone_not_with_its_batch(hint_server, registry):
+    client = HintClient(endpoint=hint_server.endpoint, batch_size=64)
+    client.session_start("good")
+    client.llm_call_start("good", step=1)
+    client.llm_call_end("good", step=1, prompt_tokens=-5)  # negative: the wire's field is unsigned
+    client.llm_call_end("good", step=1, prompt_tokens=40, output_tokens=2)
+    client.session_end("good")
+    assert client.flush(5)
+    stats = client.stats()
+    assert (stats.sent, stats.dropped_failed) == (4, 1)
+    assert registry.session("good").state == "ended" and registry.session("good").steps == 1
+    client.close()
 
 
 def test_session_scope_ends_with_the_right_outcome(hint_server, registry):

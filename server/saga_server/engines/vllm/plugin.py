@@ -88,6 +88,8 @@ __all__ = ["SagaPlugin", "PIN_FRACTION_ENV", "SENIORITY_WINDOW_ENV", "ADMISSION_
 
 PIN_FRACTION_ENV = "SAGA_PIN_MAX_FRACTION"
 SENIORITY_WINDOW_ENV = "SAGA_SENIORITY_WINDOW_S"
+MAX_SESSIONS_ENV = "SAGA_MAX_SESSIONS"
+SESSION_IDLE_ENV = "SAGA_SESSION_IDLE_S"
 ADMISSION_ENV = "SAGA_ADMISSION"
 PREFETCH_ENV = "SAGA_PREFETCH"
 _AFS_MAX_QUEUE = 2048  # longer queues keep FCFS: ranking costs one core call per request per step
@@ -148,7 +150,11 @@ class SagaPlugin:
         own_core = core is None
         if own_core:
             window = env_float(SENIORITY_WINDOW_ENV, FairShareConfig().seniority_window_s, 0.0)
-            core = WorkflowCore(CoreConfig(fairshare=FairShareConfig(seniority_window_s=window)), clock=self.clock)
+            defaults = CoreConfig()
+            core = WorkflowCore(CoreConfig(
+                max_sessions=int(env_float(MAX_SESSIONS_ENV, defaults.max_sessions, 1.0, 1e8)),
+                session_idle_s=env_float(SESSION_IDLE_ENV, defaults.session_idle_s, 1e-3),
+                fairshare=FairShareConfig(seniority_window_s=window)), clock=self.clock)
         self.core = core
         # What the engine's own core learnt survives a restart (`saga_server.state_file`).
         self.state = StateKeeper.from_env("engine", core.learnt, core.restore_learnt,
@@ -387,10 +393,18 @@ class SagaPlugin:
             admission = AdmissionStats(active=states.get(ACTIVE, 0), parked=states.get(PARKED, 0),
                                        waiting=states.get(WAITING, 0), limit_tokens=float(adm.limit),
                                        wait_s=float(adm.counts.wait_s))
+        for name, size in self.table_sizes().items():
+            counts[f"table_{name}"] = size
         return EngineStats(held_sessions=len(ledger), held_blocks=ledger.held_blocks,
                            pinned_blocks=ledger.pinned_blocks, kv_blocks=ledger.capacity_blocks,
                            admission=admission,
                            counters={k: float(v) for k, v in counts.items()})
+
+    def table_sizes(self) -> dict[str, int]:
+        """Entries of every per-session or per-request table the plugin keeps (what a
+        soak watches stay flat): its KV policy's, its prefetcher's, its own maps."""
+        return {**self.kv.table_sizes(), **self.prefetcher.table_sizes(), "live_requests": len(self.requests),
+                "arrival_contexts": len(self._had), "request_sessions": len(self._request_sessions)}
 
     # -- internals -----------------------------------------------------------------
 

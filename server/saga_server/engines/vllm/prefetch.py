@@ -63,6 +63,11 @@ class Prefetcher:
         while len(known) > _KNOWN_TOKENS_SESSIONS:
             known.popitem(last=False)
 
+    def table_sizes(self) -> dict[str, int]:
+        """Entries of its per-session tables (each bounded or forgotten with the session)."""
+        return {"prefetch_known": len(self._known), "prefetch_in_flight": len(self._in_flight),
+                "prefetch_ready": len(self._ready)}
+
     def forget(self, session_id: str, *, ended: bool) -> None:
         """The session ended (`ended`) or left this engine (moved, idled out, evicted
         from the core's table): told by the policy's lifecycle (`on_forget`)."""
