@@ -70,7 +70,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_common import ROOT, free_port, pct, write_results  # noqa: E402
-from serve_trace_replay import DEFAULT_TRACE, SessionResult, TokenSource, load_tasks, run_session  # noqa: E402
+from serve_trace_replay import SessionResult, TokenSource, add_workload_arguments, run_session, workload  # noqa: E402
 
 
 # What each run deploys: `saga router --router NAME` and its flags for moving KV.
@@ -205,32 +205,21 @@ def replay(router: str, tasks, tokens, args, tokenizer) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    add_workload_arguments(p, steps=6, target_prompt=1500, max_output=16, max_tool_s=3.0, kv_blocks=256,
+                           max_num_seqs=4)
     p.add_argument("--routers", default="pow2,prefix,saga")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--num-cpus", type=float, default=2)
-    p.add_argument("--sessions", type=int, default=8)
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--target-prompt", type=int, default=1500)
-    p.add_argument("--max-output", type=int, default=16)
-    p.add_argument("--max-tool-s", type=float, default=3.0)
-    p.add_argument("--kv-blocks", type=int, default=256, help="KV blocks of 32 tokens per replica")
-    p.add_argument("--max-num-seqs", type=int, default=4)
-    p.add_argument("--stagger-s", type=float, default=3.0)
     p.add_argument("--ready-timeout", type=float, default=900)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
 
-    from saga_server.serve.model import ensure_default_model
-
-    model_dir = str(ensure_default_model())
-    tasks = load_tasks(args.trace, args.sessions, args.steps, args.target_prompt, args.max_output,
-                       args.max_tool_s, args.seed)
-    tokens = TokenSource(model_dir, args.seed)
+    tasks, tokens = workload(args)
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    from saga_server.serve.model import ensure_default_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_default_model()))
     print(f"{len(tasks)} sessions x {args.steps} steps, {args.replicas} replicas, KV {args.kv_blocks} blocks each",
           flush=True)
     out = []

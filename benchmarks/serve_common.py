@@ -92,10 +92,12 @@ class Server:
 
 
 def start_server(saga: bool, vllm_args: list[str], *, fast_start: bool = True, timeout: float = 900,
-                 log_dir: Path | None = None, env: dict[str, str] | None = None) -> Server:
+                 log_dir: Path | None = None, env: dict[str, str] | None = None,
+                 ports: tuple[int, int] | None = None) -> Server:
     """`saga serve` (or `--no-saga`) in a subprocess, ready to serve; `env` adds
-    environment variables (SAGA knobs) for it."""
-    port, hint_port = free_port(), free_port()
+    environment variables (SAGA knobs) for it; `ports` (HTTP, hints): the same again
+    for a restart (default: free ones)."""
+    port, hint_port = ports or (free_port(), free_port())
     cmd = [sys.executable, "-m", "saga_server.cli", "serve", "--port", str(port), "--hint-port", str(hint_port)]
     if fast_start:
         cmd.append("--fast-start")

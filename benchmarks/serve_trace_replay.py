@@ -138,6 +138,32 @@ def load_tasks(path: Path, n: int, steps: int, target_prompt: int, max_output: i
     return tasks
 
 
+def add_workload_arguments(p, *, sessions: int = 8, steps: int = 10, target_prompt: int = 3000,
+                           max_output: int = 48, max_tool_s: float = 20.0, kv_blocks: int = 400,
+                           max_num_seqs: int = 2) -> None:
+    """The replayed workload's options, shared by the benchmarks that replay it (each
+    with its own defaults): trace, sessions, steps, scaling, KV pool, batch, stagger, seed."""
+    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    p.add_argument("--sessions", type=int, default=sessions)
+    p.add_argument("--steps", type=int, default=steps, help="LLM calls replayed per session")
+    p.add_argument("--target-prompt", type=int, default=target_prompt, help="largest scaled prompt of a session")
+    p.add_argument("--max-output", type=int, default=max_output)
+    p.add_argument("--max-tool-s", type=float, default=max_tool_s, help="cap on one tool's duration")
+    p.add_argument("--kv-blocks", type=int, default=kv_blocks, help="KV cache in blocks of 32 tokens")
+    p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
+    p.add_argument("--stagger-s", type=float, default=3.0, help="sessions start uniformly within this window")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def workload(args) -> tuple[list["Task"], "TokenSource"]:
+    """The tasks and token source `add_workload_arguments` options describe."""
+    from saga_server.serve.model import ensure_default_model
+
+    tasks = load_tasks(args.trace, args.sessions, args.steps, args.target_prompt, args.max_output,
+                       args.max_tool_s, args.seed)
+    return tasks, TokenSource(str(ensure_default_model()), args.seed)
+
+
 class TokenSource:
     """Real token ids of English-like text, sliced per session (deterministic)."""
 
@@ -308,20 +334,11 @@ def tier_gib(args) -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    p.add_argument("--sessions", type=int, default=8)
-    p.add_argument("--steps", type=int, default=10, help="LLM calls replayed per session")
-    p.add_argument("--target-prompt", type=int, default=3000, help="largest scaled prompt of a session")
-    p.add_argument("--max-output", type=int, default=48)
-    p.add_argument("--max-tool-s", type=float, default=20.0, help="cap on one tool's duration")
-    p.add_argument("--kv-blocks", type=int, default=400, help="KV cache in blocks of 32 tokens")
-    p.add_argument("--max-num-seqs", type=int, default=2)
+    add_workload_arguments(p)
     p.add_argument("--tier-x", type=float, default=2.0,
                    help="host KV tier of the *-tier modes, in pools (--kv-blocks) of KV")
-    p.add_argument("--stagger-s", type=float, default=3.0, help="sessions start uniformly within this window")
     p.add_argument("--modes", default="saga,saga-request-fcfs,no-saga", help=f"comma-separated, of {sorted(MODES)}")
     p.add_argument("--compiled", action="store_true", help="start without --enforce-eager")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--plot", type=Path, help="also draw each mode's task completion times here (PNG)")
     p.add_argument("--workload", type=Path,
@@ -331,12 +348,7 @@ def main() -> int:
                         "benchmarks/record_roundtrip.py checks it against --workload")
     args = p.parse_args()
 
-    from saga_server.serve.model import ensure_default_model
-
-    model_dir = str(ensure_default_model())
-    tasks = load_tasks(args.trace, args.sessions, args.steps, args.target_prompt, args.max_output,
-                       args.max_tool_s, args.seed)
-    tokens = TokenSource(model_dir, args.seed)
+    tasks, tokens = workload(args)
     total_tool = sum(s for t in tasks for st in t.steps[:-1] for _, _, s in st.tools)
     print(f"{len(tasks)} sessions x {args.steps} steps from {args.trace.name}; KV {args.kv_blocks} blocks "
           f"({args.kv_blocks * 32} tokens); working set at the end "
