@@ -204,17 +204,24 @@ class StateKeeper:
             self.save()
 
     @classmethod
-    def from_env(cls, component: str, export: Callable[[], dict], restore: Callable[[dict], None],
-                 env: dict | None = None, logger: logging.Logger | None = None) -> "StateKeeper | None":
-        """The keeper of `$SAGA_STATE_FILE` (None when unset: no state kept), started;
+    def started(cls, path: str | os.PathLike | None, component: str, export: Callable[[], dict],
+                restore: Callable[[dict], None], env: dict | None = None,
+                logger: logging.Logger | None = None) -> "StateKeeper | None":
+        """The started keeper of the file at `path` (None: no state kept);
         `$SAGA_STATE_INTERVAL_S` sets the interval."""
-        env = os.environ if env is None else env
-        path = env.get(STATE_FILE_ENV)
         if not path:
             return None
+        env = os.environ if env is None else env
         try:
             interval = float(env.get("SAGA_STATE_INTERVAL_S", DEFAULT_INTERVAL_S))
         except ValueError:
             interval = DEFAULT_INTERVAL_S
         return cls(StateFile(path, component, logger), export, restore,
                    interval if interval > 0 else DEFAULT_INTERVAL_S).start()
+
+    @classmethod
+    def from_env(cls, component: str, export: Callable[[], dict], restore: Callable[[dict], None],
+                 env: dict | None = None, logger: logging.Logger | None = None) -> "StateKeeper | None":
+        """`started` on the file `$SAGA_STATE_FILE` names (how `saga serve` tells the engine)."""
+        env = os.environ if env is None else env
+        return cls.started(env.get(STATE_FILE_ENV), component, export, restore, env, logger)

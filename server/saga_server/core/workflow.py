@@ -356,20 +356,21 @@ class WorkflowCore:
         return lambda q: d.quantile_above(q, el) - el
 
     def _metrics(self, s: Session) -> dict[str, float]:
-        p = self.aeg.prediction(s, self._clock())
+        now = self._clock()
+        p = self.aeg.prediction(s, now)
         return {"p_continue": p.p_continue, "resume_mean_s": p.resume_mean_s, "resume_p50_s": p.resume_p50_s,
                 "resume_p90_s": p.resume_p90_s, "prompt_growth_tokens": p.prompt_growth_tokens,
                 "remaining_steps": p.remaining_steps, "remaining_time_s": p.remaining_time_s,
                 "context_tokens": float(s.context_tokens), "owed_service_tokens": self.fair.owed(s.tenant),
                 "kv_resident": 0.0 if s.kv_moved or not s.context_tokens else 1.0,
-                "pin_ttl_s": self._pin_ttl_s(s)}
+                "pin_ttl_s": self._pin_ttl_s(s, now)}
 
-    def _pin_ttl_s(self, s: Session) -> float:
+    def _pin_ttl_s(self, s: Session, now: float) -> float:
         """The TTL the session's KV would be pinned for now, in a pool under no
         pressure (0: no pin); what an operator compares across restarts."""
         if s.ended:
             return 0.0
-        d = self._pin(s, s.context_tokens, 0.0, self._clock())
+        d = self._pin(s, s.context_tokens, 0.0, now)
         return d.ttl_s if d.pin else 0.0
 
 

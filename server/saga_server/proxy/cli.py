@@ -26,7 +26,7 @@ import sys
 from ..record import options as record_options
 from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing
 from ..rpc.reload import reload_on_sighup
-from ..state_file import StateFile, StateKeeper, add_state_arguments, state_path_of
+from ..state_file import StateKeeper, add_state_arguments, state_path_of
 from ..core.identity import SESSION_HEADERS_ENV, problem_with
 from . import record
 from .actions import TextActions
@@ -119,9 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         tenants = Tenants(keys, salt_secret=os.environ.get(SALT_SECRET_ENV, "").encode())
         reload_on_sighup(keys)
     tracker = tracker_for(config)
-    path = state_path_of(args, "proxy", args.port)
-    state = None if path is None else StateKeeper(StateFile(path, "proxy"), tracker.learnt,
-                                                  tracker.restore_learnt).start()
+    state = StateKeeper.started(state_path_of(args, "proxy", args.port), "proxy", tracker.learnt,
+                                tracker.restore_learnt)
     closing = [part.close for part in (state, recorder) if part is not None]
     app = SagaProxy(config, hints=hints, recorder=recorder, tenants=tenants, tracker=tracker, on_close=closing)
     hint_note = "off" if args.no_hints else hints.config.endpoint
@@ -130,8 +129,6 @@ def main(argv: list[str] | None = None) -> int:
           f"(hints: {hint_note}{key_note})", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                 lifespan="on", http="auto")
-    if recorder is not None:
-        recorder.close()
     hints.close()
     return 0
 

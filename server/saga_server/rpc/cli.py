@@ -18,7 +18,7 @@ import threading
 from ..core import CoreConfig, WorkflowCore
 from .keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError
 from .reload import reload_on_sighup
-from ..state_file import StateFile, StateKeeper, add_state_arguments, state_path_of
+from ..state_file import StateKeeper, add_state_arguments, state_path_of
 from .service import HintServer
 
 __all__ = ["main"]
@@ -50,8 +50,9 @@ def main(argv: list[str]) -> int:
         return 2
     sink = WorkflowCore(config)
     server = HintServer(sink, args.listen, keys=keys).start()
-    path = state_path_of(args, "hints", args.listen.rsplit(":", 1)[-1])  # as configured: the same file next time
-    state = None if path is None else StateKeeper(StateFile(path, "hints"), sink.learnt, sink.restore_learnt).start()
+    # named by the port as configured (not the one port 0 got): the same file next time
+    state = StateKeeper.started(state_path_of(args, "hints", args.listen.rsplit(":", 1)[-1]), "hints",
+                                sink.learnt, sink.restore_learnt)
     if keys is not None and keys.path is not None:
         reload_on_sighup(keys)
     print(f"SAGA hint service ({type(sink).__name__}) listening on {server.endpoint}"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from saga_sdk import HintClient, HintReader
+from tests.support.coder_hints import coder_predictions, teach_coder
 from tests.support.http import free_port
 
 
@@ -25,48 +25,20 @@ def stop(proc: subprocess.Popen) -> str:
     return err
 
 
-def teach(endpoint: str) -> None:
-    with HintClient(endpoint=endpoint) as client:
-        for n in range(10):
-            sid = f"taught-{n}"
-            client.session_start(sid, workflow="coder")
-            for step in range(3):
-                client.llm_call_start(sid, step=step)
-                client.llm_call_end(sid, step=step, prompt_tokens=1000 + 500 * step, output_tokens=40)
-                if step < 2:
-                    client.tool_call_start(sid, "pytest", call_id=f"{n}.{step}")
-                    time.sleep(0.03)
-                    client.tool_call_end(sid, "pytest", call_id=f"{n}.{step}")
-            client.session_end(sid)
-        assert client.flush(10)
-
-
-def predicted(endpoint: str, sid: str) -> dict[str, float]:
-    """A new coder session, just into its first test run."""
-    with HintClient(endpoint=endpoint) as client:
-        client.session_start(sid, workflow="coder")
-        client.llm_call_start(sid, step=0)
-        client.llm_call_end(sid, step=0, prompt_tokens=1000, output_tokens=40)
-        client.tool_call_start(sid, "pytest", call_id="x")
-        assert client.flush(10)
-    with HintReader(endpoint) as reader:
-        return dict(reader.session(sid).metrics)
-
-
 def test_the_hint_service_comes_back_knowing_what_it_learnt(tmp_path):
     port = free_port()
     endpoint = f"127.0.0.1:{port}"
     first = start(port, "--state-dir", str(tmp_path))
-    teach(endpoint)
-    before = predicted(endpoint, "before")
+    teach_coder(endpoint)
+    before = coder_predictions(endpoint, "before")
     stop(first)
     assert (tmp_path / f"hints-{port}.json").exists()
 
     again = start(port, "--state-dir", str(tmp_path))
-    after = predicted(endpoint, "after")
+    after = coder_predictions(endpoint, "after")
     stop(again)
     cold = start(port, "--no-state")
-    fresh = predicted(endpoint, "cold")
+    fresh = coder_predictions(endpoint, "cold")
     stop(cold)
 
     for key in ("p_continue", "remaining_steps", "prompt_growth_tokens"):
@@ -76,7 +48,7 @@ def test_the_hint_service_comes_back_knowing_what_it_learnt(tmp_path):
 
     (tmp_path / f"hints-{port}.json").write_text("{ not json")
     corrupt = start(port, "--state-dir", str(tmp_path))
-    broken = predicted(endpoint, "corrupt")
+    broken = coder_predictions(endpoint, "corrupt")
     err = stop(corrupt)
     assert "is corrupt" in err and "clean start" in err
     assert broken["p_continue"] == fresh["p_continue"]  # a clean start, served as usual

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from saga_sdk import HintClient, HintReader
+from tests.support.coder_hints import coder_predictions, teach_coder
 from tests.support.http import free_port
 from tests.support.own_engine import OwnEngine
 
@@ -34,35 +34,6 @@ def engine(tmp, name: str, port: int, hint_port: int, state_dir) -> OwnEngine:
     return own
 
 
-def teach(hint_addr: str) -> None:
-    """Ten sessions of a 3-step coder: a test run after each of its first two calls."""
-    with HintClient(endpoint=hint_addr) as client:
-        for n in range(10):
-            sid = f"taught-{n}"
-            client.session_start(sid, workflow="coder")
-            for step in range(3):
-                client.llm_call_start(sid, step=step)
-                client.llm_call_end(sid, step=step, prompt_tokens=600 + 300 * step, output_tokens=20)
-                if step < 2:
-                    client.tool_call_start(sid, "pytest", call_id=f"{n}.{step}")
-                    time.sleep(0.05)
-                    client.tool_call_end(sid, "pytest", call_id=f"{n}.{step}")
-            client.session_end(sid)
-        assert client.flush(10)
-
-
-def predicted(hint_addr: str, sid: str) -> dict[str, float]:
-    """A new coder session, its first call done, just into its test run."""
-    with HintClient(endpoint=hint_addr) as client:
-        client.session_start(sid, workflow="coder")
-        client.llm_call_start(sid, step=0)
-        client.llm_call_end(sid, step=0, prompt_tokens=600, output_tokens=20)
-        client.tool_call_start(sid, "pytest", call_id="x")
-        assert client.flush(10)
-    with HintReader(hint_addr) as reader:
-        return dict(reader.session(sid).metrics)
-
-
 def serves(own: OwnEngine, model: str) -> None:
     out = own.post("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "Say hi."}],
                                             "max_tokens": 4, "temperature": 0.0, "seed": 0})
@@ -76,9 +47,9 @@ def test_a_restarted_engine_predicts_what_it_learnt_before_and_a_corrupt_file_is
     first = engine(tmp_path, "first", port, hint_port, state)
     try:
         serves(first, saga_server.model)
-        cold = predicted(first.hint_addr, "cold")  # nothing learnt yet: the priors
-        teach(first.hint_addr)
-        before = predicted(first.hint_addr, "before")
+        cold = coder_predictions(first.hint_addr, "cold")  # nothing learnt yet: the priors
+        teach_coder(first.hint_addr)
+        before = coder_predictions(first.hint_addr, "before")
     finally:
         first.stop()
     written = json.loads((state / f"engine-{port}.json").read_text())
@@ -87,7 +58,7 @@ def test_a_restarted_engine_predicts_what_it_learnt_before_and_a_corrupt_file_is
     second = engine(tmp_path, "second", port, hint_port, state)
     try:
         serves(second, saga_server.model)
-        after = predicted(second.hint_addr, "after")
+        after = coder_predictions(second.hint_addr, "after")
     finally:
         second.stop()
     assert "learnt state restored" in second.log.read_text()
@@ -101,7 +72,7 @@ def test_a_restarted_engine_predicts_what_it_learnt_before_and_a_corrupt_file_is
     third = engine(tmp_path, "third", port, hint_port, state)
     try:
         serves(third, saga_server.model)
-        clean = predicted(third.hint_addr, "clean")
+        clean = coder_predictions(third.hint_addr, "clean")
     finally:
         third.stop()
     log = third.log.read_text()

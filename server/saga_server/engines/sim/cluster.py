@@ -177,11 +177,10 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         self._arrive(s)
 
     def _follow_parent(self, child: Session) -> None:
-        """A subagent started or stopped: its parent's worker applies what the core
-        published of it (the parent's pin decided again, `SessionKvPolicy.follow_core`)."""
-        parent = self.sessions.get(child.parent_id)
-        if parent is not None and parent.worker >= 0:
-            w = self.workers[parent.worker]
+        """A subagent started or stopped: every worker applies what the core published
+        of it (`SessionKvPolicy.follow_core`; the one holding the parent's KV decides
+        its pin again, the others only drain what they were told)."""
+        for w in self.workers:
             for hold in w.kv.follow_core(self.now):
                 self._pin_expiry(w, hold)
 
