@@ -10,11 +10,15 @@ from __future__ import annotations
 import functools
 import re
 
-__all__ = ["CATEGORIES", "guess_category"]
+__all__ = ["CATEGORIES", "HUMAN", "guess_category"]
 
 CATEGORIES: tuple[str, ...] = (
-    "search", "read", "edit", "run", "test", "install", "git", "submit", "other", "api",
+    "search", "read", "edit", "run", "test", "install", "git", "submit", "other", "api", "human",
 )
+# A wait for a person, not a tool: the agent handed the turn back to its user, whose
+# next message may take minutes or hours. Clients hint it as a tool call of this
+# category (name "human"), so its durations are learnt apart from the tools'.
+HUMAN = "human"
 
 # First match wins, so the specific patterns (a test run is also "python ...")
 # come before the generic ones.

@@ -12,7 +12,7 @@ The state machine of one session's KV (tiers, order and budget: `holds`):
 
 | fact (call) | what happens to the session's KV |
 |---|---|
-| a request arrived (`arrived`) | admission learns its need; if it may run now and the session holds KV, that KV is PROTECTED (used next), keyed by the arrival, latest first (the back of a FIFO queue is used last: Belady for a queue). If it waits at the admission gate, its KV keeps its tier and key (a parked session's stays the first to go) |
+| a request arrived (`arrived`) | admission learns its need; a hold longer than the prefix the request can reuse (the context was compacted or rewritten) is garbage past it: that tail is released now. If it may run now and the session holds KV, that KV is PROTECTED (used next), keyed by the arrival, latest first (the back of a FIFO queue is used last: Belady for a queue). If it waits at the admission gate, its KV keeps its tier and key (a parked session's stays the first to go) |
 | it was scheduled (`scheduled`) | the hold is given back to the engine (the request references the blocks now); admission learns how much of the KV it had held was found |
 | it finished (`finished`) | its cached prefix becomes the session's hold, keyed by the rules' key; a TTL pin when the rules pin it (within the pin budget and the owner's cap), else SOFT |
 | a tool started (`tool_started`) | re-keyed, and the pin decided again now that the tool is known: the latest decision wins (a pin the tool no longer merits becomes SOFT) |
@@ -108,11 +108,14 @@ class WorkflowRules:
 class SessionKvPolicy:
     def __init__(self, ledger: HoldLedger, rules: KvRules, *, block_tokens: int, core=None,
                  admission: Callable[[Callable[[str], bool]], AdmissionControl | None] | None = None,
-                 protect_queued: bool = True, count: Callable[[str, str], None] | None = None) -> None:
+                 protect_queued: bool = True, release_garbage: bool = True,
+                 count: Callable[[str, str], None] | None = None) -> None:
         """`ledger`: the engine's holds; `rules`: keys and pins; `core`: the
         `WorkflowCore` whose lifecycle it follows (None: `session_ended`).
         `admission(parkable)`: builds the engine's admission controller, given
         which sessions it may park (not pinned); None: every session runs at once.
+        `release_garbage`: release a hold's tail that an arriving request cannot reuse
+        (False: keep it until evicted, as stock vLLM's free queue does).
         `count(name, label)`: told of pin events ("pins": "used", "created",
         "refused", "over_tenant_cap", "unpinned", "expired") and of each session it
         forgets ("forgotten": ENDED, "expired", "evicted", "moved")."""
@@ -120,6 +123,7 @@ class SessionKvPolicy:
         self.rules = rules
         self.block_tokens = block_tokens
         self.protect_queued = protect_queued
+        self.release_garbage = release_garbage
         self.admission = admission(self.parkable) if admission is not None else None
         self._count = count or _no_count
         self._core = core
@@ -160,10 +164,14 @@ class SessionKvPolicy:
 
     # -- requests ----------------------------------------------------------------------
 
-    def arrived(self, session_id: str, request_id, need_tokens: int, arrived_at: float, tenant: str = "") -> bool:
+    def arrived(self, session_id: str, request_id, need_tokens: int, arrived_at: float, tenant: str = "",
+                reusable_tokens: int | None = None) -> bool:
         """A request of the session arrived needing `need_tokens` of KV (prompt +
-        output). True: it may be scheduled now; False: it waits at the admission gate
-        until `plan` admits its session."""
+        output); `reusable_tokens`: how much of the session's held KV its prompt
+        continues (None: unknown). True: it may be scheduled now; False: it waits at
+        the admission gate until `plan` admits its session."""
+        if reusable_tokens is not None and self.release_garbage:
+            self.ledger.truncate(session_id, max(reusable_tokens, 0) // self.block_tokens, "garbage")
         may = True
         if self.admission is not None:
             self._requests.setdefault(session_id, set()).add(request_id)

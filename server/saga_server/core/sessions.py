@@ -40,7 +40,9 @@ rest.
 
 Memory is bounded once, for both: at most `max_sessions` records and
 `history_limit` history entries each. A session expires `idle_ttl_s` after its
-last event; an ended one is kept `ended_ttl_s` so late readers still see how it
+last event, or `human_idle_ttl_s` while it waits on its user's turn (an open call
+of category `human`: a person's reply takes minutes to hours, a tool's seconds);
+an ended one is kept `ended_ttl_s` so late readers still see how it
 finished. Expiry runs a few records at a time with every hint (the core runs it on
 engine events too) and fully before a listing. A new session that finds the table
 full gets the room of expired sessions, else of the session that ended first;
@@ -96,6 +98,7 @@ from .events import (
     ToolCallEnd,
     ToolCallStart,
 )
+from .categories import HUMAN
 from .scopes import owns_scope, tag
 
 __all__ = ["Session", "SessionTable", "Tracker", "SessionGone", "ParentChanged", "ENDED", "EXPIRED", "EVICTED"]
@@ -220,13 +223,17 @@ class SessionTable:
         ended_ttl_s: float = 300.0,
         history_limit: int = 256,
         clock: Callable[[], float] = time.monotonic,
+        human_idle_ttl_s: float | None = None,
     ) -> None:
         if max_sessions < 1 or history_limit < 1:
             raise ValueError("max_sessions and history_limit must be >= 1")
         if not idle_ttl_s > 0 or not ended_ttl_s >= 0:
             raise ValueError("idle_ttl_s must be > 0 and ended_ttl_s >= 0")
+        if human_idle_ttl_s is not None and not human_idle_ttl_s >= idle_ttl_s:
+            raise ValueError("human_idle_ttl_s must be >= idle_ttl_s")
         self.max_sessions = max_sessions
         self.idle_ttl_s = idle_ttl_s
+        self.human_idle_ttl_s = idle_ttl_s if human_idle_ttl_s is None else human_idle_ttl_s
         self.ended_ttl_s = ended_ttl_s
         self.history_limit = history_limit
         self._clock = clock
@@ -391,11 +398,21 @@ class SessionTable:
                     break
                 self._drop(self.by_id[sid], now, EXPIRED)
                 gone.append(sid)
+            waiting: set[str] = set()  # passed over once: waiting on a person
             while self.by_id and len(gone) < limit:
                 session = next(iter(self.by_id.values()))
-                ttl = self.ended_ttl_s if session.ended else self.idle_ttl_s
-                if now - session.last_event_at < ttl:
+                idle = now - session.last_event_at
+                if session.ended:
+                    if idle < self.ended_ttl_s:
+                        break
+                elif idle < self.idle_ttl_s:
                     break
+                elif idle < self.human_idle_ttl_s and _waits_on_human(session):
+                    if session.session_id in waiting:
+                        break
+                    waiting.add(session.session_id)  # kept: look behind it for the expired
+                    self.by_id.move_to_end(session.session_id)
+                    continue
                 self._drop(session, now, EXPIRED)
                 gone.append(session.session_id)
             return gone
@@ -554,6 +571,11 @@ class SessionTable:
     def _publish(self, session_id: str, how: str) -> None:
         for listener in self._listeners:
             listener(session_id, how)
+
+
+def _waits_on_human(session: Session) -> bool:
+    """Whether the session's open wait is its user's turn (category `human`)."""
+    return any(call[1] == HUMAN for call in session.running_tools.values())
 
 
 def _kind(event: HintEvent) -> str:

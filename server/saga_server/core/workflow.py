@@ -39,6 +39,9 @@ class CoreConfig:
 
     max_sessions: int = 50_000
     session_idle_s: float = 1800.0
+    # A session waiting on its user's turn (a `human` call open) is kept this long: a
+    # person may come back the next day; the table's size bound holds memory, not this.
+    human_idle_s: float = 86_400.0
     ended_ttl_s: float = 300.0
     history_limit: int = 256
     max_workflows: int = 256
@@ -75,7 +78,8 @@ class WorkflowCore:
         self.seed = seed
         self._clock = clock
         self.table = SessionTable(max_sessions=cfg.max_sessions, idle_ttl_s=cfg.session_idle_s,
-                                  ended_ttl_s=cfg.ended_ttl_s, history_limit=cfg.history_limit, clock=clock)
+                                  ended_ttl_s=cfg.ended_ttl_s, history_limit=cfg.history_limit, clock=clock,
+                                  human_idle_ttl_s=max(cfg.human_idle_s, cfg.session_idle_s))
         self._lock = self.table.lock
         self._sessions = self.table.by_id
         self.aeg = AEG(self.table, max_workflows=cfg.max_workflows, max_nodes=cfg.max_nodes,

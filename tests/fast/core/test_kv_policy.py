@@ -192,3 +192,30 @@ def test_the_host_tier_order_is_lowest_key_first_each_entry_tail_first_and_plans
     order.put("far", 10.0)  # used again: re-keyed
     order.remove("chunk-tail")
     assert order.victims(2, sizes.__getitem__) == [("near", 2)]
+
+
+def test_a_request_that_reuses_less_than_the_hold_releases_the_garbage_past_it_at_once():
+    # A compacted context restarts from a short prefix: the rest of the session's KV
+    # can never be used again, so it leaves the pool as the request arrives, not once
+    # it is scheduled (under load a queued request can wait long, its KV protected).
+    kv, core, clock = policy(pins=False)
+    core.accept(SessionStart("a", clock()))
+    run_request(kv, core, clock, "a", 10)
+    free = kv.ledger.pool.num_free()
+    clock.t += 1.0
+    kv.arrived("a", "r2", 100 * BT, clock(), reusable_tokens=3 * BT + 5)
+    assert kv.ledger.blocks_of("a") == 3 and kv.ledger.get("a").tier == PROTECTED
+    assert kv.ledger.pool.num_free() == free + 7
+
+
+def test_an_engine_that_keeps_garbage_leaves_the_hold_whole():
+    clock = ManualClock(100.0)
+    core = WorkflowCore(CoreConfig(), clock=clock)
+    kv = SessionKvPolicy(HoldLedger(Pool(64), 64), WorkflowRules(core, pins=False), block_tokens=BT, core=core,
+                         release_garbage=False)
+    core.accept(SessionStart("a", clock()))
+    run_request(kv, core, clock, "a", 10)
+    kv.arrived("a", "r2", 100 * BT, clock(), reusable_tokens=3 * BT)
+    assert kv.ledger.blocks_of("a") == 10
+    kv.arrived("a", "r3", 100 * BT, clock(), reusable_tokens=None)  # unknown: nothing released either
+    assert kv.ledger.blocks_of("a") == 10

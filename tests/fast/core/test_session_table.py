@@ -84,3 +84,24 @@ def test_ended_sessions_leave_after_their_ttl_even_behind_live_ones():
     reg.accept(LlmCallStart("other", 20.0))  # expiry runs with each hint
     assert reg.session("done") is None and reg.session("live") is not None
     assert reg.stats()["sessions_expired"] == 1
+
+
+def test_a_session_waiting_on_its_user_outlives_the_idle_ttl_but_not_the_human_one():
+    from saga_server.core import CoreConfig, WorkflowCore
+
+    clock = ManualClock(0.0)
+    core = WorkflowCore(CoreConfig(session_idle_s=100.0, human_idle_s=1000.0), clock=clock)
+    for sid in ("person", "tool"):
+        core.accept(SessionStart(sid, clock()))
+        core.accept(LlmCallStart(sid, clock(), step=1))
+        core.accept(LlmCallEnd(sid, clock(), step=1, prompt_tokens=100, output_tokens=10))
+    core.accept(ToolCallStart("person", clock(), "human", call_id="h", category="human"))
+    core.accept(ToolCallStart("tool", clock(), "bash", call_id="t", category="run"))
+    clock.t = 500.0
+    # Behind the person's session (least recently active), the tool's is still found expired.
+    assert core.expire_idle() == ["tool"]
+    assert core.session("person") is not None
+    clock.t = 999.0
+    assert core.expire_idle() == [] and core.session("person") is not None
+    clock.t = 1001.0
+    assert core.expire_idle() == ["person"]
