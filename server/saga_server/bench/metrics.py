@@ -89,6 +89,11 @@ def summarize(res: SimResult) -> dict[str, Any]:
                        if res.running_kv_samples else math.nan),
         "parked": res.parked,
         "admission_waits": res.admitted_after_wait,
+        "human_waits": res.human_waits,
+        "compactions": res.compactions,
+        # The hosted API's own hit rate on the trace, to set beside `hit_rate` (nan: not recorded).
+        "provider_cached_share": (res.provider_cached_tokens / res.provider_known_prompt_tokens
+                                  if res.provider_known_prompt_tokens else math.nan),
     }
     by_tenant: dict[str, list] = defaultdict(list)
     for t in res.tasks:

@@ -6,7 +6,13 @@
   drawn per replayed task from a log-normal *fallback* for the tool's category
   (median, sigma); a step with no tool before the next step (a user's turn) waits its
   `idle_s` where the trace has one (recordings, `saga_server.record`), else a draw
-  from the `user` fallback.
+  from the `user` fallback. A step with `human_idle_s` hands the turn back to a
+  person: the next step is a new user turn after that many seconds (minutes, with a
+  tail of hours), which the simulator tells apart from a tool's wait.
+- A step marked `compaction` restarts its prompt from a short prefix (its
+  `reused_prefix_tokens`): the session's KV past that prefix is garbage from then on.
+- `provider_cached_tokens` (what the hosted API served from its cache) is carried
+  along for comparison with the replay's own hit rate.
 - A last line without its newline (a recorder that died mid-line) is skipped; any
   other line that is not a `saga-trace/1` task is an error.
 - A replayed task is a distinct session: tasks are drawn from the trace in seeded
@@ -118,16 +124,29 @@ def materialize(raw: Mapping[str, Any], rng: random.Random,
                 tools.append(ToolSpec(tool["name"], cat, _draw(cat, rng, fallback), False))
             else:
                 tools.append(ToolSpec(tool["name"], cat, float(d)))
-        idle = 0.0
+        idle, human = 0.0, False
         if not tools and i + 1 < len(raw_steps):
-            idle = float(st["idle_s"]) if st.get("idle_s") is not None else _draw("user", rng, fallback)
+            if st.get("human_idle_s") is not None:
+                idle, human = _seconds(st["human_idle_s"], "human_idle_s"), True
+            else:
+                idle = float(st["idle_s"]) if st.get("idle_s") is not None else _draw("user", rng, fallback)
         prompt = int(st["prompt_tokens"])
+        cached = st.get("provider_cached_tokens")
         steps.append(StepSpec(prompt, max(int(st["output_tokens"]), 1),
                               min(int(st.get("reused_prefix_tokens") or 0), prompt),
                               tuple(tools), idle,
-                              tuple(materialize(child, rng, fallback) for child in st.get("spawns") or ())))
+                              tuple(materialize(child, rng, fallback) for child in st.get("spawns") or ()),
+                              human=human, compaction=bool(st.get("compaction")) and i > 0,
+                              cached_tokens=None if cached is None else min(int(cached), prompt)))
     return TaskSpec(str(raw.get("task_id", "")), str(raw.get("run", "")),
                     int(raw.get("shared_prefix_tokens") or 0), tuple(steps))
+
+
+def _seconds(value: Any, field: str) -> float:
+    d = float(value)
+    if not d >= 0.0 or d == math.inf:
+        raise ValueError(f"{field} must be a finite number of seconds >= 0, got {value!r}")
+    return d
 
 
 def build_instances(tenants: Sequence[TenantSpec], n_tasks: int, seed: int = 0,

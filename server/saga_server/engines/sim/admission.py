@@ -27,10 +27,11 @@ __all__ = ["AdmissionGate"]
 
 
 class AdmissionGate:
-    def _admitted(self, w: "Worker", s: Session, tokens: int) -> bool:
-        """The session's request arrives at the worker's KV policy; whether it may join
-        the queue now. If not it waits at the gate until a plan admits it."""
-        if w.kv.arrived(s.session_id, s.step, tokens, self.now, s.tenant):
+    def _admitted(self, w: "Worker", s: Session, tokens: int, reusable: int) -> bool:
+        """The session's request (needing `tokens` of KV, continuing `reusable` of what
+        the session held) arrives at the worker's KV policy; whether it may join the
+        queue now. If not it waits at the gate until a plan admits it."""
+        if w.kv.arrived(s.session_id, s.step, tokens, self.now, s.tenant, reusable_tokens=reusable):
             return True
         w.gated[s.session_id] = s
         self._rebalance(w, arriving=s.session_id)

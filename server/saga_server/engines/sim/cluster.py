@@ -86,7 +86,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         rules = policy.kv_rules(self.sessions.__getitem__, clock)
         for w in self.workers:
             w.kv = SessionKvPolicy(w.cache.ledger, rules, block_tokens=bt, core=policy.core,
-                                   protect_queued=policy.protect_queued,
+                                   protect_queued=policy.protect_queued, release_garbage=policy.releases_garbage,
                                    admission=lambda parkable: policy.admission(cap * bt, host_tokens, cost, parkable))
             w.kv.on_forget(lambda sid, how, w=w: self._forgotten(w, sid, how))
         self.capacity_blocks = cap
@@ -200,9 +200,9 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         now = self.now
         st = s.task.steps[s.step]
         w = self.workers[s.worker]
-        if gate and not self._admitted(w, s, st.prompt_tokens + st.output_tokens - s.base):
-            return
         reuse = st.reused_tokens if s.step > 0 else min(s.task.shared_prefix_tokens, st.prompt_tokens)
+        if gate and not self._admitted(w, s, st.prompt_tokens + st.output_tokens - s.base, max(reuse - s.base, 0)):
+            return
         r = Request(s, st.prompt_tokens, st.output_tokens, reuse, self._next_seq(), s.next_use)
         heapq.heappush(w.queue, (self.policy.queue_priority(s, now), r.seq, r))
         self._touch(w)
@@ -216,7 +216,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             s.tool_done = True  # that starts one (Claude Code's Task) ends when they return
             return
         s.tool_done = False
-        if s.tool_names:
+        if s.tool_names or s.task.steps[s.step].human:
             self.policy.on_tool_end(s, self.now)
             self.workers[s.worker].kv.tool_ended(s.session_id, self.now)
         s.step += 1
@@ -318,6 +318,11 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             r.work = cost.prefill_work(new, hit + loaded)
             res.llm_calls += 1
             res.prompt_tokens += r.prompt
+            step = s.task.steps[s.step]
+            if step.cached_tokens is not None:
+                res.provider_cached_tokens += step.cached_tokens
+                res.provider_known_prompt_tokens += r.prompt
+            res.compactions += step.compaction
             res.reusable_tokens += r.reuse
             res.hit_tokens += hit
             res.loaded_tokens += loaded
@@ -366,7 +371,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         self._pin_expiry(w, kv.finished(sid, s.step, cache.request_blocks(sid, keep), now))
         cache.unreserve(sid)
         if not last:
-            if st.tools:
+            if st.tools or st.human:  # a person's turn is a wait the hints name too
+                res.human_waits += st.human
                 pol.on_tool_start(s, now)
                 self._pin_expiry(w, kv.tool_started(sid, now))
             if st.spawns:

@@ -24,7 +24,9 @@ default those are its `key` and `pin_ttl`:
 6. `admission(capacity_tokens, host_tokens, cost, parkable)`: a per-worker controller deciding
    which sessions may hold KV at all (see `admission`); None (default): all of them.
 
-Flags say which machinery it uses: `caches` (prefix caching at all), `host_tier`
+Flags say which machinery it uses: `caches` (prefix caching at all), `releases_garbage`
+(a session's held KV past what its arriving request reuses, after a compaction, is
+released at once; stock vLLM leaves it in its free queue until evicted), `host_tier`
 (offload evicted tails to CPU memory and load them back on a hit), `steals` (route
 through `place`/`plan_steal`; a stolen session's KV moves with it), `unbounded`
 (infinite GPU KV), `protect_queued` (a session whose request is queued keeps its KV until every idle
@@ -76,6 +78,7 @@ PrefetchRequest = tuple[str, int, float]
 class SimPolicy:
     name = "base"
     caches = True
+    releases_garbage = False
     host_tier = False
     steals = False
     unbounded = False

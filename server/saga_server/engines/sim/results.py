@@ -78,6 +78,11 @@ class SimResult:
     # (time, session, source, target, in tool when chosen, tokens sent)
     steal_log: list[tuple[float, str, int, int, bool, int]] = field(default_factory=list)
     admitted_after_wait: int = 0  # requests that waited at the admission gate
+    human_waits: int = 0  # steps after which a person took the turn (`StepSpec.human`)
+    compactions: int = 0  # requests whose context restarted from a short prefix
+    # What the trace's hosted API served from its own cache, over the prompts it said so for.
+    provider_cached_tokens: int = 0
+    provider_known_prompt_tokens: int = 0
     parked: int = 0  # sessions parked (their KV first in line to be evicted)
     worker_busy_s: list[float] = field(default_factory=list)  # per worker: time with a non-empty batch
     # Closed loop: the window while every slot was busy (until the last task started).

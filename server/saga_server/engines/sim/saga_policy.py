@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from saga_server.core import (
     CoreConfig,
+    HintRejected,
     LlmCallEnd,
     LlmCallStart,
     PrefetchCandidate,
@@ -55,6 +56,7 @@ from saga_server.core import (
     WorkflowCore,
 )
 from saga_server.core.admission import AdmissionConfig, SessionAdmission
+from saga_server.core.categories import HUMAN
 from saga_server.core.kv_policy import WorkflowRules
 from saga_server.core.routing import ReplicaView, RoutingConfig, SessionRouter, Steal
 
@@ -84,6 +86,7 @@ class SagaPolicy(SimPolicy):
         self.host_tier = "prefetch" in self.mechanisms
         self.steals = "steal" in self.mechanisms
         self.protect_queued = True
+        self.releases_garbage = True
         self._config = config
         self.routing = routing or SIM_ROUTING
         self.admission_config = admission
@@ -143,7 +146,11 @@ class SagaPolicy(SimPolicy):
         return s.parent_id if self.trees and s.parent_id else None
 
     def on_llm_start(self, s: "Session", now: float) -> None:
-        self.core.accept(LlmCallStart(s.session_id, now, step=s.step))
+        try:
+            self.core.accept(LlmCallStart(s.session_id, now, step=s.step))
+        except HintRejected:  # the core let it go while it idled (a person's long turn): it starts again
+            self.on_session_start(s, now)
+            self.core.accept(LlmCallStart(s.session_id, now, step=s.step))
         self.core.on_request_arrival(s.session_id, s.task.steps[s.step].prompt_tokens, s.tenant)
 
     def on_llm_end(self, s: "Session", r: "Request", now: float) -> None:
@@ -154,16 +161,27 @@ class SagaPolicy(SimPolicy):
             self.core.record_service(s.tenant, r.prompt + r.output, s.session_id)
 
     def on_tool_start(self, s: "Session", now: float) -> None:
-        for i, tool in enumerate(s.task.steps[s.step].tools):
-            self.core.accept(ToolCallStart(s.session_id, now, tool.name, call_id=f"{s.step}.{i}",
-                                           category=tool.category))
+        for name, category, call_id in _waits(s):
+            self.core.accept(ToolCallStart(s.session_id, now, name, call_id=call_id, category=category))
 
     def on_tool_end(self, s: "Session", now: float) -> None:
         # Called before the session moves to its next step: s.step is the tool's step.
-        for i, tool in enumerate(s.task.steps[s.step].tools):
-            self.core.accept(ToolCallEnd(s.session_id, now, tool.name, call_id=f"{s.step}.{i}"))
+        for name, _, call_id in _waits(s):
+            try:
+                self.core.accept(ToolCallEnd(s.session_id, now, name, call_id=call_id))
+            except HintRejected:  # the core let the session go while it waited
+                return
 
     def on_session_end(self, s: "Session", now: float) -> None:
         self.core.accept(SessionEnd(s.session_id, now))
         if self.router is not None:
             self.router.forget(s.session_id)
+
+
+def _waits(s: "Session") -> list[tuple[str, str, str]]:
+    """What the session waits on after its step, as hints name it: (tool, category,
+    call id) per tool call, or the human's turn as a call of category `human`."""
+    step = s.task.steps[s.step]
+    if step.human:
+        return [(HUMAN, HUMAN, f"{s.step}.human")]
+    return [(tool.name, tool.category, f"{s.step}.{i}") for i, tool in enumerate(step.tools)]

@@ -31,6 +31,14 @@ class StepSpec:
     # Subagents this step starts, in parallel with its tools: the session's next step
     # comes once they have all ended and its tools are done (the parent waits on them).
     spawns: tuple["TaskSpec", ...] = ()
+    # `idle_s` is a person's: the agent handed the turn back, the next step starts a new
+    # user turn after minutes (a human in the loop, not a tool or a simulated user).
+    human: bool = False
+    # This step's prompt restarts from a short prefix (the context was compacted): the
+    # session's KV past `reused_tokens` is garbage from now on.
+    compaction: bool = False
+    # What the hosted API reported as served from its own prefix cache (None: unknown).
+    cached_tokens: int | None = None
 
     @property
     def gap_s(self) -> float:
