@@ -47,8 +47,63 @@ def run_one(job: tuple) -> dict:
     return {"policy": policy, "per_worker": per_worker, "host": host, "tasks": len(res.tasks),
             "tct_mean_s": s["tct_mean_s"], "tct_p90_s": s["tct_p90_s"], "tasks_per_hour": s["tasks_per_hour"],
             "hit_rate": s["hit_rate"], "recompute_share": s["recompute_share"], "regen_share": s["regen_share"],
-            "running_kv": s["running_kv"], "parked": res.parked, "admission_waits": res.admitted_after_wait,
-            "wall_s": wall}
+            "mem_util": s["mem_util"], "running_kv": s["running_kv"], "parked": res.parked,
+            "admission_waits": res.admitted_after_wait, "wall_s": wall}
+
+
+def run_all(jobs: list[tuple], n_jobs: int, desc: str = "overload") -> list[dict]:
+    """`run_one` over `jobs`, `n_jobs` at a time, with a progress bar."""
+    rows: list[dict] = []
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is in the server extra; the bar is optional
+        tqdm = None
+    with ProcessPoolExecutor(max_workers=n_jobs) as pool:
+        bar = tqdm(total=len(jobs), desc=desc, unit="run") if tqdm else None
+        for row in pool.map(run_one, jobs):
+            rows.append(row)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+    return rows
+
+
+COLUMNS = ("tct_mean_s", "tct_p90_s", "tasks_per_hour", "hit_rate", "recompute_share", "mem_util", "running_kv",
+           "wall_s")
+
+
+def print_tables(rows: list[dict], hosts: list[float], loads: list[int], policies: list[str], workers: int,
+                 title: str = "") -> None:
+    """One markdown table per (host tier, load), then the ratios SAGA is judged by."""
+    cols = COLUMNS
+    for h in hosts:
+        for pw in loads:
+            sel = {r["policy"]: r for r in rows if r["host"] == h and r["per_worker"] == pw}
+            print(f"\n## {title}host tier {h:g}x, {pw} sessions/worker, {workers} workers, "
+                  f"{next(iter(sel.values()))['tasks']} tasks")
+            print(f"| policy | {' | '.join(cols)} |")
+            print("|---" * (len(cols) + 1) + "|")
+            for p in policies:
+                r = sel[p]
+                print(f"| {p} | " + " | ".join(f"{r[c]:.3f}" if c in ("hit_rate", "recompute_share", "running_kv",
+                                                                        "mem_util")
+                                               else f"{r[c]:.0f}" if c != "wall_s" else f"{r[c]:.1f}"
+                                               for c in cols) + " |")
+            if "saga" in sel:
+                saga = sel["saga"]
+                others = [p for p in policies if p not in ("saga", "infinite", "oracle") and not p.startswith("saga")]
+                best = min(others, key=lambda p: sel[p]["tct_mean_s"]) if others else None
+                parts = []
+                for ref in ("infinite", "oracle"):
+                    if ref in sel:
+                        parts.append(f"saga/{ref} {saga['tct_mean_s'] / sel[ref]['tct_mean_s']:.3f}")
+                if best:
+                    parts.append(f"best other ({best})/saga {sel[best]['tct_mean_s'] / saga['tct_mean_s']:.3f}")
+                if "saga-no-admit" in sel:
+                    parts.append(f"saga/saga-no-admit {saga['tct_mean_s'] / sel['saga-no-admit']['tct_mean_s']:.4f}"
+                                 f" (p90 {saga['tct_p90_s'] / sel['saga-no-admit']['tct_p90_s']:.3f})")
+                print("  ".join(parts))
 
 
 def main() -> int:
@@ -69,45 +124,9 @@ def main() -> int:
     jobs = [(a.trace, a.workers, pw, h, a.tasks_factor, p, a.seed) for h in hosts for pw in loads for p in policies]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
-    try:
-        from tqdm import tqdm
-    except ImportError:  # tqdm is in the server extra; the bar is optional
-        tqdm = None
-    with ProcessPoolExecutor(max_workers=a.jobs) as pool:
-        it = pool.map(run_one, jobs)
-        bar = tqdm(total=len(jobs), desc="overload", unit="run") if tqdm else None
-        for row in it:
-            rows.append(row)
-            if bar is not None:
-                bar.update(1)
-        if bar is not None:
-            bar.close()
+    rows = run_all(jobs, a.jobs)
     (out / "overload.json").write_text(json.dumps(rows, indent=2))
-    cols = ("tct_mean_s", "tct_p90_s", "tasks_per_hour", "hit_rate", "recompute_share", "running_kv", "wall_s")
-    for h in hosts:
-        for pw in loads:
-            sel = {r["policy"]: r for r in rows if r["host"] == h and r["per_worker"] == pw}
-            print(f"\n## host tier {h:g}x, {pw} sessions/worker, {a.workers} workers, "
-                  f"{next(iter(sel.values()))['tasks']} tasks")
-            print(f"| policy | {' | '.join(cols)} |")
-            print("|---" * (len(cols) + 1) + "|")
-            for p in policies:
-                r = sel[p]
-                print(f"| {p} | " + " | ".join(f"{r[c]:.3f}" if c in ("hit_rate", "recompute_share", "running_kv")
-                                               else f"{r[c]:.0f}" if c != "wall_s" else f"{r[c]:.1f}"
-                                               for c in cols) + " |")
-            if "saga" in sel and "infinite" in sel:
-                saga = sel["saga"]
-                others = [p for p in policies if p not in ("saga", "infinite", "saga-no-admit")]
-                best = min(others, key=lambda p: sel[p]["tct_mean_s"]) if others else None
-                line = f"saga/infinite {saga['tct_mean_s'] / sel['infinite']['tct_mean_s']:.3f}"
-                if best:
-                    line += f"  best other ({best})/saga {sel[best]['tct_mean_s'] / saga['tct_mean_s']:.3f}"
-                if "saga-no-admit" in sel:
-                    line += (f"  saga/saga-no-admit {saga['tct_mean_s'] / sel['saga-no-admit']['tct_mean_s']:.4f}"
-                             f" (p90 {saga['tct_p90_s'] / sel['saga-no-admit']['tct_p90_s']:.3f})")
-                print(line)
+    print_tables(rows, hosts, loads, policies, a.workers)
     print(f"\nwrote {out / 'overload.json'}")
     return 0
 

@@ -1,0 +1,125 @@
+"""Production-shaped agents: the trace fields for a person's turn, compaction and the
+provider's cached tokens, what the simulator does with them, and the generator that
+draws such sessions from published statistics."""
+
+from __future__ import annotations
+
+import random
+import re
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from saga_server.bench.metrics import summarize
+from saga_server.bench.policies import make_policy
+from saga_server.bench.workload import materialize
+from saga_server.engines.sim import SimConfig, Simulator, StepSpec, TaskInstance, TaskSpec, ToolSpec, make_cost_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+import production_agents  # noqa: E402
+
+
+def raw_task(**last) -> dict:
+    return {"format": "saga-trace/1", "task_id": "t", "run": "r", "shared_prefix_tokens": 100, "steps": [
+        {"prompt_tokens": 1000, "output_tokens": 50, "reused_prefix_tokens": 0, "provider_cached_tokens": 100,
+         "tools": [], "human_idle_s": 90.5},
+        {"prompt_tokens": 400, "output_tokens": 20, "reused_prefix_tokens": 100, "compaction": True,
+         "provider_cached_tokens": 100, "tools": [], **last}]}
+
+
+def test_a_trace_step_carries_a_persons_turn_compaction_and_the_providers_cached_tokens():
+    spec = materialize(raw_task(), random.Random(0))
+    first, second = spec.steps
+    assert first.human and first.idle_s == 90.5 and first.cached_tokens == 100 and not first.compaction
+    assert second.compaction and not second.human and second.reused_tokens == 100
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf"), float("nan")])
+def test_a_persons_turn_must_be_a_finite_duration(bad):
+    task = raw_task()
+    task["steps"][0]["human_idle_s"] = bad
+    with pytest.raises(ValueError, match="human_idle_s"):
+        materialize(task, random.Random(0))
+
+
+def turns_task(task_id: str, wait_s: float) -> TaskSpec:
+    """Two user turns: a tool loop, the answer, a person's wait, one more call."""
+    return TaskSpec(task_id, "run", 0, (
+        StepSpec(2000, 50, 0, (ToolSpec("bash", "run", 1.0),)),
+        StepSpec(2100, 50, 2050, idle_s=wait_s, human=True),
+        StepSpec(2300, 50, 2150)))
+
+
+def run(policy_name: str, insts, kv_tokens: int = 200_000):
+    policy = make_policy(policy_name)
+    sim = Simulator(make_cost_model(kv_capacity_override=kv_tokens), policy, insts, SimConfig(workers=1))
+    return sim, policy, sim.run()
+
+
+def test_saga_learns_a_persons_turn_as_a_wait_of_its_own_not_as_the_tools():
+    insts = [TaskInstance(f"s{i}", turns_task(f"t{i}", 300.0)) for i in range(12)]
+    sim, saga, res = run("saga", insts)
+    assert res.human_waits == 12 and summarize(res)["human_waits"] == 12
+    human = saga.core.aeg.tool_distribution("default", "human", "human")
+    tool = saga.core.aeg.tool_distribution("default", "bash", "run")
+    assert human.mean() == pytest.approx(300.0, rel=0.1)
+    assert tool.mean() == pytest.approx(1.0, rel=0.1)
+    # Every task took its person's 5 minutes, and every baseline saw the same waits.
+    assert min(t.tct_s for t in res.tasks) > 300.0
+    assert run("kvflow", insts)[2].human_waits == 12
+
+
+def test_a_compacted_step_is_counted_and_the_providers_share_reported():
+    spec = materialize(raw_task(), random.Random(0))
+    _, _, res = run("apc-lru", [TaskInstance("a", spec)])
+    s = summarize(res)
+    assert s["compactions"] == 1
+    assert s["provider_cached_share"] == pytest.approx(200 / 1400)
+
+
+def test_the_generator_is_seeded_and_lands_on_the_published_statistics():
+    tasks = production_agents.generate(600, seed=3)
+    assert tasks == production_agents.generate(600, seed=3)
+    assert tasks != production_agents.generate(600, seed=4)
+    s = production_agents.summary(tasks)
+    assert 50_000 <= s["mean_prompt_tokens"] <= 90_000  # copilot: ~68k
+    assert 0.85 <= s["provider_cached_share"] <= 0.96  # copilot / tracelab: 85-96%
+    assert 3.5 <= s["turns_per_session"] <= 4.5  # ~4 user turns
+    assert 1.05 <= s["tool_calls_per_tool_step"] <= 1.15  # ~1.1
+    assert 0.1 <= s["tool_median_s"] <= 0.6 and 10.0 <= s["tool_p90_s"] <= 16.0
+    assert 90.0 <= s["human_median_s"] <= 150.0 and 900.0 <= s["human_p90_s"] <= 1500.0
+    assert 0.05 <= s["sessions_compacting"] <= 0.25  # copilot: 5-20% of sessions
+    window = production_agents.ProductionShape().context_window
+    assert s["max_prompt_tokens"] <= window
+
+
+def test_a_compaction_restarts_the_prompt_from_the_shared_prefix_and_the_trace_loads():
+    tasks = production_agents.generate(200, seed=0)
+    compacted = [(t, k) for t in tasks for k, st in enumerate(t["steps"]) if st.get("compaction")]
+    assert compacted
+    for t, k in compacted:
+        before, st = t["steps"][k - 1], t["steps"][k]
+        assert st["reused_prefix_tokens"] == t["shared_prefix_tokens"]
+        assert st["prompt_tokens"] < before["prompt_tokens"] // 2
+        assert not before["tools"] and "human_idle_s" not in before  # the summarising call runs straight on
+    spec = materialize(compacted[0][0], random.Random(0))
+    assert sum(st.compaction for st in spec.steps) == sum(st.get("compaction", False) for st in compacted[0][0]["steps"])
+
+
+def test_every_knob_of_the_generator_names_its_source():
+    text = Path(production_agents.__file__).read_text()
+    block = text[text.index("class ProductionShape"):text.index("def __post_init__")]
+    lines = block.splitlines()
+    for f in fields(production_agents.ProductionShape):
+        i = next(n for n, line in enumerate(lines) if re.match(rf"\s+{f.name}: ", line))
+        said = lines[i] + " ".join(lines[max(0, i - 2):i])  # its comment, or the lines just above it
+        assert any(f"{key}" in said for key in production_agents.SOURCES), f"{f.name} cites no source"
+
+
+@pytest.mark.parametrize("bad", [{"compact_at": 0.0}, {"tool_p90_s": 0.1}, {"turns_mean": 0.5},
+                                 {"append_max_tokens": 190_000}, {"human_median_s": float("nan")}])
+def test_a_shape_that_cannot_be_drawn_is_refused(bad):
+    with pytest.raises(ValueError):
+        production_agents.ProductionShape(**bad)
