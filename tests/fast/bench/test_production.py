@@ -17,6 +17,8 @@ from saga_server.bench.policies import make_policy
 from saga_server.bench.workload import materialize
 from saga_server.engines.sim import SimConfig, Simulator, StepSpec, TaskInstance, TaskSpec, ToolSpec, make_cost_model
 
+from .helpers import chain_task
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 import production_agents  # noqa: E402
 
@@ -123,3 +125,16 @@ def test_every_knob_of_the_generator_names_its_source():
 def test_a_shape_that_cannot_be_drawn_is_refused(bad):
     with pytest.raises(ValueError):
         production_agents.ProductionShape(**bad)
+
+
+def test_a_person_away_longer_than_the_core_keeps_a_session_is_served_when_it_comes_back():
+    from saga_server.core import CoreConfig
+    from saga_server.engines.sim.saga_policy import SagaPolicy
+
+    saga = SagaPolicy(config=CoreConfig(session_idle_s=10.0, human_idle_s=20.0))
+    # Another session's hints during the wait let the core's expiry run (it runs with events).
+    insts = [TaskInstance("s", turns_task("t", 100.0)), TaskInstance("b", chain_task("b", steps=40, tool_s=5.0))]
+    res = Simulator(make_cost_model(kv_capacity_override=200_000), saga, insts, SimConfig(workers=1)).run()
+    assert len(res.tasks) == 2 and min(t.tct_s for t in res.tasks) > 100.0
+    assert saga.core.table.counters["sessions_expired"] >= 1
+    assert saga.core.session("s") is not None  # its next call started it again

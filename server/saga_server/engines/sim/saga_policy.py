@@ -146,11 +146,7 @@ class SagaPolicy(SimPolicy):
         return s.parent_id if self.trees and s.parent_id else None
 
     def on_llm_start(self, s: "Session", now: float) -> None:
-        try:
-            self.core.accept(LlmCallStart(s.session_id, now, step=s.step))
-        except HintRejected:  # the core let it go while it idled (a person's long turn): it starts again
-            self.on_session_start(s, now)
-            self.core.accept(LlmCallStart(s.session_id, now, step=s.step))
+        self.core.accept(LlmCallStart(s.session_id, now, step=s.step))  # starts it again if the core let it go
         self.core.on_request_arrival(s.session_id, s.task.steps[s.step].prompt_tokens, s.tenant)
 
     def on_llm_end(self, s: "Session", r: "Request", now: float) -> None:
