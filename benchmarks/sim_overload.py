@@ -92,12 +92,11 @@ def print_tables(rows: list[dict], hosts: list[float], loads: list[int], policie
                                                for c in cols) + " |")
             if "saga" in sel:
                 saga = sel["saga"]
-                others = [p for p in policies if p not in ("saga", "infinite", "oracle") and not p.startswith("saga")]
+                others = [p for p in policies if p != "infinite" and not p.startswith("saga")]
                 best = min(others, key=lambda p: sel[p]["tct_mean_s"]) if others else None
                 parts = []
-                for ref in ("infinite", "oracle"):
-                    if ref in sel:
-                        parts.append(f"saga/{ref} {saga['tct_mean_s'] / sel[ref]['tct_mean_s']:.3f}")
+                if "infinite" in sel:
+                    parts.append(f"saga/infinite {saga['tct_mean_s'] / sel['infinite']['tct_mean_s']:.3f}")
                 if best:
                     parts.append(f"best other ({best})/saga {sel[best]['tct_mean_s'] / saga['tct_mean_s']:.3f}")
                 if "saga-no-admit" in sel:
