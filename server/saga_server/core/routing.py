@@ -33,8 +33,12 @@ Rules.
   replica's load exceeds the least loaded one's by `steal_gap`, one session homed
   on it moves to the least loaded replica. Victims inside a tool call are
   preferred (the move, and the re-prefill of its prefix on the target, hide
-  behind the tool); the victim is drawn at random among them (seeded), so two
-  routers do not keep moving the same session. A session moves at most once per
+  behind the tool). Among those, where the replica reports each session's KV
+  size (`ReplicaView.kv_tokens`), the one holding the least KV moves: any one
+  session takes its future requests off the source alike, and the smallest costs
+  the least to move and to fit on the target (a long-context session can hold
+  more than the load gap is worth). Ties, and replicas that report no sizes, are
+  drawn at random (seeded), so two routers do not keep moving the same session. A session moves at most once per
   `steal_cooldown_s`. The caller moves the KV (transfer or speculative re-prefill
   on the target) and tells the old replica to drop its copy.
 - **Reactive stealing** (in `route`): a request whose home is overloaded by more
@@ -92,6 +96,8 @@ class ReplicaView:
     kv_usage: float = 0.0
     sessions: frozenset[str] = frozenset()  # sessions whose KV it holds
     in_tool: frozenset[str] = frozenset()  # of those, sessions inside a tool call
+    # KV tokens it holds per session (GPU and host tier), where it reports them
+    kv_tokens: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +248,9 @@ class SessionRouter:
             pick_from = in_tool or ([] if cfg.steal_only_in_tool else homed)
             if not pick_from:
                 return None
+            if view.kv_tokens:  # the cheapest move relieves the same future load
+                least = min(view.kv_tokens.get(s, 0) for s in pick_from)
+                pick_from = [s for s in pick_from if view.kv_tokens.get(s, 0) == least]
             sid = self._rng.choice(pick_from)
             self._remember(sid, _Home(dst, now))
             self.counters["planned_steals"] += 1

@@ -71,6 +71,26 @@ def test_a_steal_moves_the_kv_and_the_next_request_hits_on_the_target():
     assert sim.policy.router.counters["planned_steals"] >= 1
 
 
+def test_a_moved_session_that_does_not_fit_the_target_pool_lands_in_its_host_tier():
+    """The target's pool is taken by a running request: the moved prefix goes to the
+    target's host tier and the next request loads it back instead of recomputing it."""
+    a, *busy = homed_on_w0("s", 8)
+    hog = next(s for s in (f"b{i}" for i in range(200)) if home_replica(s, WORKERS) == "w1")
+    task = TaskSpec("a", "run", 0, (StepSpec(4000, 50, 0, (ToolSpec("bash", "run", 20.0),)),
+                                    StepSpec(4150, 50, 4050)))
+    insts = [TaskInstance(a, task), TaskInstance(hog, TaskSpec("hog", "run", 0, (StepSpec(7000, 2500, 0),)))]
+    insts += [TaskInstance(b, busy_task(b)) for b in busy]
+    pol = SagaPolicy(("steal",), name="route", routing=RoutingConfig(new_session="hash"))
+    pol.host_tier = True
+    sim = Simulator(make_cost_model(kv_capacity_override=10_000), pol, insts,
+                    SimConfig(workers=2, host_tier_factor=4.0))
+    res = sim.run()
+    moved = 4050 // 16 * 16
+    assert [(sid, src, dst, tokens) for _, sid, src, dst, _, tokens in res.steal_log][:1] == [(a, 0, 1, moved)]
+    assert res.move_dropped_tokens == 0  # nothing was lost on the way
+    assert 0 < res.loaded_tokens <= moved and res.recomputed_tokens == 0
+
+
 def test_without_routing_the_same_session_stays_and_nothing_moves():
     a, *busy = homed_on_w0("s", 5)
     insts = [TaskInstance(a, chain_task("a", steps=2, first_prompt=2000, output=50, tool_s=5.0))] + \

@@ -126,6 +126,21 @@ def test_steal_victim_is_randomised_by_seed():
     assert len(picks) > 1
 
 
+def test_steal_moves_the_session_holding_the_least_kv_where_sizes_are_reported():
+    """Any session takes its future requests off the source alike; the one with the
+    least KV is the cheapest to move and to fit, whatever the seed."""
+    for seed in range(10):
+        r = _router_with_sessions(6, ManualClock(100.0))
+        r._rng.seed(seed)
+        on_r0 = sorted(s for s, h in r.homes().items() if h == "r0")
+        sizes = {sid: 50_000 + 1_000 * i for i, sid in enumerate(on_r0)}
+        smallest = on_r0[3]
+        sizes[smallest] = 2_000
+        r.update([ReplicaView("r0", queue_len=9, sessions=frozenset(on_r0), in_tool=frozenset(on_r0),
+                              kv_tokens=sizes), ReplicaView("r1")])
+        assert r.plan_steal().session_id == smallest
+
+
 def test_no_steal_when_balanced_or_only_outside_tool_if_asked():
     clock = ManualClock(100.0)
     r = _router_with_sessions(4, clock, steal_only_in_tool=True)

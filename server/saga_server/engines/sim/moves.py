@@ -2,13 +2,16 @@
 
 - **Views**: what each worker would report to the Ray router now: queue = waiting +
   running requests, KV usage = blocks held for live sessions / pool, the sessions whose
-  KV is resident (GPU or host tier) and which of them are in a tool.
+  KV is resident (GPU or host tier), which of them are in a tool, and how much KV
+  each holds.
 - **A steal moves the KV**: the session's resident prefix (GPU hold, and the host
   tier's copy beyond it) is sent to the target over the inter-node link
   (`CostModel.move_s`: a fixed cost per move plus the bytes; one transfer at a time
-  per worker NIC) and freed on the source at once; when it lands it is inserted into the target's pool, evicting idle
-  unpinned prefixes there if needed (what still does not fit is recomputed later), and
-  a pin keeps the rest of its TTL. A session in a tool moves at once, so a transfer
+  per worker NIC) and freed on the source at once; when it lands it is inserted into the
+  target's pool, evicting idle unpinned prefixes there if needed; what still does not
+  fit lands in the target's host tier where it has one (a session's host copy moves
+  with it), and only what fits in neither is recomputed later. A pin keeps the rest of
+  its TTL. A session in a tool moves at once, so a transfer
   shorter than the tool is hidden and the next request is a full hit; a queued request
   leaves the source queue and joins the target's when its KV lands (keeping its place
   in the order); a running request finishes where it is and the session moves as its
@@ -37,18 +40,23 @@ class KvMoves:
         names, workers = self._names, self.workers
         held: list[list[str]] = [[] for _ in workers]
         in_tool: list[list[str]] = [[] for _ in workers]
+        sizes: list[dict[str, int]] = [{} for _ in workers]
+        bt = self.cost.block_tokens
         for sid, s in self._live_sessions.items():
             if s.in_transit:
                 continue
             w = workers[s.worker]
-            if w.cache.holds(sid) or (w.host is not None and w.host.end(sid) > 0):
+            blocks = max(w.cache.cached(sid), w.host.end(sid) if w.host is not None else 0)
+            if w.cache.holds(sid) or blocks > 0:
                 held[w.wid].append(sid)
+                sizes[w.wid][sid] = blocks * bt
                 if s.state == "tool":
                     in_tool[w.wid].append(sid)
         cap = self.capacity_blocks
         return [ReplicaView(names[w.wid], queue_len=len(w.queue) + w.running,
                             kv_usage=min(w.cache.useful_blocks / cap, 1.0),
-                            sessions=frozenset(held[w.wid]), in_tool=frozenset(in_tool[w.wid]))
+                            sessions=frozenset(held[w.wid]), in_tool=frozenset(in_tool[w.wid]),
+                            kv_tokens=sizes[w.wid])
                 for w in workers]
 
     def _steal_tick(self) -> None:
@@ -138,8 +146,14 @@ class KvMoves:
             put = max(min(need, cache.free_blocks), 0)
             if put:
                 cache.grow(sid, put)
-            self.result.moved_tokens += put * bt
-            self.result.move_dropped_tokens += (blocks - have - put) * bt
+            parked = 0
+            if w.host is not None and need > put:  # the rest lands in the host tier
+                w.host.offload(sid, blocks, w.kv.key_of(sid, s.kv_tokens, s.last_access))
+                parked = w.host.end(sid) - have - put
+                if parked > 0:
+                    w.offloaded.add(sid)
+            self.result.moved_tokens += (put + max(parked, 0)) * bt
+            self.result.move_dropped_tokens += max(blocks - have - put - max(parked, 0), 0) * bt
             waiting = s.awaiting_kv if isinstance(s.awaiting_kv, tuple) else None  # a queued request moves with it
             w.kv.loaded(sid, self.now, queued_at=waiting[2].arrived_at if waiting is not None else None,
                         pin_until=pin_until if tier == PINNED and s.state == "tool" else 0.0)
