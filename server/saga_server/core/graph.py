@@ -112,6 +112,13 @@ class _Graph:
     cycle_mean: float = 0.0
     growth_n: float = 0.0
     growth_mean: float = 0.0
+    lengths: LogHistogram | None = None  # steps of finished sessions (`remaining`)
+
+
+def _lengths() -> LogHistogram:
+    # Whole steps from 1 to 100k within ~5%; halves its counts past 1,024 sessions
+    # so that it follows a workflow whose tasks change.
+    return LogHistogram(lo=1.0, hi=100_000.0, ratio=1.1, max_weight=1024.0)
 
 
 class WorkflowGraphs:
@@ -230,6 +237,9 @@ class WorkflowGraphs:
             self._resolve(g, s.node, s.via, END)
         g.sessions_done += 1
         g.steps_mean += (s.steps - g.steps_mean) * (1.0 / g.sessions_done if g.sessions_done < 5 else _EWMA)
+        if g.lengths is None:
+            g.lengths = _lengths()
+        g.lengths.add(float(s.steps))
 
     def learn_spawn(self, parent: Session) -> tuple[str, str] | None:
         """A subagent of `parent` started while `parent` waited after its node: counts
@@ -460,7 +470,11 @@ class WorkflowGraphs:
             return 0.0, 0.0
         # Without finished sessions to learn from, a geometric number of steps.
         steps = p / (1.0 - min(p, 0.99))
-        if g is not None and g.sessions_done:
+        if g is not None and g.lengths is not None and g.lengths.samples >= self.min_samples:
+            # E[N - k | N > k] over the lengths seen: a session that has outlived the
+            # usual length is likely a long one, not one about to end.
+            steps = max(g.lengths.mean_above(float(s.steps)) - s.steps, p)
+        elif g is not None and g.sessions_done:
             steps = max(g.steps_mean - s.steps, p)
         cycle = g.cycle_mean if g is not None and g.cycle_n else self.prior_cycle_s
         return steps, steps * cycle
@@ -560,7 +574,8 @@ def _graph_state(g: _Graph) -> dict:
     return {"name": g.name, "nodes": [_node_state(n) for n in g.nodes.values()],
             "durations": {k: h.state() for k, h in g.durations.items()}, "categories": dict(g.categories),
             "tools": dict(g.tools), "sessions_done": g.sessions_done, "steps_mean": g.steps_mean,
-            "cycle_n": g.cycle_n, "cycle_mean": g.cycle_mean, "growth_n": g.growth_n, "growth_mean": g.growth_mean}
+            "cycle_n": g.cycle_n, "cycle_mean": g.cycle_mean, "growth_n": g.growth_n, "growth_mean": g.growth_mean,
+            "lengths": g.lengths.state() if g.lengths is not None else None}
 
 
 def _node_state(n: _Node) -> dict:
@@ -588,6 +603,8 @@ def _graph_from(data, max_nodes: int, max_durations: int) -> _Graph:
     g.sessions_done, g.cycle_n = _count(d.get("sessions_done")), _count(d.get("cycle_n"))
     g.steps_mean, g.cycle_mean, g.growth_n, g.growth_mean = (
         _number(d.get(k)) for k in ("steps_mean", "cycle_mean", "growth_n", "growth_mean"))
+    if d.get("lengths") is not None:  # absent from files written before lengths were learnt
+        g.lengths = LogHistogram.from_state(d["lengths"])
     return g
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from .aeg import AEG
+from .deadlines import ShapingConfig, deadline_class
 from .eviction import EvictionConfig, wa_lru_key
 from .events import Caller, HintEvent, SessionSnapshot, SessionStart
 from .fairshare import FairShare, FairShareConfig, seniority, urgency
@@ -54,6 +55,7 @@ class CoreConfig:
     pin: PinConfig = field(default_factory=PinConfig)
     prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
     fairshare: FairShareConfig = field(default_factory=FairShareConfig)
+    shaping: ShapingConfig = field(default_factory=ShapingConfig)
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.session_idle_s <= 0 or self.history_limit < 1:
@@ -301,6 +303,19 @@ class WorkflowCore:
             s = self._sessions.get(session_id)
             started = s.task_started_at if s is not None and not s.ended else None  # a subagent's: its root's
             return (self._priority(s, tenant), seniority(started, arrived_at, fs.seniority_window_s, jump))
+
+    def deadline_class(self, session_id: str) -> str:
+        """The session's deadline class now (`deadlines`: at risk, slack-rich or
+        normal) from its urgency, the AEG's expected remaining time at its pace over
+        the time left to its deadline. Unknown, ended, deadline-free or already
+        late (holding others back can no longer bring it in time): normal."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            u = None
+            if s is not None and not s.ended and s.deadline_at is not None and s.deadline_at > self._clock():
+                _, rem_s = self.aeg.remaining(s)
+                u = urgency(rem_s, s.deadline_at, self._clock(), math.inf)
+            return deadline_class(u, self.config.shaping)
 
     def record_service(self, tenant: str, tokens: int, session_id: str = "") -> None:
         """Service delivered (prefill + decode tokens), counted for the session's

@@ -1,0 +1,133 @@
+"""Deadline-aware shaping: slack-rich sessions give way while an at-risk one is served.
+
+Why ordering is not enough. A batching engine runs nearly every waiting request in
+the next iterations whatever the queue's order, so an urgency-first order (Agent Fair
+Share, `fairshare`) changes little once the batch has room. What slows an urgent
+request is the rest of the batch: every other request's prefill tokens share each
+iteration's token budget, and a chunk of prefill makes the iteration, and so every
+decode in it, many times longer. What decides a tight deadline under load is
+therefore how much of each iteration the sessions that can afford to wait take while
+an urgent one runs.
+
+Classes. A session with a deadline has urgency u = (its expected remaining time at
+its current pace, from the AEG) / (time left to its deadline), as in `fairshare`:
+
+- *at risk*: u >= `at_risk` (at its pace it finishes too close to, or after, its
+  deadline);
+- *slack-rich*: u <= `slack_rich` (it could go 1/`slack_rich` times slower and still
+  finish in time);
+- otherwise, for every session without a deadline, and for one already past its
+  deadline (holding others back can no longer bring it in time), *normal*.
+
+Rule. While a request of an at-risk session is waiting or running on an engine:
+
+1. *Hold.* A newly schedulable request of a slack-rich session there is held back:
+   it stays waiting (keeping its place in the queue) and takes no batch slot, no KV
+   and no prefill budget. Requests already running are left alone (preempting them
+   would throw away their progress). Held requests go ahead when no at-risk request
+   is left on the engine or as soon as their own session stops being slack-rich.
+   Normal sessions are never held: a session without a deadline states no slack.
+2. *Thin prefill.* An iteration whose first prefill in line is not an at-risk
+   request's runs at most `prefill_budget_tokens` of prefill: the engine's
+   piggyback budget, the prefill whose compute takes as long as a decode
+   iteration's pass over the weights, so it rides on the iteration without
+   lengthening it. An at-risk request's prefill goes ahead of the others' and runs
+   at the engine's full budget.
+   Prefill work is conserved (it is spread over more iterations, which the decodes
+   run anyway); only its latency grows, and only while someone is at risk.
+
+Bound. A held session stays slack-rich only while its time left exceeds
+remaining / `slack_rich`, and urgency only grows while it waits (time left
+shrinks, remaining does not), so holding ends by the time its time left has fallen
+to 1/`slack_rich` times its expected remaining time (about 2.9x with the default):
+holding alone never makes it miss, unless its pace afterwards is that much slower
+than the pace it has had. The tenant's share is unchanged: held service is owed in
+the tenant's virtual queue (`fairshare`), so its requests rank higher once they run;
+the fair-share bound B of `fairshare` holds with each held stretch added to the
+service gap it allows. Where nothing is at risk, nothing is held: shaping is a no-op
+on an engine that meets its deadlines.
+
+`DeadlineShaper` is one engine's bookkeeping (which of its requests are at risk);
+the classes come from `WorkflowCore.deadline_class`. The simulator and the vLLM
+plugin each own one per engine. Not thread-safe: owned by one engine loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["ShapingConfig", "DeadlineShaper", "deadline_class", "AT_RISK", "SLACK_RICH", "NORMAL"]
+
+AT_RISK, SLACK_RICH, NORMAL = "at_risk", "slack_rich", "normal"
+
+
+@dataclass(frozen=True, slots=True)
+class ShapingConfig:
+    enabled: bool = True
+    at_risk: float = 0.7  # urgency at or above which a session is at risk
+    slack_rich: float = 0.35  # urgency at or below which a session with a deadline may be held
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.slack_rich < self.at_risk:
+            raise ValueError("need 0 < slack_rich < at_risk")
+
+
+def deadline_class(u: float | None, config: ShapingConfig) -> str:
+    """The class of a session with urgency `u` (None: it has no deadline)."""
+    if u is None or not config.enabled:
+        return NORMAL
+    if u >= config.at_risk:
+        return AT_RISK
+    return SLACK_RICH if u <= config.slack_rich else NORMAL
+
+
+class DeadlineShaper:
+    """One engine's at-risk requests and the hold rule (module docstring)."""
+
+    __slots__ = ("_classify", "_at_risk", "held", "_budget")
+
+    def __init__(self, classify: Callable[[str], str], *, prefill_budget_tokens: int) -> None:
+        """`classify(session_id)`: the session's class now (`WorkflowCore.deadline_class`);
+        `prefill_budget_tokens`: the engine's piggyback budget (rule 2), > 0."""
+        if prefill_budget_tokens <= 0:
+            raise ValueError("prefill_budget_tokens must be > 0")
+        self._classify = classify
+        self._budget = prefill_budget_tokens
+        self._at_risk: dict[object, str] = {}  # request key -> session id
+        self.held = 0  # times a request was held back (a request counts once per check)
+
+    def arrived(self, request_key: object, session_id: str) -> str:
+        """A request reached the engine; returns its session's class then."""
+        cls = self._classify(session_id)
+        if cls == AT_RISK:
+            self._at_risk[request_key] = session_id
+        return cls
+
+    def finished(self, request_key: object) -> None:
+        """The request finished or left the engine (idempotent)."""
+        self._at_risk.pop(request_key, None)
+
+    def at_risk(self) -> int:
+        """Requests of at-risk sessions waiting or running here."""
+        return len(self._at_risk)
+
+    def urgent(self, request_key: object) -> bool:
+        """Whether the request is an at-risk session's: its prefill goes first."""
+        return request_key in self._at_risk
+
+    def prefill_budget(self, prefilling: object | None) -> int:
+        """Prefill tokens the next iteration may run (0: the engine's own budget),
+        given the request whose prefill is first in line (None: none)."""
+        if not self._at_risk or prefilling is None or prefilling in self._at_risk:
+            return 0
+        return self._budget
+
+    def holds_back(self, request_key: object, session_id: str) -> bool:
+        """Whether this request of this session waits now instead of being scheduled.
+        A request counted at risk is never held, even if its session has since turned
+        slack-rich: it would wait on itself."""
+        if not self._at_risk or request_key in self._at_risk or self._classify(session_id) != SLACK_RICH:
+            return False
+        self.held += 1
+        return True

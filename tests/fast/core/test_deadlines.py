@@ -1,0 +1,97 @@
+"""Deadline-aware shaping (`saga_server.core.deadlines`): classes, holds, thin prefill."""
+
+from __future__ import annotations
+
+import pytest
+
+from saga_server.core import CoreConfig, LlmCallStart, ManualClock, SessionEnd, SessionStart, WorkflowCore
+from saga_server.core.deadlines import AT_RISK, NORMAL, SLACK_RICH, DeadlineShaper, ShapingConfig, deadline_class
+
+
+def test_classes_follow_urgency_and_only_sessions_with_a_deadline_are_classed():
+    cfg = ShapingConfig()
+    assert deadline_class(None, cfg) == NORMAL  # no deadline: no slack stated
+    assert deadline_class(0.1, cfg) == SLACK_RICH
+    assert deadline_class(cfg.slack_rich, cfg) == SLACK_RICH
+    assert deadline_class(0.5, cfg) == NORMAL
+    assert deadline_class(cfg.at_risk, cfg) == AT_RISK
+    assert deadline_class(0.1, ShapingConfig(enabled=False)) == NORMAL
+    with pytest.raises(ValueError):
+        ShapingConfig(slack_rich=0.8, at_risk=0.7)
+
+
+def _shaper(classes: dict[str, str]) -> DeadlineShaper:
+    return DeadlineShaper(lambda sid: classes.get(sid, NORMAL), prefill_budget_tokens=256)
+
+
+def test_slack_rich_requests_are_held_only_while_an_at_risk_request_is_on_the_engine():
+    classes = {"tight": AT_RISK, "loose": SLACK_RICH, "plain": NORMAL}
+    sh = _shaper(classes)
+    assert not sh.holds_back(2, "loose")  # nobody at risk: nothing held
+    assert sh.arrived(1, "tight") == AT_RISK and sh.at_risk() == 1
+    assert sh.holds_back(2, "loose")
+    assert not sh.holds_back(3, "plain") and not sh.holds_back(4, "tight")
+    classes["loose"] = NORMAL  # its slack ran low: it goes ahead
+    assert not sh.holds_back(2, "loose")
+    classes["loose"] = SLACK_RICH
+    classes["tight"] = SLACK_RICH  # its estimate changed: its own request still goes ahead
+    assert not sh.holds_back(1, "tight")
+    sh.finished(1)
+    sh.finished(1)  # idempotent
+    assert sh.at_risk() == 0 and not sh.holds_back(2, "loose")
+    assert sh.held == 1
+
+
+def test_prefill_is_thinned_while_someone_is_at_risk_except_an_at_risk_prefill():
+    sh = _shaper({"tight": AT_RISK})
+    assert sh.prefill_budget(7) == 0  # nobody at risk: the engine's own budget
+    sh.arrived(1, "tight")
+    assert sh.prefill_budget(7) == 256  # someone else's prefill is first in line
+    assert sh.prefill_budget(1) == 0  # the at-risk request's own prefill: full budget
+    assert sh.prefill_budget(None) == 0
+    with pytest.raises(ValueError):
+        DeadlineShaper(lambda sid: NORMAL, prefill_budget_tokens=0)
+
+
+def test_core_classes_a_session_by_its_expected_remaining_time_over_time_left():
+    clock = ManualClock(0.0)
+    core = WorkflowCore(CoreConfig(prior_cycle_s=5.0, prior_p_continue=0.9), clock=clock)
+    # the prior: 9 more steps of 5 s = 45 s remaining
+    core.accept(SessionStart("tight", 0.0, tenant="t", workflow="w", deadline_s=50.0))
+    core.accept(SessionStart("loose", 0.0, tenant="t", workflow="w", deadline_s=1000.0))
+    core.accept(SessionStart("free", 0.0, tenant="t", workflow="w"))
+    for sid in ("tight", "loose", "free"):
+        core.accept(LlmCallStart(sid, 0.0, step=0))
+    assert core.deadline_class("tight") == AT_RISK
+    assert core.deadline_class("loose") == SLACK_RICH
+    assert core.deadline_class("free") == NORMAL
+    assert core.deadline_class("unknown") == NORMAL
+    clock.t = 60.0  # past its deadline: nothing can bring it in time any more
+    assert core.deadline_class("tight") == NORMAL
+    core.accept(SessionEnd("loose", 60.0))
+    assert core.deadline_class("loose") == NORMAL
+
+
+def test_remaining_steps_come_from_the_lengths_seen_given_how_far_a_session_got():
+    """Half the sessions run 2 steps, half 20: at the start about 10 remain; one that
+    passed step 2 is a long one, with about 17 to go (not the mean's 10 - 3)."""
+    clock = ManualClock(0.0)
+    core = WorkflowCore(CoreConfig(min_samples=4), clock=clock)
+    n = 0
+    for length in (2, 20) * 6:
+        sid = f"s{n}"
+        n += 1
+        core.accept(SessionStart(sid, clock.t, tenant="t", workflow="w"))
+        for k in range(length):
+            clock.t += 1.0
+            core.accept(LlmCallStart(sid, clock.t, step=k))
+        core.accept(SessionEnd(sid, clock.t))
+    core.accept(SessionStart("new", clock.t, tenant="t", workflow="w"))
+    core.accept(LlmCallStart("new", clock.t, step=0))
+    steps_new, _ = core.aeg.remaining(core.aeg.track("new"))
+    assert 8.0 <= steps_new <= 11.0
+    for k in (1, 2):
+        clock.t += 1.0
+        core.accept(LlmCallStart("new", clock.t, step=k))
+    steps_long, _ = core.aeg.remaining(core.aeg.track("new"))
+    assert 15.0 <= steps_long <= 19.0
