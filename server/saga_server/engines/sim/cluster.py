@@ -89,6 +89,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
                                    protect_queued=policy.protect_queued, release_garbage=policy.releases_garbage,
                                    admission=lambda parkable: policy.admission(cap * bt, host_tokens, cost, parkable))
             w.kv.on_forget(lambda sid, how, w=w: self._forgotten(w, sid, how))
+            w.shaper = policy.shaper(cost)
         self.capacity_blocks = cap
         self._live_sessions: dict[str, Session] = {}
         self._names = [f"w{i}" for i in range(config.workers)]  # replica ids for the router
@@ -137,7 +138,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             self._tool_end(a)
         elif kind == LOADED:
             a.advance(self.now)
-            a.start_prefill(b)
+            self._start_prefill(a, b)
             self._settle(a)
         elif kind == PIN_EXPIRE:
             self._pin_expire(a)
@@ -205,6 +206,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             return
         r = Request(s, st.prompt_tokens, st.output_tokens, reuse, self._next_seq(), s.next_use)
         heapq.heappush(w.queue, (self.policy.queue_priority(s, now), r.seq, r))
+        if w.shaper is not None:
+            w.shaper.arrived(r.seq, s.session_id)
         self._touch(w)
 
     def _next_seq(self) -> int:
@@ -273,6 +276,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             self._finish_request(w, r)
         if w.queue:
             self._admit(w)
+        if w.shaper is not None:
+            w.pf_cap = w.shaper.prefill_budget(w.pf[0].seq if w.pf else None)
         dt = w.replan(self.cost)
         if dt is not None:
             self._push(self.now + dt, WORKER, w, w.version)
@@ -282,10 +287,14 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         bt = cost.block_tokens
         res = self.result
         now = self.now
+        held_back = []  # requests the deadline shaper holds back: they keep their place
         while w.queue and w.running < cost.max_num_seqs:
             r = w.queue[0][2]
             s = r.sess
             sid = s.session_id
+            if w.shaper is not None and w.shaper.holds_back(r.seq, sid):
+                held_back.append(heapq.heappop(w.queue))
+                continue
             own_reuse = max(r.reuse - s.base, 0)
             total = -(-(r.prompt + r.output - s.base) // bt)
             if pol.caches:
@@ -342,13 +351,30 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             if ready > now:
                 self._push(ready, LOADED, w, r)
             else:
-                w.start_prefill(r)
+                self._start_prefill(w, r)
+        for item in held_back:
+            heapq.heappush(w.queue, item)
+
+    def _start_prefill(self, w: Worker, r: Request) -> None:
+        """An at-risk request's prefill goes ahead of all but earlier at-risk ones."""
+        shaper = w.shaper
+        if shaper is None or not shaper.urgent(r.seq):
+            w.start_prefill(r)
+            return
+        ahead = 0
+        for queued in w.pf:
+            if not shaper.urgent(queued.seq):
+                break
+            ahead += 1
+        w.start_prefill(r, ahead_of=ahead + 1)
 
     def _finish_request(self, w: Worker, r: Request) -> None:
         now = self.now
         s = r.sess
         pol = self.policy
         w.running -= 1
+        if w.shaper is not None:
+            w.shaper.finished(r.seq)
         res = self.result
         res.output_tokens += r.output
         res.queue_s += r.scheduled_at - r.arrived_at

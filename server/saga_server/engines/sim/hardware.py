@@ -156,6 +156,16 @@ class CostModel:
             tokens = int(max(pool, 0) // self.model.kv_bytes_per_token)
         return tokens - tokens % self.block_tokens
 
+    def piggyback_tokens(self) -> int:
+        """Prefill tokens whose compute takes as long as one decode iteration's pass
+        over the weights: that much prefill rides on a decode iteration without
+        lengthening it (at least one block). The CPU form has no such slack: one block."""
+        if self.additive:
+            return self.block_tokens
+        weights_s = self.model.weight_bytes / (self.tp * self.gpu.hbm_bw * self.bw_eff)
+        per_token_s = 2.0 * self.model.params / (self.tp * self.gpu.peak_flops * self.mfu)
+        return max(self.block_tokens, int(weights_s / per_token_s))
+
     def prefill_work(self, new_tokens: float, ctx_tokens: float) -> float:
         """Equivalent linear tokens of prefilling `new_tokens` after `ctx_tokens`."""
         return new_tokens * (1.0 + self.attn_scale * self.model.attn_coeff * (ctx_tokens + new_tokens / 2.0))

@@ -97,6 +97,8 @@ class KvMoves:
             q[i] = q[-1]
             q.pop()
             heapq.heapify(q)
+            if src.shaper is not None:
+                src.shaper.finished(queued[2].seq)
         blocks = 0
         if self.policy.caches:
             blocks = max(src.cache.cached(sid), src.host.end(sid) if src.host is not None else 0)
@@ -163,6 +165,8 @@ class KvMoves:
             self._enqueue(s)
         elif waiting is not None:
             heapq.heappush(w.queue, waiting)
+            if w.shaper is not None:
+                w.shaper.arrived(waiting[2].seq, sid)
             self._touch(w)
         if s.move_to >= 0 and s.state in ("tool", "queued"):
             self._start_move(s)

@@ -107,6 +107,11 @@ class SimPolicy:
         is admitted at once. `parkable(session)`: False while the worker pins its KV."""
         return None
 
+    def shaper(self, cost: CostModel):
+        """A per-worker `saga_server.core.deadlines.DeadlineShaper`, or None: no request
+        is ever held back, and no prefill slowed, for another's deadline."""
+        return None
+
     def pin_ttl(self, s: "Session", now: float, pressure: float) -> float:
         return 0.0
 

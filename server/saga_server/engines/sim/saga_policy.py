@@ -22,6 +22,12 @@ paused session's prefix when the engine is idle; the simulated cluster has a CPU
 tier, so here `prefetch` loads offloaded KV back over the host link on the core's
 `plan_prefetch` schedule (the core's candidates support both sources).
 
+`shape` is deadline-aware shaping by the core's `DeadlineShaper`, one per worker:
+while a request of an at-risk session waits or runs there, requests of slack-rich
+sessions stay in the queue (keeping their place) instead of entering the batch, and
+an iteration whose first prefill in line is not at risk runs only the prefill that
+rides on a decode iteration for free (`CostModel.piggyback_tokens`).
+
 `steal` is routing by `saga_server.core.routing.SessionRouter`, the policy object
 the Ray Serve router (`saga_server.router`) runs, on simulated time and the run's
 seed: it places new sessions and plans one steal per `steal_period_s`, and the
@@ -57,6 +63,7 @@ from saga_server.core import (
 )
 from saga_server.core.admission import AdmissionConfig, SessionAdmission
 from saga_server.core.categories import HUMAN
+from saga_server.core.deadlines import DeadlineShaper
 from saga_server.core.kv_policy import WorkflowRules
 from saga_server.core.routing import ReplicaView, RoutingConfig, SessionRouter, Steal
 
@@ -68,7 +75,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["SagaPolicy", "MECHANISMS", "SIM_ROUTING"]
 
-MECHANISMS = ("walru", "ttl", "prefetch", "afs", "steal", "admit")
+MECHANISMS = ("walru", "ttl", "prefetch", "afs", "steal", "admit", "shape")
 SIM_ROUTING = RoutingConfig(new_session="least_loaded")
 
 
@@ -122,6 +129,11 @@ class SagaPolicy(SimPolicy):
             return None
         return SessionAdmission(self.core, capacity_tokens, host_tokens=host_tokens, config=self.admission_config,
                                 return_s=lambda tokens: cost.prefill_s(tokens, 0.0), parkable=parkable)
+
+    def shaper(self, cost: "CostModel") -> DeadlineShaper | None:
+        if "shape" not in self.mechanisms:
+            return None
+        return DeadlineShaper(self.core.deadline_class, prefill_budget_tokens=cost.piggyback_tokens())
 
     def plan_prefetch(self, worker_id: int, candidates: Sequence[PrefetchRequest],
                       free_tokens: int, now: float) -> list[tuple[str, float]]:

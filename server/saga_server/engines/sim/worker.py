@@ -13,6 +13,7 @@ only keeps time.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import deque
 
@@ -29,7 +30,7 @@ _EPS = 1e-6
 class Worker:
     __slots__ = ("wid", "cache", "host", "queue", "dec", "pf", "pf_total", "pf_done",
                  "dec_clock", "ctx", "tau", "pf_rate", "t", "version", "busy", "running",
-                 "link_free", "net_free", "live", "offloaded", "kv", "gated", "iterations")
+                 "link_free", "net_free", "live", "offloaded", "kv", "gated", "iterations", "shaper", "pf_cap")
 
     def __init__(self, wid: int, cache: PrefixCache, host: HostTier | None) -> None:
         self.wid = wid
@@ -54,6 +55,8 @@ class Worker:
         self.offloaded: set[str] = set()  # sessions with a host copy beyond their GPU prefix
         self.kv = None  # its SessionKvPolicy (set by the simulator): every KV decision
         self.gated: dict[str, Session] = {}  # sessions whose request waits for admission
+        self.shaper = None  # its DeadlineShaper, where the policy shapes for deadlines
+        self.pf_cap = 0  # > 0: prefill tokens per iteration for now (the shaper's budget)
 
     def advance(self, now: float) -> None:
         """Progress the batch to `now`."""
@@ -87,12 +90,20 @@ class Worker:
             finished.append(r)
         return finished
 
-    def start_prefill(self, r: Request) -> None:
+    def start_prefill(self, r: Request, ahead_of: int = 0) -> None:
+        """Queue `r`'s prefill: last in line, or, with `ahead_of` = k > 0, ahead of all
+        but the first k - 1 queued prefills (the deadline shaper's at-risk requests go
+        first; the partly done head keeps its progress, only finishing later)."""
         if not self.pf:
             self.pf_done = self.pf_total
-        self.pf_total += max(r.work, _EPS)
-        r.pf_end = self.pf_total
-        self.pf.append(r)
+        work = max(r.work, _EPS)
+        self.pf_total += work
+        pf = self.pf
+        i = min(ahead_of - 1, len(pf)) if ahead_of > 0 else len(pf)
+        r.pf_end = (pf[i - 1].pf_end if i > 0 else self.pf_done) + work
+        for later in itertools.islice(pf, i, None):
+            later.pf_end += work
+        pf.insert(i, r)
 
     def replan(self, cost: CostModel) -> float | None:
         """Fix the batch until the next event; returns seconds until a request finishes
@@ -104,7 +115,8 @@ class Worker:
         if self.pf:
             # The step runs its chunk whole: a prefill shorter than the budget still
             # takes the full (cheaper) iteration, not a fraction of a budget-sized one.
-            chunk = min(max(cost.token_budget - n, cost.block_tokens), self.pf_total - self.pf_done)
+            budget = min(cost.token_budget, self.pf_cap) if self.pf_cap > 0 else cost.token_budget
+            chunk = min(max(budget - n, cost.block_tokens), self.pf_total - self.pf_done)
             rate = max(chunk, _EPS)
         else:
             rate = chunk = 0.0
