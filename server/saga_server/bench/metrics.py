@@ -12,6 +12,9 @@
   prompt tokens; `gpu_hit_rate`: from GPU alone.
 - `recompute_share`: reusable prompt tokens that were recomputed.
 - `slo_<tenant>`: share of the tenant's tasks that finished within their deadline.
+- `goodput_per_hour`: tasks finished within their deadline (a task without one
+  counts) per hour: `tasks_per_hour` times that share.
+- `slack_used_<tenant>`: mean of completion time over deadline (above 1: missed).
 - `tasks_per_hour`, `tokens_per_s`: completed tasks and (prompt + output) tokens per
   unit of time.
 - `belady_ratio`: recomputed tokens under the policy / under `belady` in the same run.
@@ -100,6 +103,13 @@ def summarize(res: SimResult) -> dict[str, Any]:
         if t.deadline_s is not None:
             by_tenant[t.tenant].append(t.met_deadline)
     out["slo"] = {k: sum(v) / len(v) for k, v in sorted(by_tenant.items())}
+    met = sum(t.met_deadline for t in res.tasks)
+    out["goodput_per_hour"] = out["tasks_per_hour"] * met / len(res.tasks) if res.tasks else math.nan
+    used: dict[str, list] = defaultdict(list)
+    for t in res.tasks:
+        if t.deadline_s:
+            used[t.tenant].append(t.tct_s / t.deadline_s)
+    out["slack_used"] = {k: sum(v) / len(v) for k, v in sorted(used.items())}
     tct_by_tenant: dict[str, list] = defaultdict(list)
     for t in res.tasks:
         tct_by_tenant[t.tenant].append(t.tct_s)

@@ -29,13 +29,16 @@ _COLUMNS = [
     ("moved tok", "moved_tokens", "{}"),
     ("imbalance", "imbalance", "{:.2f}"),
     ("SLO", "slo", None),
+    ("goodput/h", "goodput_per_hour", "{:.0f}"),
+    ("slack used", "slack_used", "ratio"),
     ("wall s", "wall_s", "{:.1f}"),
 ]
 
 
 def _fmt(value: Any, spec: str | None) -> str:
-    if spec is None:  # per-tenant dict
-        return " ".join(f"{k}:{v:.1%}" for k, v in value.items()) if value else "-"
+    if spec is None or spec == "ratio":  # per-tenant dict
+        form = "{:.1%}" if spec is None else "{:.2f}"
+        return " ".join(f"{k}:{form.format(v)}" for k, v in value.items()) if value else "-"
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return spec.format(value)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from saga_server.bench.cli import main
 
 from .test_workload import task, write_trace
@@ -29,7 +31,10 @@ def test_bench_writes_json_report_and_plots(tmp_path, capsys):
     data = json.loads((out / "bench.json").read_text())
     assert list(data["policies"]) == ["apc-lru", "saga", "belady"]
     assert data["policies"]["belady"]["belady_ratio"] == 1.0
-    assert set(data["policies"]["saga"]["slo"]) == {"default"}
+    saga = data["policies"]["saga"]
+    assert set(saga["slo"]) == {"default"} and set(saga["slack_used"]) == {"default"}
+    assert saga["goodput_per_hour"] == pytest.approx(saga["tasks_per_hour"] * saga["slo"]["default"])
+    assert saga["slack_used"]["default"] > 0
     assert {r["load"] for r in data["load_sweep"]} == {4.0, 8.0}
     kv = {(r["kv_tokens"], r["policy"]): r for r in data["kv_sweep"]}
     assert set(kv) == {(9000, "apc-lru"), (9000, "saga"), (20000, "apc-lru"), (20000, "saga")}

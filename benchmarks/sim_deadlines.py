@@ -1,0 +1,130 @@
+"""Deadlines under load: two tenants, every policy, a sweep of load, in one run.
+
+    PYTHONPATH=sdk:server .venv/bin/python benchmarks/sim_deadlines.py \
+        --out bench-out/deadlines [--jobs 2]
+
+The tenants are drawn by `deadline_tenants.py` (written to `<out>/`): a coding agent
+with deadlines of 4x a task's unloaded time and a browser agent taking three tasks in
+four with deadlines of 2x. Each load (sessions in flight per worker, closed loop, 16 x
+H100 with Llama-3-8B by default) runs `--tasks-factor` x that many tasks per policy.
+Printed per load: each tenant's share of tasks within deadline, mean task time,
+goodput (tasks within deadline per hour) and the slack used (completion time over
+deadline); then, per policy, the lowest load at which a tenant falls below 99%.
+`<out>/deadlines.png` plots attainment against load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from deadline_tenants import generate, write  # noqa: E402
+
+from saga_server.bench import Scenario, TenantSpec  # noqa: E402
+from saga_server.bench.metrics import summarize  # noqa: E402
+from saga_server.bench.policies import make_policy  # noqa: E402
+from saga_server.bench.runner import _instances  # noqa: E402
+from saga_server.engines.sim import Simulator  # noqa: E402
+
+POLICIES = ("apc-lru", "apc-lru-offload", "kvflow", "thunderagent", "saga-no-shape", "saga")
+TENANTS = (("coding", 1.0, 4.0), ("browser", 3.0, 2.0))  # name, share of tasks, deadline factor
+
+
+def run_one(job: tuple) -> dict:
+    traces, workers, per_worker, tasks_factor, policy, seed = job
+    tenants = tuple(TenantSpec(name, traces[name], share, deadline) for name, share, deadline in TENANTS)
+    sc = Scenario(tenants=tenants, tasks=workers * per_worker * tasks_factor, workers=workers,
+                  concurrency=workers * per_worker, seed=seed)
+    sim = Simulator(sc.cost_model(), make_policy(policy), _instances(sc, {}), sc.sim_config())
+    t0 = time.perf_counter()
+    res = sim.run()
+    s = summarize(res)
+    return {"policy": policy, "per_worker": per_worker, "tasks": len(res.tasks), "slo": s["slo"],
+            "slack_used": s["slack_used"], "tct_mean_s": s["tct_mean_s"],
+            "tct_by_tenant": s["tct_mean_by_tenant_s"], "tasks_per_hour": s["tasks_per_hour"],
+            "goodput_per_hour": s["goodput_per_hour"], "wall_s": time.perf_counter() - t0}
+
+
+def print_tables(rows: list[dict], loads: list[int], policies: list[str], workers: int) -> None:
+    names = [n for n, _, _ in TENANTS]
+    for pw in loads:
+        sel = {r["policy"]: r for r in rows if r["per_worker"] == pw}
+        print(f"\n## {pw} sessions/worker ({pw * workers} in flight), {next(iter(sel.values()))['tasks']} tasks")
+        print("| policy | " + " | ".join(f"{n} within deadline" for n in names)
+              + " | mean task s | goodput/h | " + " | ".join(f"{n} slack used" for n in names) + " |")
+        print("|---" * (3 + 2 * len(names)) + "|")
+        for p in policies:
+            r = sel[p]
+            print(f"| {p} | " + " | ".join(f"{r['slo'].get(n, 0.0):.1%}" for n in names)
+                  + f" | {r['tct_mean_s']:.0f} | {r['goodput_per_hour']:.0f} | "
+                  + " | ".join(f"{r['slack_used'].get(n, 0.0):.2f}" for n in names) + " |")
+    print("\n## lowest load where a tenant falls below 99% within deadline")
+    for p in policies:
+        falls = [r["per_worker"] for r in sorted(rows, key=lambda r: r["per_worker"])
+                 if r["policy"] == p and min(r["slo"].values()) < 0.99]
+        print(f"- {p}: {falls[0] if falls else 'none in the sweep'}")
+
+
+def plot(rows: list[dict], policies: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(TENANTS), figsize=(11, 4.2), sharey=True)
+    for ax, (name, _, factor) in zip(axes, TENANTS):
+        for p in policies:
+            pts = sorted((r["per_worker"], r["slo"].get(name, 0.0)) for r in rows if r["policy"] == p)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
+        ax.axhline(0.99, color="grey", lw=0.8, ls="--")
+        ax.set_title(f"{name} (deadline {factor:g}x unloaded)")
+        ax.set_xlabel("sessions in flight per worker")
+    axes[0].set_ylabel("tasks within deadline")
+    axes[-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", type=int, default=400, help="distinct tasks generated per tenant")
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--loads", default="8,12,16,20,24,32", help="sessions in flight per worker")
+    ap.add_argument("--tasks-factor", type=int, default=3, help="tasks = factor x sessions in flight")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (one core each)")
+    ap.add_argument("--out", default="bench-out/deadlines")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    coding, browser = generate(a.tasks, a.seed)
+    traces = {"coding": str(write(coding, out / "coding.jsonl")), "browser": str(write(browser, out / "browser.jsonl"))}
+    loads = [int(x) for x in a.loads.split(",")]
+    policies = a.policies.split(",")
+    jobs = [(traces, a.workers, pw, a.tasks_factor, p, a.seed) for pw in loads for p in policies]
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is in the server extra; the bar is optional
+        tqdm = None
+    rows = []
+    with ProcessPoolExecutor(max_workers=a.jobs) as pool:
+        it = pool.map(run_one, jobs)
+        for row in (tqdm(it, total=len(jobs), desc="deadlines", unit="run") if tqdm else it):
+            rows.append(row)
+    (out / "deadlines.json").write_text(json.dumps(rows, indent=2))
+    print_tables(rows, loads, policies, a.workers)
+    plot(rows, policies, out / "deadlines.png")
+    print(f"\nwrote {out / 'deadlines.json'} and {out / 'deadlines.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
