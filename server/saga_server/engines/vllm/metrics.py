@@ -58,6 +58,9 @@ class SagaMetrics:
         self.afs_priority = Gauge("saga_afs_priority", "Agent Fair Share priority of waiting work (lower = sooner)",
                                   ["tenant"], **g)
         self.admission = Counter("saga_admission", "Session admission decisions", ["event"])
+        self.deadline = Counter("saga_deadline_shaping",
+                                "Deadline shaping: checks that held a slack-rich request, steps with a thinned budget",
+                                ["event"])
         self.forgotten = Counter("saga_sessions_forgotten",
                                  "Sessions this engine forgot (every per-session table), by how they stopped being live",
                                  ["how"])  # how: ended, expired (idle), evicted (the core's table was full), moved
@@ -117,7 +120,8 @@ class PluginCounters:
         self._families = {"pins": metrics.pins, "released": metrics.evictions, "prefetch": metrics.prefetch,
                           "plugin_errors": metrics.plugin_errors, "plugin_seconds": metrics.plugin_seconds,
                           "kv_pulls": metrics.kv_pulls, "forgotten": metrics.forgotten,
-                          "kv_tier_blocks": metrics.kv_tier_blocks, "kv_tier_loads": metrics.kv_tier_loads}
+                          "kv_tier_blocks": metrics.kv_tier_blocks, "kv_tier_loads": metrics.kv_tier_loads,
+                          "deadline": metrics.deadline}
 
     def count(self, family: str, label: str, n: float = 1) -> None:
         self._families[family].labels(label).inc(n)

@@ -25,6 +25,14 @@ stock vLLM (everything else is vLLM's own code path):
   gives one (`RequestMeta.kv_need`).
   `SAGA_SENIORITY_WINDOW_S` bounds how far seniority reaches back (0: request-level
   FCFS within a tenant, as stock).
+- **Deadlines** (`saga_server.core.deadlines`, which documents the rule): while a
+  request of an at-risk session is on the engine, requests of slack-rich sessions
+  are held in the waiting queue (held back by `RankedRequestQueue`, taken back from
+  it if they were offered before), and a step whose first prefill in line is not an
+  at-risk request's gets a token budget of its decodes plus one block
+  (`step_token_budget`, which `SagaScheduler` applies to the step). vLLM schedules
+  running requests' prefill in running order, so an at-risk prefill cannot overtake
+  one already running: the budget is then left whole. `SAGA_SHAPING=0` turns it off.
 - **Prefetch**: see `prefetch`.
 - **Hints**: see `intake`; a gRPC hint service runs in this (EngineCore) process and
   feeds the core; tool/session events reach the engine loop through a queue drained
@@ -67,6 +75,7 @@ from saga_server.core import (
     WorkflowCore,
 )
 from saga_server.core.admission import ACTIVE, PARKED, WAITING, SessionAdmission
+from saga_server.core.deadlines import DeadlineShaper
 from saga_server.core.holds import PINNED, HoldLedger, Release
 from saga_server.core.kv_policy import SessionKvPolicy, WorkflowRules
 from saga_server.core.sessions import ENDED
@@ -84,7 +93,7 @@ from .sessions import request_meta
 # Under "vllm." so vLLM's own log handler (and level) shows these lines.
 log = logging.getLogger("vllm.saga")
 
-__all__ = ["SagaPlugin", "PIN_FRACTION_ENV", "SENIORITY_WINDOW_ENV", "ADMISSION_ENV", "PREFETCH_ENV"]
+__all__ = ["SagaPlugin", "PIN_FRACTION_ENV", "SENIORITY_WINDOW_ENV", "ADMISSION_ENV", "PREFETCH_ENV", "SHAPING_ENV"]
 
 PIN_FRACTION_ENV = "SAGA_PIN_MAX_FRACTION"
 SENIORITY_WINDOW_ENV = "SAGA_SENIORITY_WINDOW_S"
@@ -92,6 +101,7 @@ MAX_SESSIONS_ENV = "SAGA_MAX_SESSIONS"
 SESSION_IDLE_ENV = "SAGA_SESSION_IDLE_S"
 ADMISSION_ENV = "SAGA_ADMISSION"
 PREFETCH_ENV = "SAGA_PREFETCH"
+SHAPING_ENV = "SAGA_SHAPING"
 _AFS_MAX_QUEUE = 2048  # longer queues keep FCFS: ranking costs one core call per request per step
 _PIN_EVENT = {"pressure": "reclaimed", "session_end": "ended"}  # "used": see on_arrival
 
@@ -181,6 +191,10 @@ class SagaPlugin:
                                   core=self.core, count=self.counters.count,
                                   admission=(lambda parkable: admission(parkable=parkable)) if admission else None)
         self.admission = self.kv.admission
+        # CPU engines add each prefill token's cost to the step: no prefill rides free,
+        # so the thin budget is one block.
+        self.shaper = (DeadlineShaper(self.core.deadline_class, prefill_budget_tokens=self.block_size)
+                       if env_float(SHAPING_ENV, 1.0, 0.0, 1.0) > 0 else None)
         self.prefetcher = Prefetcher(scheduler, self.core, self.kv, self.counters, self.clock)
         self._prefetching = self.enabled and env_float(PREFETCH_ENV, 1.0, 0.0, 1.0) > 0
         self.kv.on_forget(lambda sid, how: self.prefetcher.forget(sid, ended=how == ENDED))
@@ -239,6 +253,8 @@ class SagaPlugin:
                                               parent_id=meta.parent_id or ""))
             except HintRejected:
                 pass
+        if self.shaper is not None:
+            self.shaper.arrived(request.request_id, sid)
         outlook = self.core.kv_outlook(sid)
         self._had[request.request_id] = outlook.context_tokens if outlook is not None else 0
         self.core.on_request_arrival(sid, request.num_prompt_tokens, meta.tenant, cache_ttl_s=meta.cache_ttl_s)
@@ -258,6 +274,8 @@ class SagaPlugin:
             return
         meta = self.requests.pop(rid, None)
         self._had.pop(rid, None)
+        if self.shaper is not None:
+            self.shaper.finished(rid)
         if meta is None or meta.session_id is None:
             return
         sid = meta.session_id
@@ -420,9 +438,37 @@ class SagaPlugin:
 
     def may_schedule(self, request: Request) -> bool:
         """Whether the waiting queue may offer this request to vLLM now: requests
-        without a session always; a session's once admission has admitted it."""
+        without a session always; a session's once admission has admitted it and no
+        deadline hold keeps it back."""
         meta = self.requests.get(request.request_id)
-        return self.kv.may_run(meta.session_id if meta is not None else None)
+        sid = meta.session_id if meta is not None else None
+        if not self.kv.may_run(sid):
+            return False
+        if sid is None or self.shaper is None or not self.shaper.holds_back(request.request_id, sid):
+            return True
+        self.counters.count("deadline", "held")
+        return False
+
+    @_guarded("token_budget", default=None)
+    def step_token_budget(self, full: int) -> int | None:
+        """The next step's token budget under the deadline rule, or None for vLLM's
+        own (`full`): while someone is at risk and the first prefill in line (an
+        at-risk one if any is waiting or prefilling) is not theirs, the running
+        decodes' tokens plus the thin prefill budget."""
+        shaper = self.shaper
+        if shaper is None or not shaper.at_risk():
+            return None
+        sched = self.scheduler
+        prefilling = [r.request_id for r in sched.running if r.num_computed_tokens < r.num_prompt_tokens]
+        prefilling += [r.request_id for r in sched.waiting]
+        first = next((rid for rid in prefilling if shaper.urgent(rid)), prefilling[0] if prefilling else None)
+        thin = shaper.prefill_budget(first)
+        if not thin:
+            return None
+        per_decode = 1 + sched.num_spec_tokens + sched.num_lookahead_tokens if sched.num_spec_tokens else 1
+        decodes = len(sched.running) - sum(1 for r in sched.running if r.num_computed_tokens < r.num_prompt_tokens)
+        self.counters.count("deadline", "thin_step")
+        return min(full, decodes * per_decode + thin)
 
     def session_of_request(self, request_id: str) -> str | None:
         """The session a (possibly finished) request belonged to, for the offload tier."""
@@ -444,6 +490,8 @@ class SagaPlugin:
             return
         if waiting.gated:
             waiting.ungate()
+        if self.shaper is not None and self.shaper.at_risk():
+            waiting.regate()
         if not 2 <= len(waiting) <= _AFS_MAX_QUEUE:
             return
         core, requests = self.core, self.requests

@@ -6,7 +6,8 @@ steps `rerank(rank)` sorts it by `rank(request)`, stably; preempted requests sta
 front, where vLLM put them to resume first. Requests that may not be scheduled yet
 (`may_schedule`: their session waits for admission) wait behind the gate: they count in the
 queue's length (vLLM still sees unfinished work and keeps stepping) and can be removed
-(aborts), but vLLM is offered them only once `ungate` finds them schedulable.
+(aborts), but vLLM is offered them only once `ungate` finds them schedulable;
+`regate` takes offered ones back when they stop being schedulable before vLLM took them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,16 @@ class RankedRequestQueue(FCFSRequestQueue):
             self.gated = [r for r in self.gated if r not in ready]
             self.extend(ready)
         return bool(ready)
+
+    def regate(self) -> bool:
+        """Take back behind the gate the offered requests that may not be scheduled
+        now (a hold that began after they were offered); preempted requests stay.
+        Returns whether any were."""
+        back = [r for r in self if r.status != RequestStatus.PREEMPTED and not self._may_schedule(r)]
+        if back:
+            super().remove_requests(set(back))
+            self.gated.extend(back)
+        return bool(back)
 
     def rerank(self, rank: Callable[[Request], tuple]) -> bool:
         """Order the schedulable requests by `rank` (lower first); returns whether the

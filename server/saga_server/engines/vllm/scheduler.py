@@ -11,7 +11,9 @@ The subclass only wires SAGA in, through vLLM's own seams; what SAGA does is
 - the KV cache manager is vLLM's, wrapped (`kv_manager.HoldingKVCacheManager`) so a
   finished request's prefix can be held and a failed allocation can reclaim held KV;
 - the waiting queue is a `RequestQueue` of SAGA's (`queue.RankedRequestQueue`), in
-  Agent Fair Share order (vLLM's priority policy keeps its own queue).
+  Agent Fair Share order (vLLM's priority policy keeps its own queue);
+- each step's token budget (`max_num_scheduled_tokens`, this scheduler's own attribute)
+  is vLLM's configured one unless the deadline rule thins it for that step.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class SagaSchedulerMixin:
         """`core`, `clock`, `start_hints` and `tenant_limits` are test seams (see `SagaPlugin`)."""
         super().__init__(*args, **kwargs)
         self.saga = SagaPlugin(self, core=core, clock=clock, start_hints=start_hints, tenant_limits=tenant_limits)
+        self._full_token_budget = self.max_num_scheduled_tokens
         self.kv_cache_manager = HoldingKVCacheManager(self.kv_cache_manager, self.saga)
         if self.policy == SchedulingPolicy.FCFS:
             self.waiting = RankedRequestQueue(self.saga.may_schedule)
@@ -48,6 +51,9 @@ class SagaSchedulerMixin:
 
     def schedule(self, *args, **kwargs):
         self.saga.before_schedule()
+        # The step's budget: vLLM's own, or the deadline rule's (`SagaPlugin.step_token_budget`).
+        budget = self.saga.step_token_budget(self._full_token_budget)
+        self.max_num_scheduled_tokens = self._full_token_budget if budget is None else budget
         output = super().schedule(*args, **kwargs)
         self.saga.after_schedule(output)
         return output

@@ -1,0 +1,93 @@
+"""Deadline-aware shaping in vLLM's real `Scheduler` (`core.deadlines`): a slack-rich
+session's request waits while an at-risk one runs, and a step that decodes an
+at-risk request runs only a block of anyone else's prefill (synthetic model outputs,
+no model). With the core's prior (9 more steps of 5 s), a 20 s deadline is at risk
+and a 10,000 s one is slack-rich."""
+
+from __future__ import annotations
+
+from saga_server.core import CoreConfig, ManualClock, SessionStart, WorkflowCore
+from saga_server.engines.vllm import SagaScheduler
+from vllm_builders import Requests, make_scheduler, run_until_idle, step
+
+BS = 16
+
+
+def saga(model, **kw):
+    clock = ManualClock(100.0)
+    core = WorkflowCore(CoreConfig(), clock=clock)
+    s = make_scheduler(SagaScheduler, model, core=core, clock=clock, start_hints=False, num_blocks=200,
+                       block_size=BS, **kw)
+    for sid, deadline in (("tight", 20.0), ("loose", 10_000.0), ("plain", None)):
+        core.accept(SessionStart(sid, clock(), tenant=sid, deadline_s=deadline))
+    return s
+
+
+def tokens(base: int, n: int) -> list[int]:
+    return [base + i for i in range(n)]
+
+
+def new_ids(out) -> set[str]:
+    return {n.req_id for n in out.scheduled_new_reqs}
+
+
+def test_a_slack_rich_request_waits_while_an_at_risk_one_runs(tiny_model):
+    s = saga(tiny_model)
+    R = Requests(BS)
+    loose = R.make(tokens(1000, 64), session_id="loose", max_tokens=4)
+    tight = R.make(tokens(5000, 64), session_id="tight", max_tokens=6)
+    s.add_request(loose)  # offered to vLLM before anyone was at risk: taken back
+    s.add_request(tight)
+    first = step(s)
+    assert new_ids(first) == {tight.request_id}
+    while tight.request_id in s.requests and not s.requests[tight.request_id].is_finished():
+        assert loose.request_id not in new_ids(step(s))
+    rest = run_until_idle(s)
+    assert loose.request_id in set().union(*(new_ids(o) for o in rest))
+    assert s.saga.counters["deadline_held"] > 0
+
+
+def test_without_shaping_both_run_at_once(tiny_model, monkeypatch):
+    monkeypatch.setenv("SAGA_SHAPING", "0")
+    s = saga(tiny_model)
+    R = Requests(BS)
+    loose = R.make(tokens(1000, 64), session_id="loose", max_tokens=4)
+    tight = R.make(tokens(5000, 64), session_id="tight", max_tokens=6)
+    s.add_request(loose)
+    s.add_request(tight)
+    assert new_ids(step(s)) == {loose.request_id, tight.request_id}
+
+
+def test_an_at_risk_decode_gets_steps_with_a_block_of_other_prefill(tiny_model):
+    s = saga(tiny_model, max_batched=256)
+    R = Requests(BS)
+    tight = R.make(tokens(5000, 32), session_id="tight", max_tokens=12)
+    s.add_request(tight)
+    step(s)  # its prefill, at the full budget
+    plain = R.make(tokens(9000, 1000), session_id="plain", max_tokens=1)  # no deadline: never held
+    s.add_request(plain)
+    out = step(s)
+    assert out.num_scheduled_tokens[tight.request_id] == 1
+    assert out.num_scheduled_tokens[plain.request_id] == BS  # thin: one block beside the decode
+    run_until_idle(s)
+    assert s.saga.counters["deadline_thin_step"] >= 5
+    later = R.make(tokens(20_000, 1000), session_id="plain", max_tokens=1)
+    s.add_request(later)
+    assert step(s).num_scheduled_tokens[later.request_id] == 256  # nobody at risk: the whole budget
+
+
+def test_a_slack_rich_request_offered_before_anyone_was_at_risk_is_taken_back(tiny_model):
+    s = saga(tiny_model, max_batched=64)
+    R = Requests(BS)
+    plain = R.make(tokens(9000, 250), session_id="plain", max_tokens=1)  # its prefill takes every budget
+    s.add_request(plain)
+    step(s)
+    loose = R.make(tokens(1000, 32), session_id="loose", max_tokens=4)
+    s.add_request(loose)
+    step(s)  # loose is offered to vLLM now, but the budget went to plain's prefill
+    assert loose in list(s.waiting)
+    tight = R.make(tokens(5000, 32), session_id="tight", max_tokens=6)
+    s.add_request(tight)
+    while tight.request_id in s.requests and not s.requests[tight.request_id].is_finished():
+        assert loose.request_id not in new_ids(step(s))
+    assert loose.request_id in set().union(*(new_ids(o) for o in run_until_idle(s)))
