@@ -19,15 +19,21 @@ its current pace, from the AEG) / (time left to its deadline), as in `fairshare`
 - otherwise, for every session without a deadline, and for one already past its
   deadline (holding others back can no longer bring it in time), *normal*.
 
-Rule. While a request of an at-risk session is waiting or running on an engine:
+Rule.
 
-1. *Hold.* A newly schedulable request of a slack-rich session there is held back:
-   it stays waiting (keeping its place in the queue) and takes no batch slot, no KV
-   and no prefill budget. Requests already running are left alone (preempting them
-   would throw away their progress). Held requests go ahead when no at-risk request
-   is left on the engine or as soon as their own session stops being slack-rich.
-   Normal sessions are never held: a session without a deadline states no slack.
-2. *Thin prefill.* An iteration whose first prefill in line is not an at-risk
+1. *Hold.* While a request of an at-risk session waits to be scheduled on an engine
+   (batch slots, KV or budget are short), a request of a slack-rich session there
+   that is not scheduled yet is held back: it stays waiting (keeping its place in
+   the queue) and takes no batch slot, no KV and no prefill budget. Requests already
+   running are left alone (preempting them would throw away their progress). Held
+   requests go ahead once no at-risk request waits, or as soon as their own session
+   stops being slack-rich. Normal sessions are never held: a session without a
+   deadline states no slack. The hold stops at scheduling on purpose: once the
+   at-risk request runs, holding others buys it little (thin prefill does that
+   part) and costs the held session all of its wait, and a session's class can be
+   wrong (its remaining length is a prediction; a long task looks slack-rich early).
+2. *Thin prefill.* While a request of an at-risk session waits or runs there, an
+   iteration whose first prefill in line is not an at-risk
    request's runs at most `prefill_budget_tokens` of prefill: the engine's
    piggyback budget, the prefill whose compute takes as long as a decode
    iteration's pass over the weights, so it rides on the iteration without
@@ -85,7 +91,7 @@ def deadline_class(u: float | None, config: ShapingConfig) -> str:
 class DeadlineShaper:
     """One engine's at-risk requests and the hold rule (module docstring)."""
 
-    __slots__ = ("_classify", "_at_risk", "held", "_budget")
+    __slots__ = ("_classify", "_at_risk", "_waiting", "held", "_budget")
 
     def __init__(self, classify: Callable[[str], str], *, prefill_budget_tokens: int) -> None:
         """`classify(session_id)`: the session's class now (`WorkflowCore.deadline_class`);
@@ -95,6 +101,7 @@ class DeadlineShaper:
         self._classify = classify
         self._budget = prefill_budget_tokens
         self._at_risk: dict[object, str] = {}  # request key -> session id
+        self._waiting: set[object] = set()  # of those, not scheduled yet
         self.held = 0  # times a request was held back (a request counts once per check)
 
     def arrived(self, request_key: object, session_id: str) -> str:
@@ -102,11 +109,17 @@ class DeadlineShaper:
         cls = self._classify(session_id)
         if cls == AT_RISK:
             self._at_risk[request_key] = session_id
+            self._waiting.add(request_key)
         return cls
+
+    def scheduled(self, request_key: object) -> None:
+        """The engine took the request into its batch (idempotent)."""
+        self._waiting.discard(request_key)
 
     def finished(self, request_key: object) -> None:
         """The request finished or left the engine (idempotent)."""
         self._at_risk.pop(request_key, None)
+        self._waiting.discard(request_key)
 
     def at_risk(self) -> int:
         """Requests of at-risk sessions waiting or running here."""
@@ -127,7 +140,7 @@ class DeadlineShaper:
         """Whether this request of this session waits now instead of being scheduled.
         A request counted at risk is never held, even if its session has since turned
         slack-rich: it would wait on itself."""
-        if not self._at_risk or request_key in self._at_risk or self._classify(session_id) != SLACK_RICH:
+        if not self._waiting or request_key in self._at_risk or self._classify(session_id) != SLACK_RICH:
             return False
         self.held += 1
         return True

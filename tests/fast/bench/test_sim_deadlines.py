@@ -1,5 +1,6 @@
 """Deadline-aware shaping in the simulator: an at-risk session meets a deadline that
-slack-rich neighbours' prefills make it miss without the reservation."""
+slack-rich neighbours' prefills make it miss without the reservation (its prefill
+first, theirs thinned while it decodes)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def _run(policy: str):
 
 
 def test_the_reservation_lets_an_at_risk_session_meet_its_deadline():
-    shaped, sim = _run("saga")
+    shaped, _ = _run("saga")
     unshaped, _ = _run("saga-no-shape")
     tight, tight_without = shaped["tight-0"], unshaped["tight-0"]
     assert not tight_without.met_deadline  # the neighbours' prefill chunks stretch every decode
@@ -38,4 +39,17 @@ def test_the_reservation_lets_an_at_risk_session_meet_its_deadline():
     assert tight.tct_s < 0.6 * tight_without.tct_s
     # the slack-rich sessions gave way and still finished in time
     assert all(t.met_deadline for sid, t in shaped.items() if sid.startswith("loose"))
-    assert sim.workers[0].shaper.held > 0
+
+
+def test_a_slack_rich_request_is_not_held_once_the_at_risk_one_runs():
+    """Holding buys a running at-risk request little and costs the held one its whole
+    wait: a short slack-rich request arriving beside a long at-risk decode runs at once."""
+    tight = TaskSpec("tight", "run", 0, (StepSpec(1000, 3000, 0),))
+    loose = TaskSpec("loose", "run", 0, (StepSpec(1000, 10, 0),))
+    insts = [TaskInstance("tight-0", tight, "interactive", deadline_factor=1.1),
+             TaskInstance("loose-0", loose, "batch", deadline_factor=5000.0)]
+    sim = Simulator(make_cost_model(kv_capacity_override=600_000), make_policy("saga"), insts,
+                    SimConfig(workers=1, seed=0))
+    done = {t.session_id: t for t in sim.run().tasks}
+    assert done["loose-0"].finished_at < 0.1 * done["tight-0"].finished_at
+    assert sim.workers[0].shaper.at_risk() == 0  # every at-risk request was let go at its end

@@ -24,11 +24,15 @@ def _shaper(classes: dict[str, str]) -> DeadlineShaper:
     return DeadlineShaper(lambda sid: classes.get(sid, NORMAL), prefill_budget_tokens=256)
 
 
-def test_slack_rich_requests_are_held_only_while_an_at_risk_request_is_on_the_engine():
+def test_slack_rich_requests_are_held_only_while_an_at_risk_request_waits():
     classes = {"tight": AT_RISK, "loose": SLACK_RICH, "plain": NORMAL}
     sh = _shaper(classes)
     assert not sh.holds_back(2, "loose")  # nobody at risk: nothing held
     assert sh.arrived(1, "tight") == AT_RISK and sh.at_risk() == 1
+    assert sh.holds_back(2, "loose")
+    sh.scheduled(1)  # it runs: holding others would buy it little
+    assert not sh.holds_back(2, "loose") and sh.at_risk() == 1
+    sh.arrived(5, "tight")  # its next request waits again
     assert sh.holds_back(2, "loose")
     assert not sh.holds_back(3, "plain") and not sh.holds_back(4, "tight")
     classes["loose"] = NORMAL  # its slack ran low: it goes ahead
@@ -36,10 +40,12 @@ def test_slack_rich_requests_are_held_only_while_an_at_risk_request_is_on_the_en
     classes["loose"] = SLACK_RICH
     classes["tight"] = SLACK_RICH  # its estimate changed: its own request still goes ahead
     assert not sh.holds_back(1, "tight")
+    assert not sh.holds_back(5, "tight")
     sh.finished(1)
-    sh.finished(1)  # idempotent
+    sh.finished(5)
+    sh.finished(5)  # idempotent
     assert sh.at_risk() == 0 and not sh.holds_back(2, "loose")
-    assert sh.held == 1
+    assert sh.held == 2
 
 
 def test_prefill_is_thinned_while_someone_is_at_risk_except_an_at_risk_prefill():

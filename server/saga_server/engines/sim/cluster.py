@@ -307,6 +307,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             if not cache.can_admit(sid, hit_b, total):
                 break
             heapq.heappop(w.queue)
+            if w.shaper is not None:
+                w.shaper.scheduled(r.seq)
             evs = cache.admit(sid, hit_b, total)
             if evs:
                 self._evicted(w, evs)

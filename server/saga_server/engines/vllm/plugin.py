@@ -26,10 +26,10 @@ stock vLLM (everything else is vLLM's own code path):
   `SAGA_SENIORITY_WINDOW_S` bounds how far seniority reaches back (0: request-level
   FCFS within a tenant, as stock).
 - **Deadlines** (`saga_server.core.deadlines`, which documents the rule): while a
-  request of an at-risk session is on the engine, requests of slack-rich sessions
-  are held in the waiting queue (held back by `RankedRequestQueue`, taken back from
-  it if they were offered before), and a step whose first prefill in line is not an
-  at-risk request's gets a token budget of its decodes plus one block
+  request of an at-risk session waits, requests of slack-rich sessions are held in
+  the waiting queue (held back by `RankedRequestQueue`, taken back from it if they
+  were offered before); while one waits or runs, a step whose first prefill in line
+  is not an at-risk request's gets a token budget of its decodes plus one block
   (`step_token_budget`, which `SagaScheduler` applies to the step). vLLM schedules
   running requests' prefill in running order, so an at-risk prefill cannot overtake
   one already running: the budget is then left whole. `SAGA_SHAPING=0` turns it off.
@@ -343,6 +343,8 @@ class SagaPlugin:
         metrics, counts = self.metrics, self.counters.counts
         sched = self.scheduler
         for new in output.scheduled_new_reqs:
+            if self.shaper is not None:
+                self.shaper.scheduled(new.req_id)
             pulled = self.pulls.take(new.req_id) if self.pulls is not None else 0
             if self.tier_loads is not None:  # loaded KV is no prefix hit either
                 from_tier = self.tier_loads.take(new.req_id)
