@@ -82,6 +82,19 @@ def _view(args) -> str | None:
                   engine_by_replica=dict(reply.engine_by_replica))
 
 
+def _deadlines(stats) -> str:
+    """Per tenant, tasks ended within their deadline out of those with one, and the
+    mean share of the deadline they used ("" when no task had a deadline)."""
+    parts = []
+    for key in sorted(k for k in stats if k.startswith("deadlines_met:")):
+        tenant = key.partition(":")[2]
+        met, missed = int(stats[key]), int(stats.get(f"deadlines_missed:{tenant}", 0))
+        if met + missed:
+            parts.append(f"{tenant or '(no tenant)'} {met}/{met + missed} ({met / (met + missed):.1%}), "
+                         f"slack used {stats.get(f'deadline_slack_used:{tenant}', 0.0):.2f}")
+    return "  tasks within deadline: " + "; ".join(parts) if parts else ""
+
+
 def _listing_limit(stats, wanted: int) -> int:
     """How many sessions to ask for so that `wanted` live ones come back: the
     listing is by recent activity and holds the remembered ended ones too."""
@@ -107,7 +120,11 @@ def render(stats, sessions, metrics=None, served=None, limit: int | None = None,
     tenancy = _tenancy(stats)
     if tenancy:
         lines.append(tenancy)
-    other = {k: v for k, v in sorted(stats.items()) if not k.startswith("hints_") and k not in _TENANCY}
+    deadlines = _deadlines(stats)
+    if deadlines:
+        lines.append(deadlines)
+    other = {k: v for k, v in sorted(stats.items())
+             if not k.startswith(("hints_", "deadlines_", "deadline_")) and k not in _TENANCY}
     if other:
         lines.append("  " + "  ".join(f"{k}={_num(v)}" for k, v in other.items()))
     for replica, figures in sorted((engine_by_replica or {}).items()):

@@ -86,6 +86,17 @@ def test_status_has_engine_and_admission_lines_when_the_engine_reports_them():
     assert "engine:" not in render({"sessions_live": 5}, [])  # no engine's figures
 
 
+def test_status_has_a_line_of_each_tenants_tasks_within_deadline():
+    from saga_server.status import render
+
+    stats = {"deadlines_met:web": 97, "deadlines_missed:web": 3, "deadline_slack_used:web": 0.81,
+             "deadlines_met:swe": 10, "deadlines_missed:swe": 0, "deadline_slack_used:swe": 0.4}
+    out = render(stats, [])
+    assert "tasks within deadline: swe 10/10 (100.0%), slack used 0.40; web 97/100 (97.0%), slack used 0.81" in out
+    assert "deadlines_met" not in out  # not repeated in the raw stats line
+    assert "within deadline" not in render({"sessions_live": 1}, [])
+
+
 def test_status_has_a_tenancy_line_of_what_callers_were_refused():
     from saga_server.status import render
 

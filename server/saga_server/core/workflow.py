@@ -29,7 +29,7 @@ from .fairshare import FairShare, FairShareConfig, seniority, urgency
 from .graph import Prediction
 from .pinning import PinConfig, PinDecision, decide_pin
 from .prefetch import PrefetchAction, PrefetchCandidate, PrefetchConfig, plan_prefetch
-from .sessions import ParentChanged, Session, SessionGone, SessionTable
+from .sessions import ENDED, ParentChanged, Session, SessionGone, SessionTable
 
 __all__ = ["CoreConfig", "WorkflowCore", "KvOutlook"]
 
@@ -91,6 +91,10 @@ class WorkflowCore:
         self._counters = {"requests_arrived": 0, "requests_finished": 0, "pins_granted": 0,
                           "pins_refused": 0, "prefetch_planned": 0}
         self._peer_tokens = 0.0
+        # tenant -> [tasks within deadline, tasks past it, summed slack used]: what
+        # `saga status` shows (`deadline_outcomes`); bounded like the tenants' service.
+        self._deadlines: dict[str, list[float]] = {}
+        self.table.subscribe(self._task_ended)
 
     def now(self) -> float:
         """The core's clock (hint times and policy decisions are on it)."""
@@ -133,7 +137,18 @@ class WorkflowCore:
             out["aeg_workflows"] = float(len(self.aeg.workflows()))
             out["afs_tenants_active"] = float(len(self.fair.active(self._clock())))
             out["afs_peer_tokens"] = self._peer_tokens
+            for tenant, (met, missed, used) in self._deadlines.items():
+                out[f"deadlines_met:{tenant}"] = met
+                out[f"deadlines_missed:{tenant}"] = missed
+                out[f"deadline_slack_used:{tenant}"] = used / (met + missed)
             return out
+
+    def deadline_outcomes(self) -> dict[str, tuple[int, int, float]]:
+        """Per tenant, of its tasks that ended with a deadline: (within it, past it,
+        mean slack used: time taken over the time the deadline gave). A subagent
+        counts as part of its root's task, not on its own."""
+        with self._lock:
+            return {t: (int(met), int(missed), used / (met + missed)) for t, (met, missed, used) in self._deadlines.items()}
 
     def subscribe(self, listener: SessionGone) -> None:
         """`listener(session_id, how)` whenever a session stops being live: its end,
@@ -342,6 +357,24 @@ class WorkflowCore:
             return len(tokens)
 
     # -- internals -----------------------------------------------------------------------
+
+    def _task_ended(self, session_id: str, how: str) -> None:
+        """The table's lifecycle listener (lock held): a task that ended with a
+        deadline counts for its tenant (one that expired or was evicted did not end)."""
+        s = self._sessions.get(session_id)
+        if how != ENDED or s is None or s.deadline_at is None or s.parent:
+            return
+        span = s.deadline_at - s.task_started_at
+        if span <= 0:
+            return
+        used = max(max(s.last_event_at, self._clock()) - s.task_started_at, 0.0) / span
+        outcome = self._deadlines.get(s.tenant)
+        if outcome is None:
+            if len(self._deadlines) >= 4096:  # bounded: forget the tenant with the fewest tasks
+                del self._deadlines[min(self._deadlines, key=lambda t: sum(self._deadlines[t][:2]))]
+            outcome = self._deadlines[s.tenant] = [0.0, 0.0, 0.0]
+        outcome[0 if used <= 1.0 else 1] += 1
+        outcome[2] += used
 
     def _priority(self, s: Session | None, tenant: str) -> float:
         """`request_priority` of a session's record (None: unknown); lock held."""

@@ -198,7 +198,9 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
             for key, value in self.counters.items():
                 stats.stats[f"hints_{key}"] = float(value)
         for key, value in self.sink.stats().items():
-            stats.stats[key] = float(value)
+            tenant = _tenant_of_stat(key)
+            if tenant is None or caller is None or caller.is_admin or tenant == caller.tenant:
+                stats.stats[key] = float(value)
         engine_stats = getattr(self.sink, "engine_stats", None)  # EngineStatsSink
         figures = engine_stats() if engine_stats is not None else None
         if figures is not None:
@@ -374,3 +376,12 @@ class HintServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+_PER_TENANT_STATS = ("deadlines_met:", "deadlines_missed:", "deadline_slack_used:")
+
+
+def _tenant_of_stat(key: str) -> str | None:
+    """The tenant a per-tenant figure of the core's stats is about (None: not one);
+    an agent's key reads only its own tenant's."""
+    return key.partition(":")[2] if key.startswith(_PER_TENANT_STATS) else None

@@ -101,3 +101,19 @@ def test_remaining_steps_come_from_the_lengths_seen_given_how_far_a_session_got(
         core.accept(LlmCallStart("new", clock.t, step=k))
     steps_long, _ = core.aeg.remaining(core.aeg.track("new"))
     assert 15.0 <= steps_long <= 19.0
+
+
+def test_the_core_counts_each_tenants_tasks_within_their_deadline():
+    clock = ManualClock(0.0)
+    core = WorkflowCore(CoreConfig(), clock=clock)
+    core.accept(SessionStart("fast", 0.0, tenant="a", deadline_s=10.0))
+    core.accept(SessionStart("slow", 0.0, tenant="a", deadline_s=10.0))
+    core.accept(SessionStart("child", 1.0, tenant="a", parent_id="slow"))  # part of its root's task
+    core.accept(SessionStart("free", 0.0, tenant="b"))  # no deadline: not counted
+    for sid, t in (("fast", 5.0), ("child", 14.0), ("slow", 15.0), ("free", 15.0)):
+        clock.t = t
+        core.accept(SessionEnd(sid, t))
+    assert core.deadline_outcomes() == {"a": (1, 1, pytest.approx((0.5 + 1.5) / 2))}
+    stats = core.stats()
+    assert stats["deadlines_met:a"] == 1 and stats["deadlines_missed:a"] == 1
+    assert stats["deadline_slack_used:a"] == pytest.approx(1.0)

@@ -17,7 +17,7 @@ import pytest
 from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
 from saga_sdk.channel import hint_channel
-from saga_server.core import ManualClock, WorkflowCore
+from saga_server.core import ManualClock, SessionEnd, SessionStart, WorkflowCore
 from saga_server.engines.vllm.intake import EngineHintSink, ReleaseKv
 from saga_server.rpc import HintServer, KeyRing, KeysFileError, on_behalf_of
 
@@ -218,6 +218,18 @@ def test_an_agent_sees_only_its_own_tenants_service(service):
     mine = service.stub(KEY_A).GetStats(pb.GetStatsRequest(), timeout=5).served_tokens_by_tenant
     every = service.stub(KEY_OPS).GetStats(pb.GetStatsRequest(), timeout=5).served_tokens_by_tenant
     assert dict(mine) == {"team-a": 100.0} and dict(every) == {"team-a": 100.0, "team-b": 900.0}
+
+
+def test_an_agent_sees_only_its_own_tenants_deadline_outcomes(service):
+    core = service.sink.core
+    for sid, tenant in (("da", "team-a"), ("db", "team-b")):
+        core.accept(SessionStart(sid, core.now(), tenant=tenant, deadline_s=600.0))
+        core.accept(SessionEnd(sid, core.now()))
+    mine = service.stub(KEY_A).GetStats(pb.GetStatsRequest(), timeout=5).stats
+    every = service.stub(KEY_OPS).GetStats(pb.GetStatsRequest(), timeout=5).stats
+    assert mine["deadlines_met:team-a"] == 1.0 and "deadlines_met:team-b" not in mine
+    assert "deadline_slack_used:team-b" not in mine
+    assert every["deadlines_met:team-a"] == every["deadlines_met:team-b"] == 1.0
 
 
 def test_a_missing_or_unknown_key_is_unauthenticated(service):
