@@ -33,6 +33,7 @@ from saga_server.bench.runner import _instances
 from saga_server.engines.sim import Simulator
 
 POLICIES = ("apc-lru", "apc-lru-offload", "kvflow", "thunderagent", "saga-no-admit", "saga", "infinite")
+REFERENCES = ("infinite", "oracle", "belady")  # bounds, never "the best other policy"
 
 
 def run_one(job: tuple) -> dict:
@@ -92,11 +93,12 @@ def print_tables(rows: list[dict], hosts: list[float], loads: list[int], policie
                                                for c in cols) + " |")
             if "saga" in sel:
                 saga = sel["saga"]
-                others = [p for p in policies if p != "infinite" and not p.startswith("saga")]
+                others = [p for p in policies if p not in REFERENCES and not p.startswith("saga")]
                 best = min(others, key=lambda p: sel[p]["tct_mean_s"]) if others else None
                 parts = []
-                if "infinite" in sel:
-                    parts.append(f"saga/infinite {saga['tct_mean_s'] / sel['infinite']['tct_mean_s']:.3f}")
+                for ref in ("oracle", "infinite"):
+                    if ref in sel:
+                        parts.append(f"saga/{ref} {saga['tct_mean_s'] / sel[ref]['tct_mean_s']:.3f}")
                 if best:
                     parts.append(f"best other ({best})/saga {sel[best]['tct_mean_s'] / saga['tct_mean_s']:.3f}")
                 if "saga-no-admit" in sel:

@@ -1,14 +1,19 @@
-"""Policies by name: the baselines, SAGA, its ablations and the two references.
+"""Policies by name: the baselines, SAGA, its ablations and the references.
 
 `make_policy(name)` returns a fresh policy (policies hold per-run state). Ablations:
 `saga-only-<m>` is `apc-lru` plus the one SAGA mechanism `m`; `saga-no-<m>` is full
-SAGA without it (mechanisms: walru, ttl, prefetch, afs, steal, admit);
+SAGA without it (mechanisms: walru, ttl, prefetch, afs, steal, admit, shape);
 `saga-request-fcfs` is full SAGA with request-level FCFS inside a tenant (no task
 seniority, as the engine's `SAGA_SENIORITY_WINDOW_S=0`); `saga-no-trees` is full
 SAGA told nothing of subagents' parents (each child an unrelated session). `saga` routes with
 `saga_server.core.routing` (new sessions to the least loaded worker, periodic
 steals that move the KV); `saga-hash` is the same with the Ray router's
-rendezvous-hash homes for new sessions.
+rendezvous-hash homes for new sessions. References: `infinite` (an unbounded pool),
+`belady` (the offline-optimal eviction order) and `oracle`, full SAGA whose core knows
+every tool call's and every person's wait's true duration (its pins, prefetch, parking
+and keys use them instead of predictions): SAGA against `oracle` is what prediction
+costs; `oracle` against `infinite` is what the mechanisms and the pool leave. Its
+foresight is of waits only: remaining steps and next prompts are still predicted.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ POLICIES: dict[str, Callable[[], SimPolicy]] = {
     "saga-hash": lambda: SagaPolicy(name="saga-hash", routing=_HASH_ROUTING),
     "saga-request-fcfs": lambda: SagaPolicy(name="saga-request-fcfs", config=_REQUEST_FCFS),
     "saga-no-trees": lambda: SagaPolicy(name="saga-no-trees", trees=False),
+    "oracle": lambda: SagaPolicy(name="oracle", foresight=True),
     "infinite": Infinite,
     "belady": Belady,
 }

@@ -61,6 +61,21 @@ class _ExpDist:
         return max(elapsed, 0.0) - math.log(max(1.0 - q, 1e-9)) * self.m
 
 
+class _Exact:
+    """A duration known exactly (the simulator's `oracle` reference only)."""
+
+    __slots__ = ("d",)
+
+    def __init__(self, duration: float) -> None:
+        self.d = duration
+
+    def mean_above(self, elapsed: float) -> float:
+        return max(elapsed, self.d)
+
+    def quantile_above(self, q: float, elapsed: float) -> float:
+        return max(elapsed, self.d)
+
+
 class _Imminent:
     """Nothing left to wait for."""
 
@@ -134,7 +149,11 @@ class WorkflowGraphs:
         prior_p_continue: float = 0.9,
         prior_cycle_s: float = 5.0,
         smoothing: float = 2.0,
+        exact_expected: bool = False,
     ) -> None:
+        """`exact_expected`: take a client's expected duration as exact, ahead of
+        anything learnt: perfect foresight, for the simulator's `oracle` reference
+        only (no client knows its tools' durations)."""
         if min(max_workflows, max_nodes, max_tools) < 1:
             raise ValueError("graph limits must be >= 1")
         if not 0.0 <= prior_p_continue <= 1.0:
@@ -146,6 +165,7 @@ class WorkflowGraphs:
         self.prior_p_continue = prior_p_continue
         self.prior_cycle_s = prior_cycle_s
         self.smoothing = smoothing
+        self.exact_expected = exact_expected
         self._graphs: OrderedDict[str, _Graph] = OrderedDict()
         self._by_category: dict[str, LogHistogram] = {}
         self._global = LogHistogram()
@@ -480,6 +500,8 @@ class WorkflowGraphs:
         return steps, steps * cycle
 
     def _dist(self, g: _Graph | None, key: str, cat: str, expected: float | None):
+        if self.exact_expected and expected is not None and expected >= 0:
+            return _Exact(expected)
         ms = self.min_samples
         if g is not None:
             h = g.durations.get(key)

@@ -56,6 +56,9 @@ class CoreConfig:
     prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
     fairshare: FairShareConfig = field(default_factory=FairShareConfig)
     shaping: ShapingConfig = field(default_factory=ShapingConfig)
+    # Research only: clients' expected tool durations are exact (`WorkflowGraphs`), the
+    # simulator's `oracle` reference of perfect foresight.
+    exact_expected: bool = False
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.session_idle_s <= 0 or self.history_limit < 1:
@@ -86,7 +89,8 @@ class WorkflowCore:
         self._sessions = self.table.by_id
         self.aeg = AEG(self.table, max_workflows=cfg.max_workflows, max_nodes=cfg.max_nodes,
                        max_tools=cfg.max_tools, min_samples=cfg.min_samples,
-                       prior_p_continue=cfg.prior_p_continue, prior_cycle_s=cfg.prior_cycle_s)
+                       prior_p_continue=cfg.prior_p_continue, prior_cycle_s=cfg.prior_cycle_s,
+                       exact_expected=cfg.exact_expected)
         self.fair = FairShare(cfg.fairshare)
         self._counters = {"requests_arrived": 0, "requests_finished": 0, "pins_granted": 0,
                           "pins_refused": 0, "prefetch_planned": 0}

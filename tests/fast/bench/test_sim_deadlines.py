@@ -53,3 +53,4 @@ def test_a_slack_rich_request_is_not_held_once_the_at_risk_one_runs():
     done = {t.session_id: t for t in sim.run().tasks}
     assert done["loose-0"].finished_at < 0.1 * done["tight-0"].finished_at
     assert sim.workers[0].shaper.at_risk() == 0  # every at-risk request was let go at its end
+

@@ -9,6 +9,7 @@ import pytest
 
 from saga_server.core import (
     AEG,
+    CoreConfig,
     LlmCallEnd,
     LlmCallStart,
     ManualClock,
@@ -315,3 +316,23 @@ def test_a_tool_hint_takes_the_inferred_gap_back() -> None:
     core.accept(SessionStart("probe", clock.t, workflow="tools"))
     _llm_only_step(core, clock, "probe", hint_first=True)
     assert core.predict("probe").next_tool_category == "test"
+
+
+def test_exact_expected_durations_override_what_was_learnt_only_when_asked():
+    """The `oracle` reference's core takes a hinted duration as exact; a real core
+    prefers what it learnt (8 runs of 1 s) and reads a hint as an exponential mean."""
+    def resume_mean(exact: bool) -> float:
+        clock = ManualClock(0.0)
+        core = WorkflowCore(CoreConfig(exact_expected=exact, min_samples=4), clock=clock)
+        core.accept(SessionStart("s", 0.0, tenant="t", workflow="w"))
+        for k in range(8):
+            core.accept(LlmCallStart("s", clock.t, step=k))
+            core.accept(ToolCallStart("s", clock.t, "bash", call_id=str(k), category="run"))
+            clock.t += 1.0
+            core.accept(ToolCallEnd("s", clock.t, "bash", call_id=str(k)))
+        core.accept(LlmCallStart("s", clock.t, step=8))
+        core.accept(ToolCallStart("s", clock.t, "bash", call_id="8", category="run", expected_duration_s=30.0))
+        return core.session("s").metrics["resume_mean_s"]
+
+    assert resume_mean(True) == pytest.approx(30.0)
+    assert resume_mean(False) == pytest.approx(1.0, abs=0.2)

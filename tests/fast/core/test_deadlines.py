@@ -117,3 +117,4 @@ def test_the_core_counts_each_tenants_tasks_within_their_deadline():
     stats = core.stats()
     assert stats["deadlines_met:a"] == 1 and stats["deadlines_missed:a"] == 1
     assert stats["deadline_slack_used:a"] == pytest.approx(1.0)
+

@@ -47,6 +47,7 @@ fresh views.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from saga_server.core import (
@@ -82,9 +83,11 @@ SIM_ROUTING = RoutingConfig(new_session="least_loaded")
 class SagaPolicy(SimPolicy):
     def __init__(self, mechanisms: Sequence[str] = MECHANISMS, name: str = "saga",
                  config: CoreConfig | None = None, routing: RoutingConfig | None = None,
-                 admission: AdmissionConfig | None = None, trees: bool = True) -> None:
+                 admission: AdmissionConfig | None = None, trees: bool = True, foresight: bool = False) -> None:
         """`trees`: a subagent's start names its parent (as the agents' headers do);
-        False treats every subagent as a session of its own (`saga-no-trees`)."""
+        False treats every subagent as a session of its own (`saga-no-trees`).
+        `foresight`: each wait's hint carries its true duration, which the core takes
+        as exact (`CoreConfig.exact_expected`): the `oracle` reference."""
         unknown = set(mechanisms) - set(MECHANISMS)
         if unknown:
             raise ValueError(f"unknown SAGA mechanisms: {sorted(unknown)}")
@@ -98,6 +101,9 @@ class SagaPolicy(SimPolicy):
         self.routing = routing or SIM_ROUTING
         self.admission_config = admission
         self.trees = trees
+        self.foresight = foresight
+        if foresight:
+            self._config = replace(config or CoreConfig(), exact_expected=True)
         self.core: WorkflowCore | None = None
         self.router: SessionRouter | None = None
 
@@ -169,12 +175,13 @@ class SagaPolicy(SimPolicy):
             self.core.record_service(s.tenant, r.prompt + r.output, s.session_id)
 
     def on_tool_start(self, s: "Session", now: float) -> None:
-        for name, category, call_id in _waits(s):
-            self.core.accept(ToolCallStart(s.session_id, now, name, call_id=call_id, category=category))
+        for name, category, call_id, duration in _waits(s):
+            self.core.accept(ToolCallStart(s.session_id, now, name, call_id=call_id, category=category,
+                                           expected_duration_s=duration if self.foresight else None))
 
     def on_tool_end(self, s: "Session", now: float) -> None:
         # Called before the session moves to its next step: s.step is the tool's step.
-        for name, _, call_id in _waits(s):
+        for name, _, call_id, _ in _waits(s):
             try:
                 self.core.accept(ToolCallEnd(s.session_id, now, name, call_id=call_id))
             except HintRejected:  # the core let the session go while it waited
@@ -186,10 +193,11 @@ class SagaPolicy(SimPolicy):
             self.router.forget(s.session_id)
 
 
-def _waits(s: "Session") -> list[tuple[str, str, str]]:
+def _waits(s: "Session") -> list[tuple[str, str, str, float]]:
     """What the session waits on after its step, as hints name it: (tool, category,
-    call id) per tool call, or the human's turn as a call of category `human`."""
+    call id, true duration) per tool call, or the human's turn as a call of category
+    `human`."""
     step = s.task.steps[s.step]
     if step.human:
-        return [(HUMAN, HUMAN, f"{s.step}.human")]
-    return [(tool.name, tool.category, f"{s.step}.{i}") for i, tool in enumerate(step.tools)]
+        return [(HUMAN, HUMAN, f"{s.step}.human", step.idle_s)]
+    return [(tool.name, tool.category, f"{s.step}.{i}", tool.duration_s) for i, tool in enumerate(step.tools)]
