@@ -1,0 +1,38 @@
+"""The two-tenant deadline workloads: the generator's shapes, and the real-engine
+replay's scaled sessions and unloaded-time pricing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+import deadline_tenants  # noqa: E402
+import serve_deadlines  # noqa: E402
+
+
+def test_coding_contexts_grow_and_browser_pages_are_fresh():
+    coding, browser = deadline_tenants.generate(50, seed=3)
+    for t in coding:
+        steps = t["steps"]
+        for prev, st in zip(steps, steps[1:]):  # append-only: the last prompt and answer are reused
+            assert st["reused_prefix_tokens"] == prev["prompt_tokens"] + prev["output_tokens"]
+            assert st["prompt_tokens"] > st["reused_prefix_tokens"]
+    for t in browser:
+        steps = t["steps"]
+        for k, st in enumerate(steps[1:], start=1):  # only the history is reusable: the page is new
+            assert st["reused_prefix_tokens"] == deadline_tenants.BrowserShape().prefix_tokens + 60 * k
+        assert all(st["tools"] for st in steps[:-1]) and not steps[-1]["tools"]
+    assert deadline_tenants.generate(5, seed=3) == deadline_tenants.generate(5, seed=3)
+
+
+def test_the_replay_fits_the_models_context_and_prices_new_tokens_only():
+    plan = serve_deadlines.sessions(3, 4, seed=0)
+    assert [s.tenant for s in plan].count("browser") == 4
+    assert all(c.prompt + c.output <= serve_deadlines.MAX_PROMPT for s in plan for c in s.calls)
+    s = serve_deadlines.Session("x", "coding", [serve_deadlines.Call(1000, 0, 10, 2.0),
+                                                serve_deadlines.Call(1500, 1010, 20, 0.0)])
+    # 1000 + 490 new tokens at 500/s, 30 decode steps of 0.1 s, 2 s of tools
+    assert serve_deadlines.unloaded_s(s, 500.0, 0.1) == pytest.approx(2.98 + 3.0 + 2.0)
