@@ -367,12 +367,14 @@ class ListResidentRequest(_message.Message):
     def __init__(self, limit: _Optional[int] = ...) -> None: ...
 
 class ResidentSession(_message.Message):
-    __slots__ = ("session_id", "in_tool")
+    __slots__ = ("session_id", "in_tool", "kv_tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     IN_TOOL_FIELD_NUMBER: _ClassVar[int]
+    KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     in_tool: bool
-    def __init__(self, session_id: _Optional[str] = ..., in_tool: bool = ...) -> None: ...
+    kv_tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., in_tool: bool = ..., kv_tokens: _Optional[int] = ...) -> None: ...
 
 class ResidentSessions(_message.Message):
     __slots__ = ("sessions",)

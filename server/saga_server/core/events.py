@@ -223,6 +223,7 @@ class ResidentSession:
 
     session_id: str
     in_tool: bool = False  # inside a tool call (or an inferred tool gap)
+    kv_tokens: int = 0  # KV it holds on the engine's pool, tokens (0: not known)
 
 
 class KvResidencySink(Protocol):

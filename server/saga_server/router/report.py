@@ -9,7 +9,7 @@ malformed field gets its default, and a report with no session list counts as
 unreadable (the router then keeps the replica's last good one for a while).
 
 `read_report` builds a report from the engine's hint service in two small RPCs:
-`ListResident` (session ids only) and `GetStats` (`engine`'s KV figures, per-tenant service).
+`ListResident` (session ids, tool state, KV size) and `GetStats` (`engine`'s KV figures, per-tenant service).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class ReplicaReport:
     # Share, see `engine_calls.PeerServiceRelay`)
     served: Mapping[str, float] = field(default_factory=dict)
     error: str = ""  # why the engine could not be read; "" when it was
+    kv_tokens: Mapping[str, int] = field(default_factory=dict)  # session -> KV it holds there (where known)
 
     @property
     def readable(self) -> bool:
@@ -47,7 +48,8 @@ class ReplicaReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"hint_addr": self.hint_addr, "sessions": sorted(self.sessions), "in_tool": sorted(self.in_tool),
-                "kv_usage": self.kv_usage, "served": dict(self.served), "error": self.error}
+                "kv_tokens": dict(self.kv_tokens), "kv_usage": self.kv_usage, "served": dict(self.served),
+                "error": self.error}
 
     @classmethod
     def from_dict(cls, raw: Any) -> "ReplicaReport":
@@ -60,6 +62,7 @@ class ReplicaReport:
         if error or sessions is None:
             return cls.unreadable(hint_addr, str(error or "no session list"))
         return cls(hint_addr=hint_addr, sessions=sessions, in_tool=_ids(raw.get("in_tool")) or frozenset(),
+                   kv_tokens={sid: int(n) for sid, n in _served(raw.get("kv_tokens")).items() if sid in sessions},
                    kv_usage=_amount(raw.get("kv_usage")) or 0.0, served=_served(raw.get("served")))
 
 
@@ -78,6 +81,7 @@ def read_report(hint_addr: str, timeout: float = 2.0) -> ReplicaReport:
         hint_addr=hint_addr,
         sessions=frozenset(s.session_id for s in resident),
         in_tool=frozenset(s.session_id for s in resident if s.in_tool),
+        kv_tokens={s.session_id: s.kv_tokens for s in resident if s.kv_tokens},
         kv_usage=engine.held_blocks / engine.kv_blocks if engine.kv_blocks > 0 else 0.0,
         served=dict(reply.served_tokens_by_tenant))
 
@@ -96,6 +100,7 @@ def _amount(value: Any) -> float | None:
 
 
 def _served(value: Any) -> dict[str, float]:
+    """A mapping of name -> amount >= 0 (per tenant, per session), malformed entries dropped."""
     if not isinstance(value, Mapping):
         return {}
     out = {}

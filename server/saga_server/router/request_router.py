@@ -207,7 +207,8 @@ class SagaRequestRouter(RequestRouter):
             sessions = frozenset(s for s in rep.sessions if not s.startswith(MOVE_PREFIX))
             queue = self._inflight.get(r.replica_id.unique_id, 0)
             views.append(ReplicaView(r.replica_id.unique_id, queue_len=queue, kv_usage=rep.kv_usage,
-                                     sessions=sessions, in_tool=rep.in_tool & sessions if sessions else rep.in_tool))
+                                     sessions=sessions, in_tool=rep.in_tool & sessions if sessions else rep.in_tool,
+                                     kv_tokens=rep.kv_tokens))
         self.routing.update(views)
 
     def _maybe_steal(self, candidates: list[str]) -> None:

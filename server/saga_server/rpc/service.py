@@ -234,7 +234,8 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
         if resident is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this hint service holds no KV")
         limit = min(request.limit or _DEFAULT_RESIDENT, _MAX_LISTED)
-        return pb.ResidentSessions(sessions=[pb.ResidentSession(session_id=r.session_id, in_tool=r.in_tool)
+        return pb.ResidentSessions(sessions=[pb.ResidentSession(session_id=r.session_id, in_tool=r.in_tool,
+                                                                kv_tokens=max(int(r.kv_tokens), 0))
                                              for r in resident(limit)])
 
     def ReleaseSession(self, request, context):

@@ -14,7 +14,7 @@ from saga_server.router.report import ReplicaReport, read_report
 from saga_server.rpc import HintServer
 
 FULL = ReplicaReport("10.0.0.2:5000", sessions=frozenset({"a", "b"}), in_tool=frozenset({"b"}), kv_usage=0.25,
-                     served={"acme": 300.0, "": 5.0})
+                     served={"acme": 300.0, "": 5.0}, kv_tokens={"a": 4096, "b": 512})
 
 
 @pytest.mark.parametrize("report", [FULL, ReplicaReport(), ReplicaReport.unreadable("h:1", "deadline exceeded")])
@@ -43,12 +43,16 @@ def test_garbage_fields_take_their_defaults():
                                       "kv_usage": math.nan, "served": {"ok": 2, "neg": -1, "inf": math.inf,
                                                                        "flag": True, 9: 1.0, "text": "5"}})
     assert report == ReplicaReport("", frozenset({"a"}), frozenset(), 0.0, {"ok": 2.0})
+    sizes = ReplicaReport.from_dict({"sessions": ["a", "b"], "kv_tokens": {"a": 64, "b": -1, "gone": 9, "c": "x"}})
+    assert sizes.kv_tokens == {"a": 64}  # malformed sizes and sessions it does not hold are dropped
     assert ReplicaReport.from_dict({"sessions": [], "kv_usage": "0.5", "served": [1]}).kv_usage == 0.0
 
 
 def test_read_report_lists_only_the_sessions_whose_kv_the_engine_holds():
     core = WorkflowCore()
-    sink = EngineHintSink(core, engine_stats=lambda: EngineStats(kv_blocks=200, held_blocks=50))
+    held = {"served": 3, "tool": 2}
+    sink = EngineHintSink(core, engine_stats=lambda: EngineStats(kv_blocks=200, held_blocks=50),
+                          held_blocks=lambda sid: held.get(sid, 0), block_tokens=16)
     now = core._clock()
     for sid in ("served", "tool", "heard-of", "moved"):
         core.accept(SessionStart(sid, now, tenant="acme"))
@@ -60,7 +64,7 @@ def test_read_report_lists_only_the_sessions_whose_kv_the_engine_holds():
     with HintServer(sink, "127.0.0.1:0") as server:
         report = read_report(server.endpoint)
     assert report == ReplicaReport(server.endpoint, frozenset({"served", "tool"}), frozenset({"tool"}), 0.25,
-                                   {"acme": 70.0})
+                                   {"acme": 70.0}, kv_tokens={"served": 48, "tool": 32})
 
 
 def test_read_report_fails_on_a_service_that_holds_no_kv(registry, hint_server):

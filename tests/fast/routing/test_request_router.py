@@ -86,6 +86,27 @@ def test_the_ticker_moves_a_session_in_a_tool_call_off_an_overloaded_replica_wit
     assert router.routing.home_of("agent") == "idle"
 
 
+def test_the_ticker_moves_the_in_tool_session_holding_the_least_kv_its_replica_reports():
+    router = _router()
+    sizes = {"long": 120_000, "small": 900, "mid": 30_000}
+    busy = _Replica(_ReplicaId("busy"), {"saga": {"sessions": list(sizes), "in_tool": list(sizes),
+                                                   "kv_tokens": sizes, "kv_usage": 0.0}})
+    idle = _Replica(_ReplicaId("idle"), {"saga": {"sessions": [], "in_tool": [], "kv_usage": 0.0}})
+    router._replicas = {r.replica_id: r for r in (busy, idle)}
+    router._inflight["busy"] = 5
+
+    async def scenario():
+        router._start_ticker()
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if router.steals:
+                break
+        router._ticker.cancel()
+
+    asyncio.run(scenario())
+    assert list(router.steals)[0] == ("small", "busy", "idle", True)
+
+
 def test_no_steal_when_the_load_gap_is_small():
     router = _router()
     a = _Replica(_ReplicaId("a"), {"saga": {"sessions": ["s"], "in_tool": ["s"]}})

@@ -73,9 +73,10 @@ class EngineHintSink:
                  max_queue: int = 10_000, on_drop: Callable[[], None] = lambda: None,
                  on_accept: Callable[[], None] = lambda: None,
                  on_event: Callable[[HintEvent], None] | None = None,
-                 held_blocks: Callable[[str], int] = lambda session_id: 0) -> None:
+                 held_blocks: Callable[[str], int] = lambda session_id: 0, block_tokens: int = 0) -> None:
         self.core = core
         self._held_blocks = held_blocks  # read off the engine thread: one dict lookup, a snapshot
+        self._block_tokens = block_tokens
         self._on_event = on_event
         self._engine_stats = engine_stats
         self._queue: collections.deque = collections.deque()
@@ -118,8 +119,10 @@ class EngineHintSink:
 
     def resident_sessions(self, limit: int) -> list[ResidentSession]:
         # Residency is the core's `kv_resident` (served here, not moved away since).
-        return [ResidentSession(s.session_id, in_tool=s.state == "tool") for s in self.core.sessions(limit)
-                if s.state != "ended" and s.metrics.get("kv_resident", 0.0) > 0]
+        # Its size lets the cluster router move the cheapest session (`core.routing`).
+        return [ResidentSession(s.session_id, in_tool=s.state == "tool",
+                                kv_tokens=self._held_blocks(s.session_id) * self._block_tokens)
+                for s in self.core.sessions(limit) if s.state != "ended" and s.metrics.get("kv_resident", 0.0) > 0]
 
     def record_peer_service(self, tokens: Mapping[str, float]) -> int:
         return self.core.record_peer_service(tokens)  # AFS only: nothing for the engine loop

@@ -220,7 +220,7 @@ class SagaPlugin:
         self.sink = EngineHintSink(self.core, self.engine_stats, on_drop=self.metrics.hints_dropped.inc,
                                    on_accept=self._core_gauges,
                                    on_event=self.recording.hint if self.recording is not None else None,
-                                   held_blocks=self.ledger.blocks_of)
+                                   held_blocks=self.ledger.blocks_of, block_tokens=self.block_size)
         self.hint_server = start_hint_service(self.sink) if start_hints else None
         if tenant_limits is None and self.hint_server is not None and self.hint_server.keys is not None:
             self.tenant_limits = self.hint_server.keys.limits
