@@ -9,7 +9,8 @@ person's wait between them, compaction; every number's source is cited there) an
 written to `<out>/production.jsonl`, so the same tasks can be replayed by `saga bench
 --trace`. Each (host tier, load) runs a closed loop of `--workers` x sessions per
 worker over `--tasks-factor` x that many tasks (drawn from the generated sessions in
-seeded rounds), Llama-3-8B on H100 by default. Completion time counts from a task's
+seeded rounds), Llama-3-8B on H100 by default, with and without a disk tier below the
+host tier (`--disks`, multiples of the GPU pool; read at `CostModel.disk_bw`). Completion time counts from a task's
 arrival and includes the person's waits, which no policy can shorten; the recompute
 share and memory utilisation say where policies differ. Printed per (host tier,
 load): the `sim_overload.py` table and ratios, and the workload's own statistics
@@ -38,6 +39,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--loads", default="8,32,96", help="sessions per worker: light, medium, heavy")
     ap.add_argument("--hosts", default="1,4", help="host tier / GPU pool")
+    ap.add_argument("--disks", default="0,16", help="disk tier below the host tier / GPU pool (0: none)")
     ap.add_argument("--tasks-factor", type=int, default=2, help="tasks = factor x sessions in flight")
     ap.add_argument("--policies", default=",".join(PRODUCTION_POLICIES))
     ap.add_argument("--seed", type=int, default=0)
@@ -55,10 +57,12 @@ def main() -> int:
     loads = [int(x) for x in a.loads.split(",")]
     hosts = [float(x) for x in a.hosts.split(",")]
     policies = a.policies.split(",")
-    jobs = [(str(trace), a.workers, pw, h, a.tasks_factor, p, a.seed) for h in hosts for pw in loads for p in policies]
+    disks = [float(x) for x in a.disks.split(",")]
+    jobs = [(str(trace), a.workers, pw, h, a.tasks_factor, p, a.seed, d)
+            for h in hosts for d in disks for pw in loads for p in policies]
     rows = run_all(jobs, a.jobs, desc="production")
     (out / "production.json").write_text(json.dumps(rows, indent=2))
-    print_tables(rows, hosts, loads, policies, a.workers, title="production-shaped, ")
+    print_tables(rows, hosts, loads, policies, a.workers, title="production-shaped, ", disks=disks)
     print(f"\nwrote {out / 'production.json'}")
     return 0
 

@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, help="closed loop: tasks in flight")
     p.add_argument("--rate", type=float, help="open loop: Poisson task arrivals per second")
     p.add_argument("--host-tier-factor", type=float, help="host KV capacity / GPU pool")
+    p.add_argument("--disk-tier-factor", type=float,
+                   help="a disk tier below the host tier: its capacity / GPU pool (default 0: none)")
     p.add_argument("--seed", type=int)
     p.add_argument("--policies", help=f"comma list; known: {', '.join(policy_names())}")
     p.add_argument("--ablations", action="store_true", help="add saga-only-*/saga-no-* runs")
@@ -87,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
 def scenario_from_args(a: argparse.Namespace) -> Scenario:
     sc = load_scenario(a.config) if a.config else Scenario()
     changes = {}
-    for field in ("name", "tasks", "workers", "gpu", "model", "tp", "seed", "host_tier_factor", "mfu", "bw_eff",
+    for field in ("name", "tasks", "workers", "gpu", "model", "tp", "seed", "host_tier_factor", "disk_tier_factor",
+                  "mfu", "bw_eff",
                   "max_num_seqs", "calibration"):
         v = getattr(a, field)
         if v is not None:

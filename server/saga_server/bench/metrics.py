@@ -80,6 +80,7 @@ def summarize(res: SimResult) -> dict[str, Any]:
         "recomputed_tokens": res.recomputed_tokens,
         "loaded_tokens": res.loaded_tokens,
         "prefetched_tokens": res.prefetched_tokens,
+        "disk_loaded_tokens": res.disk_loaded_tokens,
         "tasks_per_hour": done / span * 3600.0,
         "tokens_per_s": tokens / span,
         "steals": res.steals,

@@ -17,6 +17,7 @@ policies = ["apc-lru", "saga"]
 sweep_load = [64, 128, 192]  # concurrency (or rates when `rate` is set)
 sweep_kv = [150000, 300000]
 sweep_host = [0, 1, 4]     # host (CPU) tier sizes, multiples of the GPU pool
+disk_tier_factor = 16      # a disk tier below the host tier (default 0: none)
 
 [[tenant]]
 name = "swe"
@@ -68,6 +69,7 @@ class Scenario:
     concurrency: int | None = 36
     rate: float | None = None
     host_tier_factor: float = 4.0
+    disk_tier_factor: float = 0.0
     seed: int = 0
     policies: tuple[str, ...] = DEFAULT_POLICIES
     sweep_load: tuple[float, ...] = ()
@@ -86,7 +88,8 @@ class Scenario:
     def sim_config(self, concurrency: int | None = None) -> SimConfig:
         conc = self.concurrency if concurrency is None else concurrency
         return SimConfig(workers=self.workers, concurrency=None if self.rate is not None else conc,
-                         host_tier_factor=self.host_tier_factor, seed=self.seed)
+                         host_tier_factor=self.host_tier_factor, disk_tier_factor=self.disk_tier_factor,
+                         seed=self.seed)
 
     def with_load(self, load: float) -> "Scenario":
         """The same scenario at another load (a concurrency, or a rate if Poisson)."""

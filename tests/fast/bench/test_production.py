@@ -138,3 +138,18 @@ def test_a_person_away_longer_than_the_core_keeps_a_session_is_served_when_it_co
     assert len(res.tasks) == 2 and min(t.tct_s for t in res.tasks) > 100.0
     assert saga.core.table.counters["sessions_expired"] >= 1
     assert saga.core.session("s") is not None  # its next call started it again
+
+
+def test_a_disk_tier_serves_what_the_host_tier_dropped():
+    """Sessions outgrow a 1x host tier in their long tools: with a disk tier below it
+    their KV comes back from disk instead of being recomputed, at the disk's speed."""
+    insts = [TaskInstance(f"s{i}", chain_task(f"t{i}", steps=4, first_prompt=6000, growth=500, output=20,
+                                              tool_s=30.0)) for i in range(8)]
+    out = {}
+    for disk in (0.0, 8.0):
+        sim = Simulator(make_cost_model(kv_capacity_override=16_000), make_policy("apc-lru-offload"), insts,
+                        SimConfig(workers=1, host_tier_factor=1.0, disk_tier_factor=disk))
+        out[disk] = sim.run()
+    assert out[0.0].recomputed_tokens > 0 and out[0.0].disk_loaded_tokens == 0
+    assert out[8.0].disk_loaded_tokens > 0
+    assert out[8.0].recomputed_tokens < out[0.0].recomputed_tokens

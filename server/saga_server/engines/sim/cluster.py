@@ -23,7 +23,8 @@ Model (deterministic under a seed; all times in simulated seconds):
   admitted when fewer than `max_num_seqs` run and its KV (prompt + output, in blocks)
   fits after evicting idle prefixes; otherwise the queue waits (head-of-line, as vLLM).
   The hit is the session's resident prefix (and, with a host tier, the contiguous
-  offloaded range, loaded over the host link before prefill). The run's shared prefix
+  offloaded range, loaded over the host link before prefill, the disk tier's part
+  after the host tier's). The run's shared prefix
   (system prompt, tool schema) is held by every running request of the run, so it is
   modelled as always resident and not charged to the pool.
 - **Session admission** (policies with one, `admission`): requests of sessions the
@@ -80,7 +81,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         clock = lambda: self.now  # noqa: E731
         host_tokens = host_cap * bt if policy.host_tier else 0
         self.workers = [Worker(i, PrefixCache(cap, bt, clock, policy.max_pin_fraction),
-                               HostTier(host_cap) if policy.host_tier else None)
+                               HostTier(host_cap, int(cap * config.disk_tier_factor)) if policy.host_tier else None)
                         for i in range(config.workers)]
         self.sessions: dict[str, Session] = {}
         rules = policy.kv_rules(self.sessions.__getitem__, clock)
@@ -297,11 +298,13 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
                 continue
             own_reuse = max(r.reuse - s.base, 0)
             total = -(-(r.prompt + r.output - s.base) // bt)
+            disk_b = 0
             if pol.caches:
                 hit_b = min(cache.cached(sid), own_reuse // bt)
                 load_b = 0
                 if host is not None:
                     load_b = max(min(host.end(sid), own_reuse // bt) - hit_b, 0)
+                    disk_b = max(min(host.disk_end(sid), own_reuse // bt) - hit_b - load_b, 0)
             else:
                 hit_b = load_b = 0
             if not cache.can_admit(sid, hit_b, total):
@@ -320,7 +323,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             w.running += 1
             r.scheduled_at = now
             hit = min(s.base + hit_b * bt, r.prompt) if (pol.caches and r.reuse) else 0
-            loaded = load_b * bt
+            loaded = (load_b + disk_b) * bt
             # Only full blocks are ever cached: the reused prefix's partial last block
             # is new work for every policy, not regeneration.
             cacheable = min(s.base, r.reuse) + own_reuse // bt * bt if pol.caches else r.reuse // bt * bt
@@ -337,6 +340,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             res.reusable_tokens += r.reuse
             res.hit_tokens += hit
             res.loaded_tokens += loaded
+            res.disk_loaded_tokens += disk_b * bt
             res.recomputed_tokens += recomputed
             if back:
                 res.after_children_reusable_tokens += r.reuse
@@ -348,7 +352,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
                     cost.tp * cost.gpu.peak_flops * cost.mfu)
             ready = s.prefetch_ready_at
             if loaded:
-                w.link_free = max(now, w.link_free) + cost.transfer_s(loaded)
+                w.link_free = max(now, w.link_free) + cost.transfer_s(loaded) + cost.disk_s(disk_b * bt)
                 ready = max(ready, w.link_free)
             if ready > now:
                 self._push(ready, LOADED, w, r)

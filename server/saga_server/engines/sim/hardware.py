@@ -145,6 +145,10 @@ class CostModel:
     max_num_seqs: int = 256
     kv_capacity_override: int | None = None  # tokens; None: from memory
     move_latency_s: float = 0.010  # per KV move between workers, beyond its bytes and iterations
+    # A disk tier's read bandwidth per GPU, bytes/s. Assumed: an 8-GPU node's four NVMe
+    # drives (about 7 GB/s each, sequential reads, as PCIe 4 drives are specified)
+    # shared by its GPUs, ~3.5 GB/s each, less filesystem overhead.
+    disk_bw: float = 2.5e9
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -192,6 +196,10 @@ class CostModel:
         """Seconds to decode `output_tokens` alone (batch of one)."""
         steps = max(output_tokens - 1, 0)
         return steps * self.step_s(1, 0.0, ctx_tokens + output_tokens / 2.0)
+
+    def disk_s(self, tokens: float) -> float:
+        """Seconds to read `tokens` of KV back from the disk tier (each TP shard its own)."""
+        return tokens * self.model.kv_bytes_per_token / (self.tp * self.disk_bw)
 
     def transfer_s(self, tokens: float) -> float:
         """Seconds to move `tokens` of KV between GPU and host (each TP shard in parallel)."""

@@ -1,9 +1,13 @@
-"""The host (CPU) tier: copies of KV evicted from a worker's pool, and bringing them back.
+"""The host (CPU) tier, and a disk tier below it: copies of KV evicted from a worker's
+pool, and bringing them back.
 
 With a host tier (policies with `host_tier`), every tail evicted from a live session's
 GPU prefix is copied to host memory; the next admission of that session loads the
 contiguous copy over the host link before its prefill, and a policy's `plan_prefetch`
-may load it earlier, during the session's tool call, into free GPU blocks.
+may load it earlier, during the session's tool call, into free GPU blocks. With a disk
+tier (`SimConfig.disk_tier_factor`), what the host tier drops is kept on disk and read
+back at `CostModel.disk_bw` after the host tier's part; prefetch does not read from
+disk (not built).
 
 `HostOffload` is mixed into `Simulator`: it uses the simulator's workers, sessions,
 clock, result and event queue.
@@ -32,18 +36,26 @@ class HostTier:
     a write-through tier holds it); when full it drops in the core's host-tier order
     (`saga_server.core.host_tier`, as vLLM's CPU tier under SAGA does): the session of
     lowest key first, its tail first. The key is the worker's KV policy's, taken when
-    the session's KV is offloaded."""
+    the session's KV is offloaded. With a disk tier below (`disk`, the same class), a
+    session this tier trims is written there first, as vLLM's tiering spec demotes a
+    CPU tier's evictions to its file-system tier; the disk drops in the same order."""
 
-    def __init__(self, capacity_blocks: int) -> None:
+    def __init__(self, capacity_blocks: int, disk_blocks: int = 0) -> None:
+        """`disk_blocks` > 0: a disk tier below, of that many blocks, in the same order:
+        what this tier drops goes there (a copy of the session's range from block 0,
+        like this one), and what the disk drops is gone."""
         self.capacity_blocks = capacity_blocks
         self._ends: dict[str, int] = {}
+        self._keys: dict[str, float] = {}
         self._order = HostTierOrder()
         self._total = 0
+        self.disk = HostTier(disk_blocks) if disk_blocks > 0 else None
 
     def offload(self, session_id: str, end_blocks: int, key: float) -> None:
         old = self._ends.get(session_id, 0)
         new = max(old, end_blocks)
         self._ends[session_id] = new
+        self._keys[session_id] = key
         self._total += new - old
         self._order.put(session_id, key)
         if self._total > self.capacity_blocks:
@@ -53,15 +65,27 @@ class HostTier:
     def end(self, session_id: str) -> int:
         return self._ends.get(session_id, 0)
 
+    def disk_end(self, session_id: str) -> int:
+        """The end (in blocks) of the session's copy on the disk tier (0: none)."""
+        return self.disk.end(session_id) if self.disk is not None else 0
+
     def drop(self, session_id: str) -> None:
+        """Forget the session's copies, this tier's and the disk's."""
         self._total -= self._ends.pop(session_id, 0)
+        self._keys.pop(session_id, None)
         self._order.remove(session_id)
+        if self.disk is not None:
+            self.disk.drop(session_id)
 
     def _trim(self, session_id: str, blocks: int) -> None:
-        """Drop the last `blocks` of the session's copy."""
+        """Drop the last `blocks` of the session's copy (to the disk tier, if any)."""
+        if self.disk is not None:
+            self.disk.offload(session_id, self._ends[session_id], self._keys[session_id])
         left = self._ends[session_id] - blocks
         if left <= 0:
-            self.drop(session_id)
+            self._total -= self._ends.pop(session_id)
+            self._keys.pop(session_id, None)
+            self._order.remove(session_id)
         else:
             self._ends[session_id] = left
             self._total -= blocks

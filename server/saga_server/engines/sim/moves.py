@@ -5,7 +5,7 @@
   KV is resident (GPU or host tier), which of them are in a tool, and how much KV
   each holds.
 - **A steal moves the KV**: the session's resident prefix (GPU hold, and the host
-  tier's copy beyond it) is sent to the target over the inter-node link
+  and disk tiers' copies beyond it) is sent to the target over the inter-node link
   (`CostModel.move_s`: a fixed cost per move plus the bytes; one transfer at a time
   per worker NIC) and freed on the source at once; when it lands it is inserted into the
   target's pool, evicting idle unpinned prefixes there if needed; what still does not
@@ -46,7 +46,7 @@ class KvMoves:
             if s.in_transit:
                 continue
             w = workers[s.worker]
-            blocks = max(w.cache.cached(sid), w.host.end(sid) if w.host is not None else 0)
+            blocks = max(w.cache.cached(sid), _tiered(w.host, sid))
             if w.cache.holds(sid) or blocks > 0:
                 held[w.wid].append(sid)
                 sizes[w.wid][sid] = blocks * bt
@@ -101,7 +101,7 @@ class KvMoves:
                 src.shaper.finished(queued[2].seq)
         blocks = 0
         if self.policy.caches:
-            blocks = max(src.cache.cached(sid), src.host.end(sid) if src.host is not None else 0)
+            blocks = max(src.cache.cached(sid), _tiered(src.host, sid))
         tier, pin_until = src.cache.tier(sid), src.cache.pin_expires_at(sid)
         src.cache.flush_time()
         src.kv.moved(sid)  # admission is per worker: the target decides afresh
@@ -170,3 +170,8 @@ class KvMoves:
             self._touch(w)
         if s.move_to >= 0 and s.state in ("tool", "queued"):
             self._start_move(s)
+
+
+def _tiered(host, session_id: str) -> int:
+    """How far (blocks) the session's copies in a worker's host and disk tiers reach."""
+    return max(host.end(session_id), host.disk_end(session_id)) if host is not None else 0

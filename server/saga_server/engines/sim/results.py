@@ -15,6 +15,7 @@ class SimConfig:
     workers: int = 4
     concurrency: int | None = None  # closed-loop task limit; None: use arrival times
     host_tier_factor: float = 4.0  # host KV capacity as a multiple of the GPU pool
+    disk_tier_factor: float = 0.0  # a disk tier below the host tier, as a multiple of the GPU pool (0: none)
     steal_period_s: float = 1.0  # policies with `steals`: plan_steal every this many seconds
     sample_every_s: float = 5.0  # memory utilisation time series
     seed: int = 0
@@ -70,6 +71,7 @@ class SimResult:
     useful_block_s: float = 0.0  # time integral of live + cached-live blocks
     evicted_blocks: int = 0
     prefetched_tokens: int = 0
+    disk_loaded_tokens: int = 0  # of `loaded_tokens`, those read back from the disk tier
     steals: int = 0  # sessions moved (their KV with them)
     steals_in_tool: int = 0  # of those, inside a tool call when the router chose them
     moved_tokens: int = 0  # KV tokens transferred and inserted on the target
