@@ -41,7 +41,9 @@ rest.
 Memory is bounded once, for both: at most `max_sessions` records and
 `history_limit` history entries each. A session expires `idle_ttl_s` after its
 last event, or `human_idle_ttl_s` while it waits on its user's turn (an open call
-of category `human`: a person's reply takes minutes to hours, a tool's seconds);
+of category `human`: a person's reply takes minutes to hours, a tool's seconds) or
+on its own LLM call (a request waiting in an overloaded engine's queue sends no
+hints, and forgetting its session would throw its KV away just before it runs);
 an ended one is kept `ended_ttl_s` so late readers still see how it
 finished. Expiry runs a few records at a time with every hint (the core runs it on
 engine events too) and fully before a listing. A new session that finds the table
@@ -398,7 +400,7 @@ class SessionTable:
                     break
                 self._drop(self.by_id[sid], now, EXPIRED)
                 gone.append(sid)
-            waiting: set[str] = set()  # passed over once: waiting on a person
+            waiting: set[str] = set()  # passed over once: waiting on a person or its LLM call
             while self.by_id and len(gone) < limit:
                 session = next(iter(self.by_id.values()))
                 idle = now - session.last_event_at
@@ -407,7 +409,7 @@ class SessionTable:
                         break
                 elif idle < self.idle_ttl_s:
                     break
-                elif idle < self.human_idle_ttl_s and _waits_on_human(session):
+                elif idle < self.human_idle_ttl_s and (session.in_llm or _waits_on_human(session)):
                     if session.session_id in waiting:
                         break
                     waiting.add(session.session_id)  # kept: look behind it for the expired

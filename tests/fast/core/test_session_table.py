@@ -105,3 +105,23 @@ def test_a_session_waiting_on_its_user_outlives_the_idle_ttl_but_not_the_human_o
     assert core.expire_idle() == [] and core.session("person") is not None
     clock.t = 1001.0
     assert core.expire_idle() == ["person"]
+
+
+def test_a_session_waiting_on_its_llm_call_outlives_the_idle_ttl_but_not_the_long_one():
+    """A request queued for long in an overloaded engine sends no hints: its session is
+    not idle, and forgetting it would throw its KV away just before the request runs."""
+    from saga_server.core import CoreConfig, WorkflowCore
+
+    clock = ManualClock(0.0)
+    core = WorkflowCore(CoreConfig(session_idle_s=100.0, human_idle_s=1000.0), clock=clock)
+    core.accept(SessionStart("queued", clock()))
+    core.accept(LlmCallStart("queued", clock(), step=1))
+    core.on_request_arrival("engine-only", 500)  # no hints: the engine's own record
+    core.accept(SessionStart("done", clock()))
+    core.accept(LlmCallStart("done", clock(), step=1))
+    core.accept(LlmCallEnd("done", clock(), step=1, prompt_tokens=100, output_tokens=10))
+    clock.t = 500.0
+    assert core.expire_idle() == ["done"]
+    assert core.session("queued") is not None and core.session("engine-only") is not None
+    clock.t = 1001.0
+    assert sorted(core.expire_idle()) == ["engine-only", "queued"]

@@ -126,6 +126,7 @@ def test_expiry_ends_silent_sessions_in_both_layers() -> None:
     core = WorkflowCore(CoreConfig(session_idle_s=10.0), clock=clock)
     core.accept(SessionStart("s", 0.0))
     core.accept(LlmCallStart("s", 0.0))
+    core.accept(LlmCallEnd("s", 0.0, prompt_tokens=10, output_tokens=2))  # not waiting on its call
     clock.t = 50.0
     core.accept(SessionStart("other", 50.0))
     assert core.aeg.track("s") is None
