@@ -69,7 +69,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_common import ROOT, free_port, pct, write_results  # noqa: E402
+from serve_common import ROOT, free_port, pct, run_threads, write_results  # noqa: E402
 from serve_trace_replay import SessionResult, TokenSource, add_workload_arguments, run_session, workload  # noqa: E402
 
 
@@ -177,10 +177,7 @@ def replay(router: str, tasks, tokens, args, tokenizer) -> dict:
                for t, r, d in zip(tasks, results, delays)]
     t0 = time.monotonic()
     try:
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        run_threads(threads)
         per_replica = cluster.replica_requests()
     finally:
         cluster.stop()

@@ -139,6 +139,14 @@ def start_server(saga: bool, vllm_args: list[str], *, fast_start: bool = True, t
     return server
 
 
+def run_threads(threads) -> None:
+    """Start every thread, then wait for all of them."""
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")

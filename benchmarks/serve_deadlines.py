@@ -53,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deadline_tenants import BrowserShape, CodingShape, browser_task, coding_task  # noqa: E402
-from serve_common import free_port, start_server, write_results  # noqa: E402
+from serve_common import free_port, run_threads, start_server, write_results  # noqa: E402
 from serve_trace_replay import TokenSource  # noqa: E402
 
 MODES = {"no-saga": (False, []), "priority": (False, ["--scheduling-policy", "priority"]), "saga": (True, [])}
@@ -179,10 +179,7 @@ def replay(mode: str, plan: list[Session], tokens: TokenSource, args) -> dict:
                for s in runs]
     t0 = time.monotonic()
     try:
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        run_threads(threads)
     finally:
         server.stop()
     wall = time.monotonic() - t0

@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_common import free_port, pct, start_server, write_results  # noqa: E402
+from serve_common import free_port, pct, run_threads, start_server, write_results  # noqa: E402
 
 from saga_server.bench.traces import trace_path  # noqa: E402
 
@@ -285,10 +285,7 @@ def replay(mode: str, tasks: list[Task], tokens: TokenSource, args) -> dict:
                for t, r, d in zip(tasks, results, delays)]
     t0 = time.monotonic()
     try:
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        run_threads(threads)
         metrics = {}
         try:
             import urllib.request  # noqa: PLC0415

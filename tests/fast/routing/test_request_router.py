@@ -56,6 +56,16 @@ class _Replica:
     routing_stats: dict = field(default_factory=dict)
 
 
+async def _tick_until(router: SagaRequestRouter, done) -> None:
+    """Run the router's ticker until `done()` (at most two seconds)."""
+    router._start_ticker()
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        if done():
+            break
+    router._ticker.cancel()
+
+
 def _router() -> SagaRequestRouter:
     router = SagaRequestRouter(DeploymentID(name="saga"), DeploymentHandleSource.UNKNOWN)
     router.initialize_state(steal_period_s=0.05, steal_gap=2.0, steal_only_in_tool=True)
@@ -94,16 +104,7 @@ def test_the_ticker_moves_the_in_tool_session_holding_the_least_kv_its_replica_r
     idle = _Replica(_ReplicaId("idle"), {"saga": {"sessions": [], "in_tool": [], "kv_usage": 0.0}})
     router._replicas = {r.replica_id: r for r in (busy, idle)}
     router._inflight["busy"] = 5
-
-    async def scenario():
-        router._start_ticker()
-        for _ in range(100):
-            await asyncio.sleep(0.02)
-            if router.steals:
-                break
-        router._ticker.cancel()
-
-    asyncio.run(scenario())
+    asyncio.run(_tick_until(router, lambda: router.steals))
     assert list(router.steals)[0] == ("small", "busy", "idle", True)
 
 
@@ -182,15 +183,7 @@ def test_a_stolen_session_is_released_on_its_source_engine():
         router._replicas = {r.replica_id: r for r in (busy, idle)}
         router._inflight["busy"] = 5
 
-        async def scenario():
-            router._start_ticker()
-            for _ in range(100):
-                await asyncio.sleep(0.02)
-                if router.moves["releases_ok"]:
-                    break
-            router._ticker.cancel()
-
-        asyncio.run(scenario())
+        asyncio.run(_tick_until(router, lambda: router.moves["releases_ok"]))
         assert router.routing.home_of("agent") == "idle"
         assert ReleaseKv("agent") in source.drain()
     finally:

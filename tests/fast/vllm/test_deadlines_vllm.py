@@ -39,14 +39,21 @@ def _ranked_behind(s) -> None:
     s.saga.core.record_service("loose", 0, "loose")
 
 
-def test_a_slack_rich_request_gives_way_to_a_waiting_at_risk_one(tiny_model):
-    s = saga(tiny_model, max_num_seqs=1)
+def _one_slot_both_waiting(model):
+    """One batch slot; the slack-rich request, ranked first by fair share, then the
+    at-risk one, both waiting."""
+    s = saga(model, max_num_seqs=1)
     R = Requests(BS)
     _ranked_behind(s)
     loose = R.make(tokens(1000, 64), session_id="loose", max_tokens=4)
     tight = R.make(tokens(5000, 64), session_id="tight", max_tokens=6)
     s.add_request(loose)
     s.add_request(tight)
+    return s, loose, tight
+
+
+def test_a_slack_rich_request_gives_way_to_a_waiting_at_risk_one(tiny_model):
+    s, loose, tight = _one_slot_both_waiting(tiny_model)
     assert new_ids(step(s)) == {tight.request_id}
     rest = run_until_idle(s)
     assert loose.request_id in set().union(*(new_ids(o) for o in rest))
@@ -55,13 +62,7 @@ def test_a_slack_rich_request_gives_way_to_a_waiting_at_risk_one(tiny_model):
 
 def test_without_shaping_fair_share_order_decides(tiny_model, monkeypatch):
     monkeypatch.setenv("SAGA_SHAPING", "0")
-    s = saga(tiny_model, max_num_seqs=1)
-    R = Requests(BS)
-    _ranked_behind(s)
-    loose = R.make(tokens(1000, 64), session_id="loose", max_tokens=4)
-    tight = R.make(tokens(5000, 64), session_id="tight", max_tokens=6)
-    s.add_request(loose)
-    s.add_request(tight)
+    s, loose, _ = _one_slot_both_waiting(tiny_model)
     assert new_ids(step(s)) == {loose.request_id}
 
 
