@@ -33,14 +33,15 @@ Rule.
    part) and costs the held session all of its wait, and a session's class can be
    wrong (its remaining length is a prediction; a long task looks slack-rich early).
 2. *Thin prefill.* While a request of an at-risk session waits or runs there, an
-   iteration whose first prefill in line is not an at-risk
-   request's runs at most `prefill_budget_tokens` of prefill: the engine's
-   piggyback budget, the prefill whose compute takes as long as a decode
-   iteration's pass over the weights, so it rides on the iteration without
-   lengthening it. An at-risk request's prefill goes ahead of the others' and runs
-   at the engine's full budget.
-   Prefill work is conserved (it is spread over more iterations, which the decodes
-   run anyway); only its latency grows, and only while someone is at risk.
+   iteration whose first prefill in line is not an at-risk request's runs at most
+   `prefill_budget_tokens` of prefill: the engine's piggyback budget, the prefill
+   whose compute takes as long as a decode iteration's pass over the weights, so
+   it rides on the iteration without lengthening it (a CPU engine, which adds
+   every token's cost to the step, gets one block). An at-risk request's prefill
+   goes ahead of the others' where the engine can reorder prefill, and runs at the
+   engine's full budget. Prefill work is conserved (it is spread over more
+   iterations, which the decodes run anyway); only its latency grows, and only
+   while someone is at risk.
 
 Bound. A held session stays slack-rich only while its time left exceeds
 remaining / `slack_rich`, and urgency only grows while it waits (time left
