@@ -136,7 +136,7 @@ def main(argv: list[str]) -> int:
             sc, load = what_if_scenario(sc, a.what_if, tasks=a.tasks is None,
                                         concurrency=a.concurrency is None and a.rate is None,
                                         policies=a.policies is None, sweep_kv=a.sweep_kv is None,
-                                        sweep_host=a.sweep_host is None)
+                                        sweep_host=a.sweep_host is None, deadline_factor=a.deadline_factor)
             if a.ablations:
                 sc = replace(sc, policies=sc.policies + tuple(x for x in ABLATIONS if x not in sc.policies))
         unknown = [p for p in sc.policies + sc.sweep_policies if p not in policy_names()]

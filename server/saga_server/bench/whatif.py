@@ -16,7 +16,8 @@ and sweeps the KV pool and the host tier around the workload's size:
   (`HOST_FACTORS`, multiples of the KV pool) keeps the pool the flags give.
 
 `answer` is the short answer printed before the usual report: per deployment the
-mean task completion time, hit rate and regeneration share; SAGA's gain over the
+mean task completion time, hit rate and regeneration share (and, with
+`--deadline-factor`, the share of tasks within deadline and the goodput); SAGA's gain over the
 best deployable baseline run (`--policies` may add more; `infinite` and `belady`
 are bounds, not baselines); and for each sweep SAGA's gain at each point and
 where its own task time levels off (`level_off`: the smallest size within
@@ -73,12 +74,14 @@ def recorded_load(raw: Iterable[Mapping[str, Any]]) -> RecordedLoad:
 
 
 def what_if_scenario(base: Scenario, path: str, *, tasks: bool = True, concurrency: bool = True,
-                     policies: bool = True, sweep_kv: bool = True,
-                     sweep_host: bool = True) -> tuple[Scenario, RecordedLoad]:
+                     policies: bool = True, sweep_kv: bool = True, sweep_host: bool = True,
+                     deadline_factor: float | None = None) -> tuple[Scenario, RecordedLoad]:
     """`base` (from the flags) replaying `path`, and the load it recorded. Each
-    keyword says whether to fill that part from the recording (False: the flags set it)."""
+    keyword says whether to fill that part from the recording (False: the flags set it);
+    `deadline_factor`: every task's deadline as a multiple of its unloaded time (None: none)."""
     load = recorded_load(load_trace(path))
-    changes: dict[str, Any] = {"tenants": (TenantSpec("recorded", path),), "name": f"what-if {Path(path).name}"}
+    changes: dict[str, Any] = {"tenants": (TenantSpec("recorded", path, deadline_factor=deadline_factor),),
+                               "name": f"what-if {Path(path).name}"}
     if tasks:
         changes["tasks"] = load.tasks
     if concurrency and load.concurrency is not None and base.rate is None:
@@ -120,11 +123,16 @@ def answer(res: BenchResult, load: RecordedLoad, path: str) -> str:
              f"KV pool {desc['kv_capacity_tokens_per_worker']:,} tokens per worker, host tier "
              f"{sc.host_tier_factor:g}x", ""]
     width = max((len(_label(p)) for p in runs), default=10)
-    lines.append(f"  {'':<{width}}  mean task time  hit rate  regen share")
+    deadlines = any(r.summary["slo"] for r in runs.values())
+    lines.append(f"  {'':<{width}}  mean task time  hit rate  regen share"
+                 + ("  within deadline  goodput/h" if deadlines else ""))
     for name, run in runs.items():
         s = run.summary
+        met = sum(s["slo"].values()) / len(s["slo"]) if s["slo"] else math.nan
         lines.append(f"  {_label(name):<{width}}  {_num(s['tct_mean_s'], '{:>12.1f} s')}  "
-                     f"{_num(s['hit_rate'], '{:>8.1%}')}  {_num(s['regen_share'], '{:>11.1%}')}")
+                     f"{_num(s['hit_rate'], '{:>8.1%}')}  {_num(s['regen_share'], '{:>11.1%}')}"
+                     + (f"  {_num(met, '{:>15.1%}')}  {_num(s['goodput_per_hour'], '{:>9.0f}')}"
+                        if deadlines else ""))
     lines.append("")
     baselines = {k: r.summary["tct_mean_s"] for k, r in runs.items()
                  if not k.startswith("saga") and k not in _REFERENCES}

@@ -88,6 +88,18 @@ def test_what_if_prints_the_short_answer_first_then_the_full_report(tmp_path, ca
     assert "| saga |" in table
 
 
+def test_what_if_with_deadlines_reports_them_per_deployment(tmp_path, capsys):
+    path = record(tmp_path / "r.jsonl")
+    args = ["--what-if", path, "--gpu", "h100-80gb", "--model", "llama3-8b", "--workers", "1", "--kv-tokens", "8000",
+            "--out", str(tmp_path / "out"), "--no-plots", "--quiet"]
+    assert main(args + ["--deadline-factor", "3"]) == 0
+    short = capsys.readouterr().out.split("| policy |")[0]
+    assert "within deadline  goodput/h" in short
+    assert short.split("SAGA (saga)")[1].splitlines()[0].count("%") == 3  # hit rate, regen share, within deadline
+    assert main(args) == 0  # without deadlines: no such columns
+    assert "within deadline" not in capsys.readouterr().out.split("| policy |")[0]
+
+
 def test_what_if_refuses_a_second_workload(tmp_path, capsys):
     path = record(tmp_path / "r.jsonl")
     assert main(["--what-if", path, "--trace", path, "--out", str(tmp_path), "--quiet"]) == 2
