@@ -19,12 +19,12 @@ import argparse
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from deadline_tenants import generate, write  # noqa: E402
+from sim_overload import run_all  # noqa: E402
 
 from saga_server.bench import Scenario, TenantSpec  # noqa: E402
 from saga_server.bench.metrics import summarize  # noqa: E402
@@ -110,15 +110,7 @@ def main() -> int:
     loads = [int(x) for x in a.loads.split(",")]
     policies = a.policies.split(",")
     jobs = [(traces, a.workers, pw, a.tasks_factor, p, a.seed) for pw in loads for p in policies]
-    try:
-        from tqdm import tqdm
-    except ImportError:  # tqdm is in the server extra; the bar is optional
-        tqdm = None
-    rows = []
-    with ProcessPoolExecutor(max_workers=a.jobs) as pool:
-        it = pool.map(run_one, jobs)
-        for row in (tqdm(it, total=len(jobs), desc="deadlines", unit="run") if tqdm else it):
-            rows.append(row)
+    rows = run_all(jobs, a.jobs, desc="deadlines", run=run_one)
     (out / "deadlines.json").write_text(json.dumps(rows, indent=2))
     print_tables(rows, loads, policies, a.workers)
     plot(rows, policies, out / "deadlines.png")

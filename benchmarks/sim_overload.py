@@ -55,8 +55,9 @@ def run_one(job: tuple) -> dict:
             "admission_waits": res.admitted_after_wait, "wall_s": wall}
 
 
-def run_all(jobs: list[tuple], n_jobs: int, desc: str = "overload") -> list[dict]:
-    """`run_one` over `jobs`, `n_jobs` at a time, with a progress bar."""
+def run_all(jobs: list[tuple], n_jobs: int, desc: str = "overload", run=run_one) -> list[dict]:
+    """`run` (a module-level function, `run_one` by default) over `jobs`, `n_jobs`
+    at a time, in the jobs' order, with a progress bar."""
     rows: list[dict] = []
     try:
         from tqdm import tqdm
@@ -64,7 +65,7 @@ def run_all(jobs: list[tuple], n_jobs: int, desc: str = "overload") -> list[dict
         tqdm = None
     with ProcessPoolExecutor(max_workers=n_jobs) as pool:
         bar = tqdm(total=len(jobs), desc=desc, unit="run") if tqdm else None
-        for row in pool.map(run_one, jobs):
+        for row in pool.map(run, jobs):
             rows.append(row)
             if bar is not None:
                 bar.update(1)

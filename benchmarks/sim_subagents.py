@@ -27,7 +27,6 @@ import json
 import random
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,6 +37,9 @@ from saga_server.bench.traces import trace_path
 from saga_server.bench.workload import load_trace, materialize
 from saga_server.engines.sim import Simulator
 from saga_server.engines.sim.tasks import TaskInstance, TaskSpec, ToolSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sim_overload import run_all  # noqa: E402
 
 POLICIES = ("apc-lru-offload", "kvflow", "saga-no-trees", "saga")
 TASK_TOOL = ToolSpec("Task", "subagent", 0.5)  # the call that starts the subagents; it returns with them
@@ -106,19 +108,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the rows here")
     a = ap.parse_args()
     jobs = [(a, load, p) for load in (int(x) for x in a.loads.split(",")) for p in a.policies.split(",")]
-    try:
-        from tqdm import tqdm
-    except ImportError:  # tqdm is in the server extra; the bar is optional
-        tqdm = None
-    rows = []
-    with ProcessPoolExecutor(max_workers=a.jobs) as pool:
-        bar = tqdm(total=len(jobs), desc="subagents", unit="run") if tqdm else None
-        for row in pool.map(run_one, jobs):
-            rows.append(row)
-            if bar is not None:
-                bar.update(1)
-        if bar is not None:
-            bar.close()
+    rows = run_all(jobs, a.jobs, desc="subagents", run=run_one)
     print(f"{'load':>5} {'policy':16} {'trees':>6} {'subagents':>9} {'mean s':>8} {'p90 s':>8} {'hit':>6} "
           f"{'parent KV recomputed after children':>36}")
     for r in rows:

@@ -38,9 +38,10 @@ Rules.
   session takes its future requests off the source alike, and the smallest costs
   the least to move and to fit on the target (a long-context session can hold
   more than the load gap is worth). Ties, and replicas that report no sizes, are
-  drawn at random (seeded), so two routers do not keep moving the same session. A session moves at most once per
-  `steal_cooldown_s`. The caller moves the KV (transfer or speculative re-prefill
-  on the target) and tells the old replica to drop its copy.
+  drawn at random (seeded), so two routers do not keep moving the same session.
+  A session moves at most once per `steal_cooldown_s`. The caller moves the KV
+  (transfer or speculative re-prefill on the target) and tells the old replica to
+  drop its copy.
 - **Reactive stealing** (in `route`): a request whose home is overloaded by more
   than `reactive_gap` goes to the least loaded replica instead (its prefix is
   recomputed there); off by default because it trades a cold request for queueing.

@@ -141,10 +141,10 @@ class WorkflowCore:
             out["aeg_workflows"] = float(len(self.aeg.workflows()))
             out["afs_tenants_active"] = float(len(self.fair.active(self._clock())))
             out["afs_peer_tokens"] = self._peer_tokens
-            for tenant, (met, missed, used) in self._deadlines.items():
-                out[f"deadlines_met:{tenant}"] = met
-                out[f"deadlines_missed:{tenant}"] = missed
-                out[f"deadline_slack_used:{tenant}"] = used / (met + missed)
+            for tenant, (met, missed, used) in self.deadline_outcomes().items():
+                out[f"deadlines_met:{tenant}"] = float(met)
+                out[f"deadlines_missed:{tenant}"] = float(missed)
+                out[f"deadline_slack_used:{tenant}"] = used
             return out
 
     def deadline_outcomes(self) -> dict[str, tuple[int, int, float]]:
@@ -330,10 +330,11 @@ class WorkflowCore:
         late (holding others back can no longer bring it in time): normal."""
         with self._lock:
             s = self._sessions.get(session_id)
+            now = self._clock()
             u = None
-            if s is not None and not s.ended and s.deadline_at is not None and s.deadline_at > self._clock():
+            if s is not None and not s.ended and s.deadline_at is not None and s.deadline_at > now:
                 _, rem_s = self.aeg.remaining(s)
-                u = urgency(rem_s, s.deadline_at, self._clock(), math.inf)
+                u = urgency(rem_s, s.deadline_at, now, math.inf)
             return deadline_class(u, self.config.shaping)
 
     def record_service(self, tenant: str, tokens: int, session_id: str = "") -> None:

@@ -151,8 +151,8 @@ class KvMoves:
             parked = 0
             if w.host is not None and need > put:  # the rest lands in the host tier
                 w.host.offload(sid, blocks, w.kv.key_of(sid, s.kv_tokens, s.last_access))
-                parked = w.host.end(sid) - have - put
-                if parked > 0:
+                parked = _tiered(w.host, sid) - have - put  # in the host tier, or already on to disk
+                if w.host.end(sid) > have + put:
                     w.offloaded.add(sid)
             self.result.moved_tokens += (put + max(parked, 0)) * bt
             self.result.move_dropped_tokens += max(blocks - have - put - max(parked, 0), 0) * bt

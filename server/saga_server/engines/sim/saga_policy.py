@@ -23,10 +23,11 @@ tier, so here `prefetch` loads offloaded KV back over the host link on the core'
 `plan_prefetch` schedule (the core's candidates support both sources).
 
 `shape` is deadline-aware shaping by the core's `DeadlineShaper`, one per worker:
-while a request of an at-risk session waits or runs there, requests of slack-rich
-sessions stay in the queue (keeping their place) instead of entering the batch, and
-an iteration whose first prefill in line is not at risk runs only the prefill that
-rides on a decode iteration for free (`CostModel.piggyback_tokens`).
+while a request of an at-risk session waits there, requests of slack-rich sessions
+stay in the queue (keeping their place) instead of entering the batch; while one
+waits or runs, its prefill goes first and an iteration whose first prefill in line
+is not at risk runs only the prefill that rides on a decode iteration for free
+(`CostModel.piggyback_tokens`).
 
 `steal` is routing by `saga_server.core.routing.SessionRouter`, the policy object
 the Ray Serve router (`saga_server.router`) runs, on simulated time and the run's

@@ -461,14 +461,14 @@ class SagaPlugin:
         if shaper is None or not shaper.at_risk():
             return None
         sched = self.scheduler
-        prefilling = [r.request_id for r in sched.running if r.num_computed_tokens < r.num_prompt_tokens]
-        prefilling += [r.request_id for r in sched.waiting]
-        first = next((rid for rid in prefilling if shaper.urgent(rid)), prefilling[0] if prefilling else None)
+        running_prefills = [r.request_id for r in sched.running if r.num_computed_tokens < r.num_prompt_tokens]
+        in_line = running_prefills + [r.request_id for r in sched.waiting]
+        first = next((rid for rid in in_line if shaper.urgent(rid)), in_line[0] if in_line else None)
         thin = shaper.prefill_budget(first)
         if not thin:
             return None
         per_decode = 1 + sched.num_spec_tokens + sched.num_lookahead_tokens if sched.num_spec_tokens else 1
-        decodes = len(sched.running) - sum(1 for r in sched.running if r.num_computed_tokens < r.num_prompt_tokens)
+        decodes = len(sched.running) - len(running_prefills)
         self.counters.count("deadline", "thin_step")
         return min(full, decodes * per_decode + thin)
 
