@@ -7,6 +7,9 @@ The tenants are drawn by `deadline_tenants.py` (written to `<out>/`): a coding a
 with deadlines of 4x a task's unloaded time and a browser agent taking three tasks in
 four with deadlines of 2x. Each load (sessions in flight per worker, closed loop, 16 x
 H100 with Llama-3-8B by default) runs `--tasks-factor` x that many tasks per policy.
+The first tasks start spread over `--ramp-s` seconds, by default the mix's mean
+unloaded task time: the phases of a closed loop in its steady state. `--ramp-s 0`
+starts them all at once, a synchronised burst of first prompts on every worker.
 Printed per load: each tenant's share of tasks within deadline, mean task time,
 goodput (tasks within deadline per hour) and the slack used (completion time over
 deadline); then, per policy, the lowest load at which a tenant falls below 99%.
@@ -17,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,16 +36,29 @@ from saga_server.bench.metrics import summarize  # noqa: E402
 from saga_server.bench.policies import make_policy  # noqa: E402
 from saga_server.bench.runner import _instances  # noqa: E402
 from saga_server.engines.sim import Simulator  # noqa: E402
+from saga_server.engines.sim.results import unloaded_time_s  # noqa: E402
 
 POLICIES = ("apc-lru", "apc-lru-offload", "kvflow", "thunderagent", "saga-no-shape", "saga")
 TENANTS = (("coding", 1.0, 4.0), ("browser", 3.0, 2.0))  # name, share of tasks, deadline factor
 
 
-def run_one(job: tuple) -> dict:
-    traces, workers, per_worker, tasks_factor, policy, seed = job
+def scenario(traces: dict, workers: int, per_worker: int, tasks_factor: int, seed: int,
+             ramp_s: float = 0.0) -> Scenario:
     tenants = tuple(TenantSpec(name, traces[name], share, deadline) for name, share, deadline in TENANTS)
-    sc = Scenario(tenants=tenants, tasks=workers * per_worker * tasks_factor, workers=workers,
-                  concurrency=workers * per_worker, seed=seed)
+    return Scenario(tenants=tenants, tasks=workers * per_worker * tasks_factor, workers=workers,
+                    concurrency=workers * per_worker, ramp_s=ramp_s, seed=seed)
+
+
+def mean_unloaded_s(traces: dict, workers: int, seed: int) -> float:
+    """The mix's mean task time alone on a worker (a sample of 1,000 tasks)."""
+    sc = replace(scenario(traces, workers, 1, 1, seed), tasks=1000)
+    cost = sc.cost_model()
+    return statistics.fmean(unloaded_time_s(inst.task, cost) for inst in _instances(sc, {}))
+
+
+def run_one(job: tuple) -> dict:
+    traces, workers, per_worker, tasks_factor, policy, seed, ramp_s = job
+    sc = scenario(traces, workers, per_worker, tasks_factor, seed, ramp_s)
     sim = Simulator(sc.cost_model(), make_policy(policy), _instances(sc, {}), sc.sim_config())
     t0 = time.perf_counter()
     res = sim.run()
@@ -96,10 +114,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=int, default=400, help="distinct tasks generated per tenant")
     ap.add_argument("--workers", type=int, default=16)
-    ap.add_argument("--loads", default="8,12,16,20,24,32", help="sessions in flight per worker")
+    ap.add_argument("--loads", default="8,12,16,20,22,24,25,26,28", help="sessions in flight per worker")
     ap.add_argument("--tasks-factor", type=int, default=3, help="tasks = factor x sessions in flight")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ramp-s", type=float, default=None,
+                    help="spread the first tasks' starts over this many seconds "
+                         "(default: the mix's mean unloaded task time; 0: all at once)")
     ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (one core each)")
     ap.add_argument("--out", default="bench-out/deadlines")
     a = ap.parse_args()
@@ -109,7 +130,11 @@ def main() -> int:
     traces = {"coding": str(write(coding, out / "coding.jsonl")), "browser": str(write(browser, out / "browser.jsonl"))}
     loads = [int(x) for x in a.loads.split(",")]
     policies = a.policies.split(",")
-    jobs = [(traces, a.workers, pw, a.tasks_factor, p, a.seed) for pw in loads for p in policies]
+    ramp_s = mean_unloaded_s(traces, a.workers, a.seed) if a.ramp_s is None else a.ramp_s
+    if not ramp_s >= 0:
+        ap.error("--ramp-s must be >= 0")
+    print(f"first tasks start over {ramp_s:.1f} s")
+    jobs = [(traces, a.workers, pw, a.tasks_factor, p, a.seed, ramp_s) for pw in loads for p in policies]
     rows = run_all(jobs, a.jobs, desc="deadlines", run=run_one)
     (out / "deadlines.json").write_text(json.dumps(rows, indent=2))
     print_tables(rows, loads, policies, a.workers)

@@ -68,6 +68,7 @@ class Scenario:
     calibration: str | None = None  # a `saga calibrate --out` file (the device's fitted constants)
     concurrency: int | None = 36
     rate: float | None = None
+    ramp_s: float = 0.0  # closed loop: the first tasks' starts spread over this many seconds (SimConfig)
     host_tier_factor: float = 4.0
     disk_tier_factor: float = 0.0
     seed: int = 0
@@ -88,8 +89,8 @@ class Scenario:
     def sim_config(self, concurrency: int | None = None) -> SimConfig:
         conc = self.concurrency if concurrency is None else concurrency
         return SimConfig(workers=self.workers, concurrency=None if self.rate is not None else conc,
-                         host_tier_factor=self.host_tier_factor, disk_tier_factor=self.disk_tier_factor,
-                         seed=self.seed)
+                         ramp_s=self.ramp_s, host_tier_factor=self.host_tier_factor,
+                         disk_tier_factor=self.disk_tier_factor, seed=self.seed)
 
     def with_load(self, load: float) -> "Scenario":
         """The same scenario at another load (a concurrency, or a rate if Poisson)."""

@@ -112,6 +112,18 @@ def test_closed_loop_concurrency_caps_tasks_in_flight():
     assert res.saturated_tasks == 9 - 3
 
 
+def test_a_ramp_spreads_the_closed_loops_first_starts_and_then_keeps_the_cap():
+    insts = [TaskInstance(f"s{i}", chain_task(f"t{i}", steps=2)) for i in range(6)]
+    cfg = SimConfig(workers=1, concurrency=4, ramp_s=30.0)
+    res = Simulator(make_cost_model(), make_policy("apc-lru"), insts, cfg).run()
+    started = {t.session_id: t.started_at for t in res.tasks}
+    assert [started[f"s{i}"] for i in range(4)] == [0.0, 7.5, 15.0, 22.5]
+    # a slot that finished is refilled at once, not at the ramp's pace
+    assert started["s4"] == min(t.finished_at for t in res.tasks) < 7.5 and len(started) == 6
+    with pytest.raises(ValueError, match="ramp_s"):
+        SimConfig(ramp_s=-1.0)
+
+
 def test_runs_are_reproducible_and_every_task_finishes():
     insts = random_instances(20, seed=7)
     for policy in ("apc-lru", "saga"):

@@ -113,8 +113,9 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
 
     def run(self) -> SimResult:
         if self.cfg.concurrency is not None:
-            for _ in range(min(self.cfg.concurrency, len(self._pending))):
-                self._push(0.0, TASK_START, self._pending.popleft())
+            n = min(self.cfg.concurrency, len(self._pending))
+            for i in range(n):
+                self._push(self.cfg.ramp_s * i / n, TASK_START, self._pending.popleft())
         else:
             for inst in self._pending:
                 self._push(inst.arrival_s or 0.0, TASK_START, inst)

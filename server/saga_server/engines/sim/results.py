@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .hardware import CostModel
@@ -14,11 +15,19 @@ __all__ = ["SimConfig", "SimResult", "TaskRecord", "unloaded_time_s"]
 class SimConfig:
     workers: int = 4
     concurrency: int | None = None  # closed-loop task limit; None: use arrival times
+    # Closed loop: the first `concurrency` tasks start evenly spread over this many
+    # seconds (0: all at once). A spread of about one task's time gives the phases a
+    # steady closed loop has; all at once is a synchronised burst of first prompts.
+    ramp_s: float = 0.0
     host_tier_factor: float = 4.0  # host KV capacity as a multiple of the GPU pool
     disk_tier_factor: float = 0.0  # a disk tier below the host tier, as a multiple of the GPU pool (0: none)
     steal_period_s: float = 1.0  # policies with `steals`: plan_steal every this many seconds
     sample_every_s: float = 5.0  # memory utilisation time series
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.ramp_s < math.inf:
+            raise ValueError(f"ramp_s must be a finite number >= 0, got {self.ramp_s!r}")
 
 
 @dataclass(slots=True)
