@@ -33,15 +33,19 @@ Rule.
    part) and costs the held session all of its wait, and a session's class can be
    wrong (its remaining length is a prediction; a long task looks slack-rich early).
 2. *Thin prefill.* While a request of an at-risk session waits or runs there, an
-   iteration whose first prefill in line is not an at-risk request's runs at most
-   `prefill_budget_tokens` of prefill: the engine's piggyback budget, the prefill
-   whose compute takes as long as a decode iteration's pass over the weights, so
-   it rides on the iteration without lengthening it (a CPU engine, which adds
-   every token's cost to the step, gets one block). An at-risk request's prefill
-   goes ahead of the others' where the engine can reorder prefill, and runs at the
-   engine's full budget. Prefill work is conserved (it is spread over more
-   iterations, which the decodes run anyway); only its latency grows, and only
-   while someone is at risk.
+   iteration whose first prefill in line is not an at-risk request's runs a thin
+   budget of prefill: the larger of `prefill_budget_tokens`, the engine's piggyback
+   budget (the prefill whose compute takes as long as a decode iteration's pass
+   over the weights, so it rides on the iteration without lengthening it; a CPU
+   engine, which adds every token's cost to the step, gets one block), and twice
+   the prefill arriving per iteration (`DRAIN_FACTOR`). An at-risk request's
+   prefill goes ahead of the others' where the engine can reorder prefill, and
+   runs at the engine's full budget. Why the floor: below the rate at which
+   prefill work arrives, the line of waiting prefills grows for as long as
+   someone is at risk, every session in it falls behind and turns at risk in its
+   turn, and shaping feeds on itself; at twice that rate the line keeps up, and
+   a backlog drains in about the time it took to build. Prefill work is
+   conserved; only its latency grows, and only while someone is at risk.
 
 Bound. A held session stays slack-rich only while its time left exceeds
 remaining / `slack_rich`, and urgency only grows while it waits (time left
@@ -61,12 +65,20 @@ plugin each own one per engine. Not thread-safe: owned by one engine loop.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["ShapingConfig", "DeadlineShaper", "deadline_class", "AT_RISK", "SLACK_RICH", "NORMAL"]
+__all__ = ["ShapingConfig", "DeadlineShaper", "deadline_class", "AT_RISK", "SLACK_RICH", "NORMAL",
+           "DRAIN_FACTOR"]
 
 AT_RISK, SLACK_RICH, NORMAL = "at_risk", "slack_rich", "normal"
+
+# The thin budget's floor, as a multiple of the prefill arriving per iteration (rule 2).
+DRAIN_FACTOR = 2.0
+# The window (seconds) of the prefill arrival rate: a few agent steps, so the rate
+# follows the load, not each burst.
+_RATE_WINDOW_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +104,7 @@ def deadline_class(u: float | None, config: ShapingConfig) -> str:
 class DeadlineShaper:
     """One engine's at-risk requests and the hold rule (module docstring)."""
 
-    __slots__ = ("_classify", "_at_risk", "_waiting", "held", "_budget")
+    __slots__ = ("_classify", "_at_risk", "_waiting", "held", "_budget", "_rate", "_rate_at")
 
     def __init__(self, classify: Callable[[str], str], *, prefill_budget_tokens: int) -> None:
         """`classify(session_id)`: the session's class now (`WorkflowCore.deadline_class`);
@@ -103,6 +115,8 @@ class DeadlineShaper:
         self._budget = prefill_budget_tokens
         self._at_risk: dict[object, str] = {}  # request key -> session id
         self._waiting: set[object] = set()  # of those, not scheduled yet
+        self._rate = 0.0  # prefill tokens arriving per second (an exponential moving average)
+        self._rate_at: float | None = None
         self.held = 0  # times a request was held back (a request counts once per check)
 
     def arrived(self, request_key: object, session_id: str) -> str:
@@ -130,12 +144,21 @@ class DeadlineShaper:
         """Whether the request is an at-risk session's: its prefill goes first."""
         return request_key in self._at_risk
 
-    def prefill_budget(self, prefilling: object | None) -> int:
+    def prefill_queued(self, tokens: int, now: float) -> None:
+        """A request was scheduled with `tokens` of prefill to compute (cache hits and
+        loaded KV excluded); `now` on any monotonic clock, seconds."""
+        if self._rate_at is not None and now > self._rate_at:
+            self._rate *= math.exp((self._rate_at - now) / _RATE_WINDOW_S)
+        self._rate_at = now if self._rate_at is None else max(now, self._rate_at)
+        self._rate += tokens / _RATE_WINDOW_S
+
+    def prefill_budget(self, prefilling: object | None, step_s: float) -> int:
         """Prefill tokens the next iteration may run (0: the engine's own budget),
-        given the request whose prefill is first in line (None: none)."""
+        given the request whose prefill is first in line (None: none) and the
+        seconds an iteration takes now without prefill."""
         if not self._at_risk or prefilling is None or prefilling in self._at_risk:
             return 0
-        return self._budget
+        return max(self._budget, math.ceil(DRAIN_FACTOR * self._rate * step_s))
 
     def holds_back(self, request_key: object, session_id: str) -> bool:
         """Whether this request of this session waits now instead of being scheduled.

@@ -5,6 +5,7 @@ first, theirs thinned while it decodes)."""
 from __future__ import annotations
 
 from saga_server.bench.policies import make_policy
+from saga_server.core.deadlines import DeadlineShaper
 from saga_server.engines.sim import SimConfig, Simulator, StepSpec, TaskInstance, TaskSpec, ToolSpec, make_cost_model
 
 
@@ -54,3 +55,27 @@ def test_a_slack_rich_request_is_not_held_once_the_at_risk_one_runs():
     assert done["loose-0"].finished_at < 0.1 * done["tight-0"].finished_at
     assert sim.workers[0].shaper.at_risk() == 0  # every at-risk request was let go at its end
 
+
+
+def test_the_thin_budget_keeps_up_with_the_prefill_arriving():
+    """The neighbours' 60k-token prompts arrive faster than the piggyback budget can
+    prefill them: the thin budget rises to the arrival rate's floor (`core.deadlines`,
+    rule 2), and the at-risk session still meets its deadline."""
+    budgets = []
+
+    class Recorded(DeadlineShaper):
+        __slots__ = ()
+
+        def prefill_budget(self, prefilling, step_s):
+            budgets.append(super().prefill_budget(prefilling, step_s))
+            return budgets[-1]
+
+    insts = [TaskInstance(f"loose-{k}", _loose(k), "batch", deadline_factor=50.0) for k in range(6)]
+    insts.append(TaskInstance("tight-0", _tight(), "interactive", deadline_factor=2.0))
+    cost = make_cost_model(kv_capacity_override=600_000)
+    sim = Simulator(cost, make_policy("saga"), insts, SimConfig(workers=1, seed=0))
+    sim.workers[0].shaper.__class__ = Recorded
+    done = {t.session_id: t for t in sim.run().tasks}
+    assert done["tight-0"].met_deadline
+    thin = [b for b in budgets if b]
+    assert thin and min(thin) == cost.piggyback_tokens() < max(thin)

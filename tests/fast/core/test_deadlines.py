@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from saga_server.core import CoreConfig, LlmCallStart, ManualClock, SessionEnd, SessionStart, WorkflowCore
-from saga_server.core.deadlines import AT_RISK, NORMAL, SLACK_RICH, DeadlineShaper, ShapingConfig, deadline_class
+from saga_server.core.deadlines import (AT_RISK, DRAIN_FACTOR, NORMAL, SLACK_RICH, DeadlineShaper, ShapingConfig,
+                                        deadline_class)
 
 
 def test_classes_follow_urgency_and_only_sessions_with_a_deadline_are_classed():
@@ -50,13 +51,30 @@ def test_slack_rich_requests_are_held_only_while_an_at_risk_request_waits():
 
 def test_prefill_is_thinned_while_someone_is_at_risk_except_an_at_risk_prefill():
     sh = _shaper({"tight": AT_RISK})
-    assert sh.prefill_budget(7) == 0  # nobody at risk: the engine's own budget
+    assert sh.prefill_budget(7, 0.02) == 0  # nobody at risk: the engine's own budget
     sh.arrived(1, "tight")
-    assert sh.prefill_budget(7) == 256  # someone else's prefill is first in line
-    assert sh.prefill_budget(1) == 0  # the at-risk request's own prefill: full budget
-    assert sh.prefill_budget(None) == 0
+    assert sh.prefill_budget(7, 0.02) == 256  # someone else's prefill is first in line
+    assert sh.prefill_budget(1, 0.02) == 0  # the at-risk request's own prefill: full budget
+    assert sh.prefill_budget(None, 0.02) == 0
     with pytest.raises(ValueError):
         DeadlineShaper(lambda sid: NORMAL, prefill_budget_tokens=0)
+
+
+def test_the_thin_budget_keeps_up_with_twice_the_prefill_arriving():
+    """Below the arrival rate the line of prefills would grow for as long as someone
+    is at risk; the floor is DRAIN_FACTOR x the tokens arriving per iteration."""
+    sh = _shaper({"tight": AT_RISK})
+    sh.arrived(1, "tight")
+    for t in range(3000):  # 30,000 prefill tokens a second for five minutes: the rate settles
+        sh.prefill_queued(3000, t / 10)
+    rate = sh.prefill_budget(7, 0.1) / (DRAIN_FACTOR * 0.1)
+    assert 0.9 * 30_000 < rate < 1.1 * 30_000
+    assert sh.prefill_budget(7, 0.1) > 256
+    assert sh.prefill_budget(7, 0.001) == 256  # a fast iteration: the piggyback budget is larger
+    assert sh.prefill_budget(1, 0.1) == 0  # the at-risk prefill still runs the full budget
+    for t in range(3000, 6000):  # no more prefill arriving: the floor falls back
+        sh.prefill_queued(0, t / 10)
+    assert sh.prefill_budget(7, 0.1) == 256
 
 
 def test_core_classes_a_session_by_its_expected_remaining_time_over_time_left():

@@ -6,7 +6,10 @@ and a 10,000 s one is slack-rich."""
 
 from __future__ import annotations
 
+import math
+
 from saga_server.core import CoreConfig, ManualClock, SessionStart, WorkflowCore
+from saga_server.core.deadlines import DRAIN_FACTOR
 from saga_server.engines.vllm import SagaScheduler
 from vllm_builders import Requests, make_scheduler, run_until_idle, step
 
@@ -82,6 +85,27 @@ def test_an_at_risk_decode_gets_steps_with_a_block_of_other_prefill(tiny_model):
     later = R.make(tokens(20_000, 1000), session_id="plain", max_tokens=1)
     s.add_request(later)
     assert step(s).num_scheduled_tokens[later.request_id] == 256  # nobody at risk: the whole budget
+
+
+def test_the_thin_step_keeps_up_with_the_prefill_arriving(tiny_model):
+    """Half-second steps, and a 2,500-token prompt scheduled: the thin budget is the
+    larger of a block and twice the prefill arriving per step (`core.deadlines`)."""
+    s = saga(tiny_model, max_batched=256)
+    clock = s.saga.clock
+    R = Requests(BS)
+    tight = R.make(tokens(5000, 32), session_id="tight", max_tokens=40)
+    s.add_request(tight)
+    step(s)
+    plain = R.make(tokens(9000, 2500), session_id="plain", max_tokens=1)
+    s.add_request(plain)
+    clock.t += 0.5
+    assert step(s).num_scheduled_tokens[plain.request_id] == BS  # nothing measured yet: one block
+    clock.t += 0.5
+    # prefill arrived: tight's 32 tokens half a second earlier, then plain's 2,500;
+    # the rate's window is 30 s
+    rate = (32 * math.exp(-0.5 / 30.0) + 2500) / 30.0
+    floor = math.ceil(DRAIN_FACTOR * rate * 0.5)
+    assert step(s).num_scheduled_tokens[plain.request_id] == floor > BS
 
 
 def test_a_slack_rich_request_offered_before_anyone_was_at_risk_is_taken_back(tiny_model):

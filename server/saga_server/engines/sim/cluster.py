@@ -279,7 +279,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         if w.queue:
             self._admit(w)
         if w.shaper is not None:
-            w.pf_cap = w.shaper.prefill_budget(w.pf[0].seq if w.pf else None)
+            w.pf_cap = w.shaper.prefill_budget(w.pf[0].seq if w.pf else None,
+                                               self.cost.step_s(len(w.dec), 0, w.ctx))
         dt = w.replan(self.cost)
         if dt is not None:
             self._push(self.now + dt, WORKER, w, w.version)
@@ -348,6 +349,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
                 res.after_children_recomputed_tokens += recomputed
             w.kv.scheduled(sid, held, held - recomputed)
             res.prefilled_tokens += new
+            if w.shaper is not None:
+                w.shaper.prefill_queued(new, now)
             if recomputed and new:
                 res.regen_gpu_s += (r.work * recomputed / new) * 2.0 * cost.model.params / (
                     cost.tp * cost.gpu.peak_flops * cost.mfu)

@@ -199,6 +199,7 @@ class SagaPlugin:
         self._prefetching = self.enabled and env_float(PREFETCH_ENV, 1.0, 0.0, 1.0) > 0
         self.kv.on_forget(lambda sid, how: self.prefetcher.forget(sid, ended=how == ENDED))
         self._prefill = _Throughput()
+        self._step = _StepTime()
         connector = getattr(scheduler, "connector", None)
         self.pulls = getattr(connector, "pulls", None)  # SAGA's NixlConnector
         if self.pulls is not None:
@@ -342,9 +343,13 @@ class SagaPlugin:
     def after_schedule(self, output) -> None:
         metrics, counts = self.metrics, self.counters.counts
         sched = self.scheduler
+        now = self.clock()
         for new in output.scheduled_new_reqs:
             if self.shaper is not None:
                 self.shaper.scheduled(new.req_id)
+                queued = sched.requests.get(new.req_id)
+                if queued is not None:
+                    self.shaper.prefill_queued(max(queued.num_prompt_tokens - new.num_computed_tokens, 0), now)
             pulled = self.pulls.take(new.req_id) if self.pulls is not None else 0
             if self.tier_loads is not None:  # loaded KV is no prefix hit either
                 from_tier = self.tier_loads.take(new.req_id)
@@ -376,7 +381,8 @@ class SagaPlugin:
             meta = self.requests.get(rid)
             if meta is not None and (meta.tenant or meta.session_id):
                 self.core.record_service(meta.tenant, int(n), meta.session_id or "")
-        self._prefill.step(self.clock(), output.total_num_scheduled_tokens)
+        self._prefill.step(now, output.total_num_scheduled_tokens)
+        self._step.step(now, output.total_num_scheduled_tokens)
         for direction, n in (self._tier_blocks or {}).items():
             if n != self._tier_blocks_counted.get(direction, 0):
                 self.counters.count("kv_tier_blocks", direction, n - self._tier_blocks_counted.get(direction, 0))
@@ -464,7 +470,7 @@ class SagaPlugin:
         running_prefills = [r.request_id for r in sched.running if r.num_computed_tokens < r.num_prompt_tokens]
         in_line = running_prefills + [r.request_id for r in sched.waiting]
         first = next((rid for rid in in_line if shaper.urgent(rid)), in_line[0] if in_line else None)
-        thin = shaper.prefill_budget(first)
+        thin = shaper.prefill_budget(first, self._step.seconds)
         if not thin:
             return None
         per_decode = 1 + sched.num_spec_tokens + sched.num_lookahead_tokens if sched.num_spec_tokens else 1
@@ -579,6 +585,24 @@ class _Throughput:
     def step(self, now: float, tokens: int) -> None:
         if self._at is not None and tokens and now > self._at:
             self.tokens_per_s += 0.1 * (tokens / (now - self._at) - self.tokens_per_s)
+        self._at = now if tokens else None
+
+
+class _StepTime:
+    """Seconds an engine step takes, measured between consecutive steps that
+    scheduled work (an EWMA; 0 until the first measurement). A sample counts at most
+    twice the estimate: a gap can hold idle time (the engine waited for requests)."""
+
+    __slots__ = ("seconds", "_at")
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._at: float | None = None
+
+    def step(self, now: float, tokens: int) -> None:
+        if self._at is not None and tokens and now > self._at:
+            took = now - self._at
+            self.seconds = took if not self.seconds else self.seconds + 0.1 * (min(took, 2 * self.seconds) - self.seconds)
         self._at = now if tokens else None
 
 
