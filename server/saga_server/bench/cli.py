@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, help="the engine's vLLM --max-num-seqs (default: the preset's)")
     p.add_argument("--concurrency", type=int, help="closed loop: tasks in flight")
     p.add_argument("--rate", type=float, help="open loop: Poisson task arrivals per second")
+    p.add_argument("--ramp-s", type=float, help="closed loop: the first tasks start spread over this many "
+                   "seconds (default 0: all at once; about one task's time gives a steady loop's phases)")
     p.add_argument("--host-tier-factor", type=float, help="host KV capacity / GPU pool")
     p.add_argument("--disk-tier-factor", type=float,
                    help="a disk tier below the host tier: its capacity / GPU pool (default 0: none)")
@@ -90,8 +92,7 @@ def scenario_from_args(a: argparse.Namespace) -> Scenario:
     sc = load_scenario(a.config) if a.config else Scenario()
     changes = {}
     for field in ("name", "tasks", "workers", "gpu", "model", "tp", "seed", "host_tier_factor", "disk_tier_factor",
-                  "mfu", "bw_eff",
-                  "max_num_seqs", "calibration"):
+                  "mfu", "bw_eff", "ramp_s", "max_num_seqs", "calibration"):
         v = getattr(a, field)
         if v is not None:
             changes[field] = v

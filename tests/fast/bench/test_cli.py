@@ -83,3 +83,14 @@ def test_cost_model_overrides_from_toml_and_flags_change_the_result(tmp_path):
                      "--policies", "vanilla", "--mfu", mfu, "--out", str(out), "--no-plots", "--quiet"]) == 0
         tct[mfu] = json.loads((out / "bench.json").read_text())["policies"]["vanilla"]["tct_mean_s"]
     assert tct["0.9"] < tct["0.2"]
+
+
+def test_a_ramp_spreads_the_first_tasks_and_a_negative_one_is_refused(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(["--trace", str(trace(tmp_path)), "--tasks", "3", "--workers", "1", "--concurrency", "3",
+                 "--ramp-s", "30", "--policies", "vanilla", "--out", str(out), "--no-plots", "--quiet"]) == 0
+    data = json.loads((out / "bench.json").read_text())
+    assert data["scenario"]["ramp_s"] == 30.0
+    assert main(["--trace", str(trace(tmp_path)), "--tasks", "3", "--ramp-s", "-1", "--policies", "vanilla",
+                 "--out", str(out), "--no-plots", "--quiet"]) == 2
+    assert "ramp_s must be a finite number >= 0" in capsys.readouterr().err
