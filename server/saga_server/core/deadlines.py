@@ -155,7 +155,9 @@ class DeadlineShaper:
     def prefill_budget(self, prefilling: object | None, step_s: float) -> int:
         """Prefill tokens the next iteration may run (0: the engine's own budget),
         given the request whose prefill is first in line (None: none) and the
-        seconds an iteration takes now without prefill."""
+        seconds an iteration takes now with no prefill, or a thin one (the arrival
+        rate is as of the last `prefill_queued`: with none since, the line is short
+        and a stale rate only drains it sooner)."""
         if not self._at_risk or prefilling is None or prefilling in self._at_risk:
             return 0
         return max(self._budget, math.ceil(DRAIN_FACTOR * self._rate * step_s))
