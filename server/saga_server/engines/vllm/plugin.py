@@ -198,8 +198,7 @@ class SagaPlugin:
         self.prefetcher = Prefetcher(scheduler, self.core, self.kv, self.counters, self.clock)
         self._prefetching = self.enabled and env_float(PREFETCH_ENV, 1.0, 0.0, 1.0) > 0
         self.kv.on_forget(lambda sid, how: self.prefetcher.forget(sid, ended=how == ENDED))
-        self._prefill = _Throughput()
-        self._step = _StepTime()
+        self._pace = _StepPace()
         connector = getattr(scheduler, "connector", None)
         self.pulls = getattr(connector, "pulls", None)  # SAGA's NixlConnector
         if self.pulls is not None:
@@ -381,8 +380,7 @@ class SagaPlugin:
             meta = self.requests.get(rid)
             if meta is not None and (meta.tenant or meta.session_id):
                 self.core.record_service(meta.tenant, int(n), meta.session_id or "")
-        self._prefill.step(now, output.total_num_scheduled_tokens)
-        self._step.step(now, output.total_num_scheduled_tokens)
+        self._pace.step(now, output.total_num_scheduled_tokens)
         for direction, n in (self._tier_blocks or {}).items():
             if n != self._tier_blocks_counted.get(direction, 0):
                 self.counters.count("kv_tier_blocks", direction, n - self._tier_blocks_counted.get(direction, 0))
@@ -470,7 +468,7 @@ class SagaPlugin:
         running_prefills = [r.request_id for r in sched.running if r.num_computed_tokens < r.num_prompt_tokens]
         in_line = running_prefills + [r.request_id for r in sched.waiting]
         first = next((rid for rid in in_line if shaper.urgent(rid)), in_line[0] if in_line else None)
-        thin = shaper.prefill_budget(first, self._step.seconds)
+        thin = shaper.prefill_budget(first, self._pace.step_s)
         if not thin:
             return None
         per_decode = 1 + sched.num_spec_tokens + sched.num_lookahead_tokens if sched.num_spec_tokens else 1
@@ -489,8 +487,8 @@ class SagaPlugin:
         return self.kv.key_of(session_id, outlook.context_tokens if outlook is not None else 0, last_use)
 
     def _recompute_s(self, tokens: int) -> float:
-        """Seconds this engine needs to prefill `tokens` (measured, see `_Throughput`)."""
-        return tokens / self._prefill.tokens_per_s
+        """Seconds this engine needs to prefill `tokens` (measured, see `_StepPace`)."""
+        return tokens / self._pace.tokens_per_s
 
     def _rank_waiting(self, now: float) -> None:
         waiting = self.scheduler.waiting
@@ -572,37 +570,24 @@ class SagaPlugin:
         self.metrics.open_tool_calls.set(stats.get("open_tool_calls", 0.0))
 
 
-class _Throughput:
-    """Tokens the engine processes per second, measured between steps (an EWMA over
-    steps that scheduled work; 1,000 tokens/s until the first measurement)."""
+class _StepPace:
+    """The engine's pace, measured between consecutive steps that scheduled work (EWMAs):
+    tokens processed per second (1,000 until the first measurement) and seconds a
+    step takes (0 until then). A step's time counts at most twice the estimate: a gap
+    can hold idle time (the engine waited for requests)."""
 
-    __slots__ = ("tokens_per_s", "_at")
+    __slots__ = ("tokens_per_s", "step_s", "_at")
 
     def __init__(self) -> None:
         self.tokens_per_s = 1000.0
-        self._at: float | None = None
-
-    def step(self, now: float, tokens: int) -> None:
-        if self._at is not None and tokens and now > self._at:
-            self.tokens_per_s += 0.1 * (tokens / (now - self._at) - self.tokens_per_s)
-        self._at = now if tokens else None
-
-
-class _StepTime:
-    """Seconds an engine step takes, measured between consecutive steps that
-    scheduled work (an EWMA; 0 until the first measurement). A sample counts at most
-    twice the estimate: a gap can hold idle time (the engine waited for requests)."""
-
-    __slots__ = ("seconds", "_at")
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
+        self.step_s = 0.0
         self._at: float | None = None
 
     def step(self, now: float, tokens: int) -> None:
         if self._at is not None and tokens and now > self._at:
             took = now - self._at
-            self.seconds = took if not self.seconds else self.seconds + 0.1 * (min(took, 2 * self.seconds) - self.seconds)
+            self.tokens_per_s += 0.1 * (tokens / took - self.tokens_per_s)
+            self.step_s = took if not self.step_s else self.step_s + 0.1 * (min(took, 2 * self.step_s) - self.step_s)
         self._at = now if tokens else None
 
 
