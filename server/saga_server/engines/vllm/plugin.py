@@ -344,11 +344,11 @@ class SagaPlugin:
         sched = self.scheduler
         now = self.clock()
         for new in output.scheduled_new_reqs:
+            req = sched.requests.get(new.req_id)
+            prompt = req.num_prompt_tokens if req is not None else 0
             if self.shaper is not None:
                 self.shaper.scheduled(new.req_id)
-                queued = sched.requests.get(new.req_id)
-                if queued is not None:
-                    self.shaper.prefill_queued(max(queued.num_prompt_tokens - new.num_computed_tokens, 0), now)
+                self.shaper.prefill_queued(max(prompt - new.num_computed_tokens, 0), now)
             pulled = self.pulls.take(new.req_id) if self.pulls is not None else 0
             if self.tier_loads is not None:  # loaded KV is no prefix hit either
                 from_tier = self.tier_loads.take(new.req_id)
@@ -360,8 +360,6 @@ class SagaPlugin:
             if meta is None or meta.session_id is None:
                 continue
             sid = meta.session_id
-            req = sched.requests.get(new.req_id)
-            prompt = req.num_prompt_tokens if req is not None else 0
             hit = max(0, min(new.num_computed_tokens, prompt) - pulled)  # pulled KV is no prefix hit
             had = self._had.pop(new.req_id, None)  # KV it had computed before this request
             if had is None:  # scheduled before (it was preempted)
