@@ -6,7 +6,9 @@ to this machine, or `--calibration FILE` from `saga calibrate`) on exactly the
 sessions that were sent (`serve_trace_replay.sent_workload`: the same prompts,
 answers, tool gaps and start times), one worker with the engine's KV pool,
 `max_num_seqs` and token budget, and for the `*-tier` modes a host tier of
---tier-x pools (the engine's `--kv-offloading-size`). Modes and their simulated policies:
+--tier-x pools (the engine's `--kv-offloading-size`), priced by the constants of the
+engine with a tier where the fit timed it (`saga calibrate`: a KV connector changes
+the engine's speed). Modes and their simulated policies:
 
     no-saga             apc-lru          (stock vLLM: LRU prefix cache, request FCFS)
     saga                saga             (the same policy code the engine plugin runs)
@@ -54,13 +56,14 @@ def simulate(workload: list[dict], mode: str, args) -> dict:
     from saga_server.engines.sim.hardware import load_calibration, make_cost_model  # noqa: PLC0415
 
     calibration = load_calibration(str(args.calibration)) if args.calibration else None
-    cost = make_cost_model("cpu-2core", "smollm2-135m", calibration=calibration,
+    tier = replay_mod.MODES[mode][2]
+    cost = make_cost_model("cpu-2core", "smollm2-135m", calibration=calibration, host_tier=tier,
                            kv_capacity_override=args.kv_blocks * 32, max_num_seqs=args.max_num_seqs)
     rng = random.Random(args.seed)
     insts = [TaskInstance(t["task_id"], materialize(t, rng), "swe", float(t["start_s"])) for t in workload]
     res = Simulator(cost, make_policy(MODE_POLICY[mode]), insts,
                     SimConfig(workers=1, concurrency=None, seed=args.seed,
-                              host_tier_factor=args.tier_x if replay_mod.MODES[mode][2] else 0.0)).run()
+                              host_tier_factor=args.tier_x if tier else 0.0)).run()
     tct = sorted(t.tct_s for t in res.tasks)
     prompt = res.prompt_tokens
     return {"mode": mode, "tct_mean_s": statistics.fmean(tct), "tct_p90_s": pct(tct, 0.9), "tct_max_s": tct[-1],

