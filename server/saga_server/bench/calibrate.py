@@ -153,7 +153,7 @@ class Probe:
 
         Read from the engine's inter-token latency histogram (engine-core timestamps),
         not from the client's clock: a difference of two HTTP latencies carries the
-        front end's and the client's jitter into each point (up to 40% at batch 2)."""
+        front end's and the client's jitter into each point (up to 22% off the fit)."""
         prompts = [self.ids(ctx) for _ in range(batch)]
         for p in prompts:
             self.timed(p, 1)  # now cached: each decode request prefills one token
