@@ -242,8 +242,9 @@ def host_tier_config(passthrough: list[str], gpu: bool, with_saga: bool,
     On a CPU engine the tier's worker is SAGA's host copy (engines/vllm/host_kv.py;
     vLLM's needs CUDA). With SAGA the connector is SAGA's (engines/vllm/tier.py: it
     counts the tier's transfers), so the flag becomes the connector's
-    `cpu_bytes_to_use` (vLLM's flag would name vLLM's connector), and the tier drops
-    in SAGA's order (engines/vllm/offload.py) unless `--kv-tier-order lru`. Module
+    `cpu_bytes_to_use` (vLLM's flag would name vLLM's connector), the tier drops in
+    SAGA's order (engines/vllm/offload.py) unless `--kv-tier-order lru`, and a load
+    that fails is recomputed by its request (vLLM's default fails the request). Module
     names are spelled out so this command does not import vLLM."""
     extra: dict = {} if gpu else {"spec_name": "HostOffloadingSpec", "spec_module_path": HOST_KV_MODULE}
     if not with_saga:
@@ -253,7 +254,7 @@ def host_tier_config(passthrough: list[str], gpu: bool, with_saga: bool,
     if saga_order:
         extra.update(eviction_policy="SagaCachePolicy", cache_policy_module_path=OFFLOAD_POLICY_MODULE)
     return rest, {"kv_connector": "SagaOffloadingConnector", "kv_connector_module_path": TIER_CONNECTOR_MODULE,
-                  "kv_role": "kv_both", "kv_connector_extra_config": extra}
+                  "kv_role": "kv_both", "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
 
 
 def _take_flag(args: list[str], flag: str) -> tuple[list[str], str]:

@@ -119,3 +119,71 @@ def test_a_spec_that_does_not_match_its_chunks_is_refused_before_anything_runs()
         assert worker.get_finished() == []
     finally:
         worker.shutdown()
+
+
+def failing(worker: HostCopyWorker, stores: bool = False):
+    """The tier's memory gone: every load's (or store's) copy raises. Returns the
+    worker's own copy, to put back."""
+    copy = worker._copy
+
+    def copy_or_fail(job):
+        if job.store == stores:
+            raise OSError("the tier's memory is gone")
+        return copy(job)
+
+    worker._copy = copy_or_fail
+    return copy
+
+
+def test_a_failed_load_is_reported_done_and_its_engine_blocks_as_load_errors_in_that_step_only():
+    _, caches = engine_kv()
+    worker = HostCopyWorker(caches, blocks_per_chunk=1, num_chunks=8)
+    worker.recover_failed_jobs()
+    try:
+        worker.submit_store(1, engine_spec([3, 5]), CPULoadStoreSpec([0, 1]))
+        finish(worker, 1)
+        failing(worker)
+        worker.submit_load(2, CPULoadStoreSpec([0, 1]), engine_spec([10, 11]))
+        worker.wait({2})
+        assert worker.take_load_errors() == set()  # not before the job is reported done
+        (loaded,) = worker.get_finished()
+        assert (loaded.job_id, loaded.success) == (2, True)  # vLLM's connector asserts success
+        assert worker.take_load_errors() == {10, 11}
+        assert worker.take_load_errors() == set()  # each once
+    finally:
+        worker.shutdown()
+
+
+def test_a_failed_store_is_never_loaded_until_a_store_rewrites_its_tier_blocks():
+    tensors, caches = engine_kv()
+    before = [t.clone() for t in tensors]
+    worker = HostCopyWorker(caches, blocks_per_chunk=1, num_chunks=8)
+    worker.recover_failed_jobs()
+    copy = failing(worker, stores=True)
+    try:
+        worker.submit_store(1, engine_spec([3, 5]), CPULoadStoreSpec([0, 1]))
+        assert [r.success for r in finish(worker, 1)] == [True]  # done, so the pool may reuse its blocks
+        worker._copy = copy
+        worker.submit_load(2, CPULoadStoreSpec([1]), engine_spec([12]))
+        finish(worker, 2)
+        assert worker.take_load_errors() == {12}  # tier block 1 holds nothing
+        worker.submit_store(3, engine_spec([5]), CPULoadStoreSpec([1]))
+        worker.submit_load(4, CPULoadStoreSpec([1]), engine_spec([12]))
+        finish(worker, 3, 4)
+        assert worker.take_load_errors() == set()
+        for t, b in zip(tensors, before):
+            assert torch.equal(t[12], b[5])
+    finally:
+        worker.shutdown()
+
+
+def test_without_recovery_a_failed_load_is_reported_failed():
+    _, caches = engine_kv(layers=1)
+    worker = HostCopyWorker(caches, blocks_per_chunk=1, num_chunks=4)
+    try:
+        failing(worker)
+        worker.submit_load(1, CPULoadStoreSpec([0]), engine_spec([2]))
+        assert [r.success for r in finish(worker, 1)] == [False]
+        assert worker.take_load_errors() == set()
+    finally:
+        worker.shutdown()

@@ -112,6 +112,7 @@ def test_saga_serve_builds_the_host_tier_saga_counts_with_the_offload_flag_and_l
     assert "--kv-offloading-size" not in argv  # vLLM's flag would name vLLM's connector
     assert (transfer["kv_connector"], transfer["kv_connector_module_path"]) == (
         tier.SagaOffloadingConnector.__name__, tier.__name__)
+    assert transfer["kv_load_failure_policy"] == "recompute"  # a failed load is recomputed, not fatal
     assert transfer["kv_connector_extra_config"] == {**host_kv.SPEC_CONFIG, **offload.POLICY_CONFIG,
                                                      "cpu_bytes_to_use": 8 * 2**30}
     assert host_kv.SPEC_CONFIG["spec_module_path"] == cli.HOST_KV_MODULE

@@ -18,11 +18,9 @@ import time
 import pytest
 
 from tests.support.own_engine import OwnEngine
+from tests.support.tier_requests import BLOCK, cached, counting, run
 
 READY_TIMEOUT_S = 600
-BLOCK = 32
-TIER_METRICS = ("vllm:external_prefix_cache_hits", "vllm:kv_offload_load_bytes", "vllm:kv_offload_store_bytes",
-                "saga_kv_tier")
 
 
 @pytest.fixture(scope="module")
@@ -35,31 +33,6 @@ def engine(saga_server, tmp_path_factory):
         yield own
     finally:
         own.stop()
-
-
-def counting(engine: OwnEngine, model: str, label: str, start: int, n: int) -> list[int]:
-    """`n` tokens of a count from `start`: the model continues it the same way at any
-    batch shape, so an answer over loaded KV can be compared with one over computed KV."""
-    text = f"{label}: " + ", ".join(str(i) for i in range(start, start + n))
-    return engine.post("/tokenize", {"model": model, "prompt": text})["tokens"][:n]
-
-
-def run(engine: OwnEngine, model: str, prompt: list[int]) -> tuple[dict, dict[str, float]]:
-    """The completion and what it moved: tokens computed, tier hits and bytes (deltas)."""
-    before = engine.metrics(*TIER_METRICS)
-    out = engine.complete(model, prompt, max_tokens=8)
-    deadline = time.monotonic() + 10  # the engine's metrics trail the answer a little
-    while True:
-        after = engine.metrics(*TIER_METRICS)
-        delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-        if delta.get("vllm:iteration_tokens_total_sum", 0) >= len(prompt) - cached(out) + 8 or \
-                time.monotonic() > deadline:
-            return out, delta
-        time.sleep(0.5)
-
-
-def cached(out: dict) -> int:
-    return out["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
 def test_an_evicted_prefix_comes_back_from_the_tier_and_only_the_rest_is_computed(engine, saga_server):

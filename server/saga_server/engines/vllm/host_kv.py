@@ -16,6 +16,15 @@ return at once, jobs run in submission order, `get_finished` reports each job on
 (bytes and seconds), and `wait` blocks until the given jobs are done; the connector's
 scheduler keeps a stored block's pool slot from being reused until its store is done
 (`jobs_to_flush`) and keeps a loading request from running until its load is.
+
+A copy that fails loses nothing. vLLM's offloading connector has no path for a failed
+job (it asserts success), so with recovery on (`recover_failed_jobs`, which SAGA's
+connector turns on: `engines/vllm/tier.py`) a failed job is reported done and:
+a failed store marks its tier blocks unwritten, so no later load reads them; a failed
+load (or one that would read an unwritten block) reports its engine blocks through
+`take_load_errors` in the same step as the job, and the engine recomputes them
+(`kv_load_failure_policy: recompute`). With recovery off (vLLM's own connector) a
+failed job is reported failed, as vLLM's own worker would.
 """
 
 from __future__ import annotations
@@ -96,6 +105,10 @@ class HostCopyWorker(OffloadingWorker):
         self._lock = threading.Condition()
         self._pending: set[int] = set()
         self._done: deque[TransferResult] = deque()
+        self._recover = False
+        self._unwritten: set[int] = set()  # tier sub-blocks whose last store failed (copy thread only)
+        self._failed_loads: dict[int, np.ndarray] = {}  # job -> engine blocks, until the job is reported
+        self._load_errors: set[int] = set()  # engine blocks of reported failed loads, until taken
         self._thread = threading.Thread(target=self._run, name="saga-host-kv", daemon=True)
         self._thread.start()
 
@@ -111,6 +124,8 @@ class HostCopyWorker(OffloadingWorker):
         with self._lock:
             out = list(self._done)
             self._done.clear()
+            for result in out:
+                self._load_errors.update(self._failed_loads.pop(result.job_id, ()))
         return out
 
     def wait(self, job_ids: set[int]) -> None:
@@ -120,6 +135,20 @@ class HostCopyWorker(OffloadingWorker):
     def shutdown(self) -> None:
         self._jobs.put(None)
         self._thread.join(timeout=30)
+
+    # -- failures --------------------------------------------------------------------------
+
+    def recover_failed_jobs(self) -> None:
+        """Report failed jobs as done, failed loads through `take_load_errors` (see the
+        module docstring); for a connector that hands those to the engine."""
+        self._recover = True
+
+    def take_load_errors(self) -> set[int]:
+        """Engine blocks of failed loads among the jobs `get_finished` has reported
+        (each once): their KV was not written and must be recomputed."""
+        with self._lock:
+            errors, self._load_errors = self._load_errors, set()
+        return errors
 
     # -- the copies ------------------------------------------------------------------------
 
@@ -163,12 +192,20 @@ class HostCopyWorker(OffloadingWorker):
             started = time.perf_counter()
             nbytes, ok = 0, True
             try:
+                if not job.store and not self._unwritten.isdisjoint(job.tier_ids.tolist()):
+                    raise LookupError("it reads tier blocks whose store failed")
                 nbytes = self._copy(job)
-            except Exception:  # a bug: vLLM's connector treats a failed job as fatal
-                log.exception("SAGA host KV tier: job %d failed", job.job_id)
+            except Exception as e:
+                log.warning("SAGA host KV tier: %s job %d failed (%s: %s)%s", "store" if job.store else "load",
+                            job.job_id, type(e).__name__, e, "" if not self._recover else
+                            "; the tier will not serve its blocks" if job.store else "; its blocks will be recomputed")
                 ok = False
-            result = TransferResult(job.job_id, ok, nbytes, time.perf_counter() - started)
+            if job.store:
+                (self._unwritten.difference_update if ok else self._unwritten.update)(job.tier_ids.tolist())
+            result = TransferResult(job.job_id, ok or self._recover, nbytes, time.perf_counter() - started)
             with self._lock:
+                if not ok and not job.store and self._recover:
+                    self._failed_loads[job.job_id] = job.engine_ids
                 self._pending.discard(job.job_id)
                 self._done.append(result)
                 self._lock.notify_all()
