@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from .calibrate import cpu_description
 from .runner import BenchResult
@@ -144,6 +144,13 @@ def _sweep_table(rows: list[dict[str, Any]], axis: str) -> str:
     return "\n".join(lines)
 
 
+
+def _load_text(sc: Mapping[str, Any]) -> str:
+    """How a described scenario's tasks arrive, in words."""
+    if sc.get("recorded_arrivals"):
+        return "arrivals as recorded"
+    return f"Poisson {sc['rate']} tasks/s" if sc["rate"] is not None else f"concurrency {sc['concurrency']}"
+
 def write_report(res: BenchResult, out_dir: str | Path, plots: bool = True,
                  command: str = "", preface: str = "") -> Path:
     """`bench.json`, `report.md` (opening with `preface`, as preformatted text) and plots."""
@@ -162,8 +169,7 @@ def write_report(res: BenchResult, out_dir: str | Path, plots: bool = True,
         md += ["```", preface, "```", ""]
     md += [f"{sc['tasks']} tasks on {sc['workers']} workers ({sc['model']} on {sc['gpu']}, TP={sc['tp']}, "
            f"KV pool {sc['kv_capacity_tokens_per_worker']} tokens per worker), "
-           + (f"Poisson {sc['rate']} tasks/s" if sc["rate"] is not None else f"concurrency {sc['concurrency']}")
-           + f", seed {sc['seed']}. Tenants: "
+           + _load_text(sc) + f", seed {sc['seed']}. Tenants: "
            + ", ".join(f"{t['name']} ({t['trace']}, weight {t['weight']}, deadline x{t['deadline_factor']})"
                        for t in sc["tenants"]) + ".", "", format_table(data), ""]
     if res.load_sweep:

@@ -75,7 +75,8 @@ class _Bar:
 
 
 def _instances(sc: Scenario, traces: dict):
-    return build_instances(sc.tenants, sc.tasks, seed=sc.seed, rate_per_s=sc.rate, traces=traces)
+    return build_instances(sc.tenants, sc.tasks, seed=sc.seed, rate_per_s=sc.rate, traces=traces,
+                           recorded_arrivals=sc.recorded_arrivals)
 
 
 def run_policies(sc: Scenario, policies: Iterable[str], progress: bool = True,
@@ -85,14 +86,15 @@ def run_policies(sc: Scenario, policies: Iterable[str], progress: bool = True,
     traces = {} if traces is None else traces
     policies = list(policies)
     insts = _instances(sc, traces)
-    cost = sc.cost_model(kv_tokens)
     bar = _Bar(len(insts) * len(policies), desc or sc.name, progress)
     runs: dict[str, PolicyRun] = {}
     try:
         for name in policies:
             bar.set(f"{desc or sc.name}: {name}")
             t0 = time.perf_counter()
-            res = Simulator(cost, make_policy(name), insts, sc.sim_config(), progress=bar.update).run()
+            policy = make_policy(name)
+            cost = sc.cost_model(kv_tokens, host_tier=policy.host_tier)
+            res = Simulator(cost, policy, insts, sc.sim_config(), progress=bar.update).run()
             wall = time.perf_counter() - t0
             runs[name] = PolicyRun(summarize(res), [t.tct_s for t in res.tasks], res.timeline, wall)
     finally:

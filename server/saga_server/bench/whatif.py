@@ -7,9 +7,11 @@ vLLM (`apc-lru`), vLLM with its CPU tier (`apc-lru-offload`) and SAGA (`saga`),
 and sweeps the KV pool and the host tier around the workload's size:
 
 - the load is the recording's own, unless flags say otherwise: as many tasks as
-  it holds, and as many in flight as it had on average (the sessions' summed
-  durations over the recorded span, from `started_unix_s` and `duration_s`;
-  where it has no times, the scenario default);
+  it holds, each starting when it started then (`started_unix_s`: users arrive
+  when they arrive, whatever the deployment), so a burst replays as a burst;
+  where it has no times, a closed loop at the scenario's default concurrency.
+  How many were in flight on average (the sessions' summed durations over the
+  recorded span, with `duration_s`) sizes the KV sweep;
 - the KV pool sweep is in multiples (`KV_FRACTIONS`) of the recorded working set
   per worker: sessions in flight per worker x a session's peak KV (its largest
   prompt plus answer), never below the largest single step; the host tier sweep
@@ -85,13 +87,14 @@ def what_if_scenario(base: Scenario, path: str, *, tasks: bool = True, concurren
     if tasks:
         changes["tasks"] = load.tasks
     if concurrency and load.concurrency is not None and base.rate is None:
-        changes["concurrency"] = max(1, math.ceil(load.concurrency - 1e-9))
+        changes["recorded_arrivals"] = True
     if policies:
         changes["policies"] = WHAT_IF_POLICIES
         changes["sweep_policies"] = WHAT_IF_POLICIES
     sc = replace(base, **changes)
     if sweep_kv:
-        in_flight = sc.concurrency if sc.rate is None and sc.concurrency else load.concurrency or 1
+        closed = sc.rate is None and not sc.recorded_arrivals and sc.concurrency
+        in_flight = sc.concurrency if closed else load.concurrency or 1
         per_worker = max(1, math.ceil(in_flight / sc.workers)) * load.session_kv_tokens
         block = sc.cost_model().block_tokens  # sweep sizes are whole blocks of the engine modelled
         floor = _blocks(load.max_step_tokens, block)
@@ -116,7 +119,8 @@ def answer(res: BenchResult, load: RecordedLoad, path: str) -> str:
     desc = sc.describe()
     seen = (f", {load.concurrency:.1f} sessions at once on average, mean task time {load.mean_task_s:.1f} s "
             f"as served then" if load.concurrency is not None else "")
-    replayed = (f"Poisson {sc.rate:g} tasks/s" if sc.rate is not None else f"{sc.concurrency} at once")
+    replayed = ("arriving as recorded" if sc.recorded_arrivals else
+                f"Poisson {sc.rate:g} tasks/s" if sc.rate is not None else f"{sc.concurrency} at once")
     lines = [f"What would SAGA do for {Path(path).name}?",
              f"  recorded: {load.tasks} tasks, {load.llm_calls} LLM calls{seen}",
              f"  replayed: {sc.tasks} tasks, {replayed}, on {sc.workers} x {sc.gpu} ({sc.model}, TP {desc['tp']}); "

@@ -20,8 +20,10 @@
   tasks.
 - Tenants mix traces by weight; each tenant has a deadline multiple of a task's
   unloaded time (alone on a worker with a perfect cache).
-- Arrivals: Poisson at `rate_per_s` tasks per second, or closed-loop at a fixed
-  concurrency (the simulator starts a task whenever one ends).
+- Arrivals: Poisson at `rate_per_s` tasks per second; as recorded (one tenant: each
+  task starts when it started in the trace, `started_unix_s`, the trace's tasks in
+  that order, the whole recording again after its span where more tasks are asked);
+  or closed-loop at a fixed concurrency (the simulator starts a task whenever one ends).
 """
 
 from __future__ import annotations
@@ -152,9 +154,11 @@ def _seconds(value: Any, field: str) -> float:
 def build_instances(tenants: Sequence[TenantSpec], n_tasks: int, seed: int = 0,
                     rate_per_s: float | None = None,
                     fallback: Mapping[str, tuple[float, float]] = FALLBACK_DURATIONS,
-                    traces: dict[str, list] | None = None) -> list[TaskInstance]:
+                    traces: dict[str, list] | None = None,
+                    recorded_arrivals: bool = False) -> list[TaskInstance]:
     """`n_tasks` sessions: tenant by weight, task in shuffled rounds, seeded; with
-    `rate_per_s`, Poisson arrival times, else none (closed loop)."""
+    `rate_per_s`, Poisson arrival times; with `recorded_arrivals`, the trace's own
+    (see the module docstring); else none (closed loop)."""
     rng = random.Random(seed)
     traces = {} if traces is None else traces
     pools: dict[str, list] = {}
@@ -162,6 +166,8 @@ def build_instances(tenants: Sequence[TenantSpec], n_tasks: int, seed: int = 0,
         if t.trace not in traces:
             traces[t.trace] = nest_subagents(load_trace(t.trace))
         pools[t.name] = []
+    if recorded_arrivals:
+        return _as_recorded(tenants, n_tasks, rng, fallback, traces)
     weights = [t.weight for t in tenants]
     out = []
     now = 0.0
@@ -178,4 +184,28 @@ def build_instances(tenants: Sequence[TenantSpec], n_tasks: int, seed: int = 0,
             now += rng.expovariate(rate_per_s)
             arrival = now
         out.append(TaskInstance(f"{ten.name}-{k:05d}", spec, ten.name, arrival, ten.deadline_factor))
+    return out
+
+
+def _as_recorded(tenants: Sequence[TenantSpec], n_tasks: int, rng: random.Random,
+                 fallback: Mapping[str, tuple[float, float]], traces: dict[str, list]) -> list[TaskInstance]:
+    """`n_tasks` sessions arriving as the one tenant's trace recorded them."""
+    if len(tenants) != 1:
+        raise ValueError(f"recorded arrivals replay one trace; the scenario has {len(tenants)} tenants")
+    ten = tenants[0]
+    tasks = traces[ten.trace]
+    untimed = [str(t.get("task_id", "")) for t in tasks if t.get("started_unix_s") is None]
+    if untimed or not tasks:
+        raise ValueError(f"recorded arrivals need every task's started_unix_s; {ten.trace} has "
+                         f"{len(untimed) if tasks else 'no'} tasks without it (e.g. {untimed[:3]}): "
+                         f"replay it closed loop or at a Poisson rate")
+    tasks = sorted(tasks, key=lambda t: float(t["started_unix_s"]))
+    first = float(tasks[0]["started_unix_s"])
+    span = max(float(t["started_unix_s"]) + float(t.get("duration_s") or 0.0) for t in tasks) - first
+    out = []
+    for k in range(n_tasks):
+        raw = tasks[k % len(tasks)]
+        arrival = float(raw["started_unix_s"]) - first + (k // len(tasks)) * span
+        out.append(TaskInstance(f"{ten.name}-{k:05d}", materialize(raw, rng, fallback), ten.name, arrival,
+                                ten.deadline_factor))
     return out

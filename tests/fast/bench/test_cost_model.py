@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -212,3 +213,17 @@ def test_a_fit_prices_a_host_tier_by_the_engine_that_ran_with_one(tmp_path):
     assert chunk_s(with_tier.cost_model()) == pytest.approx(chunk_s(tiered))
     assert chunk_s(Scenario(gpu="cpu-2core", model="smollm2-135m", calibration=str(out),
                             host_tier_factor=0.0).cost_model()) == pytest.approx(chunk_s(plain))
+    assert chunk_s(with_tier.cost_model(host_tier=False)) == pytest.approx(chunk_s(plain))
+
+    # in one scenario with a tier, a deployment without one runs on the engine without one
+    from saga_server.bench import TenantSpec
+    from saga_server.bench.runner import run_policies
+
+    trace = tmp_path / "one.jsonl"
+    trace.write_text(json.dumps({"format": "saga-trace/1", "task_id": "t", "steps": [
+        {"prompt_tokens": 1500, "output_tokens": 20, "reused_prefix_tokens": 0}]}) + "\n")
+    one = replace(with_tier, tenants=(TenantSpec("t", str(trace)),), tasks=1, concurrency=1)
+    runs = run_policies(one, ("apc-lru", "apc-lru-offload"), progress=False)
+    alone = run_policies(replace(one, host_tier_factor=0.0), ("apc-lru",), progress=False)
+    assert runs["apc-lru"].summary["tct_mean_s"] == pytest.approx(alone["apc-lru"].summary["tct_mean_s"])
+    assert runs["apc-lru-offload"].summary["tct_mean_s"] < 0.75 * runs["apc-lru"].summary["tct_mean_s"]

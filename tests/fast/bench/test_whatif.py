@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from saga_server.bench.cli import build_parser, main, scenario_from_args
+from saga_server.bench.runner import _instances
 from saga_server.bench.whatif import WHAT_IF_POLICIES, level_off, recorded_load, what_if_scenario
 from saga_server.record import TraceBuilder
 
@@ -48,7 +50,7 @@ def test_the_scenario_takes_the_recordings_load_unless_flags_set_it(tmp_path):
     path = record(tmp_path / "r.jsonl")
     base = scenario_from_args(build_parser().parse_args(["--workers", "2", "--gpu", "a100-80gb"]))
     sc, _ = what_if_scenario(base, path)
-    assert (sc.tasks, sc.concurrency, sc.workers, sc.gpu) == (4, 2, 2, "a100-80gb")
+    assert (sc.tasks, sc.recorded_arrivals, sc.workers, sc.gpu) == (4, True, 2, "a100-80gb")
     assert sc.policies == sc.sweep_policies == WHAT_IF_POLICIES
     assert [t.trace for t in sc.tenants] == [path]
     # the working set per worker: one session in flight x its peak KV (5,680 tokens), in
@@ -56,7 +58,40 @@ def test_the_scenario_takes_the_recordings_load_unless_flags_set_it(tmp_path):
     assert sc.sweep_kv == (5680, 11360)
     assert sc.sweep_host == (0.0, 0.5, 1.0, 2.0, 4.0)
     mine, _ = what_if_scenario(base, path, tasks=False, concurrency=False, sweep_host=False)
-    assert (mine.tasks, mine.concurrency, mine.sweep_host) == (base.tasks, base.concurrency, ())
+    assert (mine.tasks, mine.recorded_arrivals, mine.sweep_host) == (base.tasks, False, ())
+
+
+def test_the_what_if_replays_each_session_when_it_arrived(tmp_path):
+    path = tmp_path / "r.jsonl"
+    lines = open(record(path, sessions=4)).readlines()  # 16 s sessions, one every 8 s
+    path.write_text("".join(reversed(lines)))  # a file's order is not the arrivals'
+    base = scenario_from_args(build_parser().parse_args(["--workers", "1", "--gpu", "h100-80gb"]))
+    sc, _ = what_if_scenario(base, str(path))
+    replayed = _instances(sc, {})
+    assert [i.arrival_s for i in replayed] == [0.0, 8.0, 16.0, 24.0]
+    assert [i.task.task_id for i in replayed] == [json.loads(line)["task_id"] for line in lines]
+    assert sc.sim_config().concurrency is None  # open loop: the arrivals are the load
+    # more tasks than recorded: the recording again after its 40 s span
+    more = _instances(replace(sc, tasks=6), {})
+    assert [i.arrival_s for i in more][4:] == [40.0, 48.0]
+    assert [i.task.steps[0].prompt_tokens for i in more] == [2600] * 6
+
+    with pytest.raises(ValueError, match="recorded arrivals have neither"):
+        sc.with_load(8)
+
+
+def test_recorded_arrivals_need_every_tasks_start_time(tmp_path):
+    untimed = tmp_path / "untimed.jsonl"
+    with open(record(tmp_path / "r.jsonl")) as src, open(untimed, "w") as dst:
+        for line in src:
+            task = json.loads(line)
+            task.pop("started_unix_s")
+            dst.write(json.dumps(task) + "\n")
+    base = scenario_from_args(build_parser().parse_args(["--workers", "1", "--gpu", "h100-80gb"]))
+    sc, load = what_if_scenario(base, str(untimed))
+    assert load.concurrency is None and not sc.recorded_arrivals  # closed loop at the default
+    with pytest.raises(ValueError, match="started_unix_s"):
+        _instances(replace(sc, recorded_arrivals=True), {})
 
 
 def test_level_off_is_the_smallest_size_within_the_tolerance_of_the_best():
