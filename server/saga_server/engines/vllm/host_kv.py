@@ -20,8 +20,10 @@ scheduler keeps a stored block's pool slot from being reused until its store is 
 A copy that fails loses nothing. vLLM's offloading connector has no path for a failed
 job (it asserts success), so with recovery on (`recover_failed_jobs`, which SAGA's
 connector turns on: `engines/vllm/tier.py`) a failed job is reported done and:
-a failed store marks its tier blocks unwritten, so no later load reads them; a failed
-load (or one that would read an unwritten block) reports its engine blocks through
+a failed store marks its tier blocks unwritten, so no later load reads them (vLLM still
+counts them stored: each request that hits them pays a failed load, until the tier drops
+or rewrites them); a failed load (or one that would read an unwritten block) reports its
+engine blocks through
 `take_load_errors` in the same step as the job, and the engine recomputes them
 (`kv_load_failure_policy: recompute`). With recovery off (vLLM's own connector) a
 failed job is reported failed, as vLLM's own worker would.
@@ -107,7 +109,7 @@ class HostCopyWorker(OffloadingWorker):
         self._done: deque[TransferResult] = deque()
         self._recover = False
         self._unwritten: set[int] = set()  # tier sub-blocks whose last store failed (copy thread only)
-        self._failed_loads: dict[int, np.ndarray] = {}  # job -> engine blocks, until the job is reported
+        self._failed_loads: dict[int, list[int]] = {}  # job -> engine blocks, until the job is reported
         self._load_errors: set[int] = set()  # engine blocks of reported failed loads, until taken
         self._thread = threading.Thread(target=self._run, name="saga-host-kv", daemon=True)
         self._thread.start()
@@ -198,14 +200,15 @@ class HostCopyWorker(OffloadingWorker):
             except Exception as e:
                 log.warning("SAGA host KV tier: %s job %d failed (%s: %s)%s", "store" if job.store else "load",
                             job.job_id, type(e).__name__, e, "" if not self._recover else
-                            "; the tier will not serve its blocks" if job.store else "; its blocks will be recomputed")
+                            "; a load of its blocks will fail and be recomputed" if job.store else
+                            "; its blocks will be recomputed")
                 ok = False
             if job.store:
                 (self._unwritten.difference_update if ok else self._unwritten.update)(job.tier_ids.tolist())
             result = TransferResult(job.job_id, ok or self._recover, nbytes, time.perf_counter() - started)
             with self._lock:
                 if not ok and not job.store and self._recover:
-                    self._failed_loads[job.job_id] = job.engine_ids
+                    self._failed_loads[job.job_id] = job.engine_ids.tolist()
                 self._pending.discard(job.job_id)
                 self._done.append(result)
                 self._lock.notify_all()

@@ -36,7 +36,7 @@ class SagaOffloadingConnector(OffloadingConnector):
         self.tier_loads = LoadLog()
         self.tier_blocks: collections.Counter[str] = collections.Counter()  # "stored", "loaded": engine blocks
         self._loading: dict[str, set[int]] = {}  # request -> the engine blocks its tier load writes
-        self._load_failed: set[str] = set()  # requests offered no tier hit again
+        self._load_failed: set[str] = set()  # requests offered no tier hit again, preempted or not, until they end
         self._host_worker: HostCopyWorker | None = None
         super().__init__(vllm_config, role, kv_cache_config)
 
