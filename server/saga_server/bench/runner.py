@@ -93,7 +93,8 @@ def run_policies(sc: Scenario, policies: Iterable[str], progress: bool = True,
             bar.set(f"{desc or sc.name}: {name}")
             t0 = time.perf_counter()
             policy = make_policy(name)
-            cost = sc.cost_model(kv_tokens, host_tier=policy.host_tier)
+            # a bound (unbounded KV, the offline order) runs on the faster engine, so it stays a bound
+            cost = sc.cost_model(kv_tokens, host_tier=policy.host_tier or policy.unbounded or name == "belady")
             res = Simulator(cost, policy, insts, sc.sim_config(), progress=bar.update).run()
             wall = time.perf_counter() - t0
             runs[name] = PolicyRun(summarize(res), [t.tct_s for t in res.tasks], res.timeline, wall)
@@ -113,6 +114,8 @@ def _sweep_rows(axis: str, value: float, runs: dict[str, PolicyRun]) -> list[dic
 
 
 def run_scenario(sc: Scenario, progress: bool = True) -> BenchResult:
+    if sc.sweep_load and sc.recorded_arrivals:
+        sc.with_load(sc.sweep_load[0])  # refused before anything runs
     traces: dict = {}
     out = BenchResult(sc)
     out.runs = run_policies(sc, sc.policies, progress, traces)

@@ -9,7 +9,8 @@ and sweeps the KV pool and the host tier around the workload's size:
 - the load is the recording's own, unless flags say otherwise: as many tasks as
   it holds, each starting when it started then (`started_unix_s`: users arrive
   when they arrive, whatever the deployment), so a burst replays as a burst;
-  where it has no times, a closed loop at the scenario's default concurrency.
+  where a session has no start time, a closed loop at the scenario's default
+  concurrency.
   How many were in flight on average (the sessions' summed durations over the
   recorded span, with `duration_s`) sizes the KV sweep;
 - the KV pool sweep is in multiples (`KV_FRACTIONS`) of the recorded working set
@@ -36,7 +37,7 @@ from typing import Any, Iterable, Mapping
 
 from .runner import BenchResult
 from .scenario import Scenario
-from .workload import TenantSpec, load_trace
+from .workload import TenantSpec, load_trace, nest_subagents
 
 __all__ = ["HOST_FACTORS", "KV_FRACTIONS", "LABELS", "LEVEL_TOL", "RecordedLoad", "WHAT_IF_POLICIES", "answer",
            "level_off", "recorded_load", "what_if_scenario"]
@@ -51,12 +52,13 @@ _REFERENCES = ("infinite", "belady")  # bounds, not deployments: never "the best
 
 @dataclass(frozen=True, slots=True)
 class RecordedLoad:
-    tasks: int
+    tasks: int                 # sessions, a subagent inside its parent's (as the replay runs them)
     llm_calls: int
     concurrency: float | None  # mean sessions in flight; None where the file has no times
     mean_task_s: float | None  # mean recorded task duration; None likewise
     session_kv_tokens: int     # a session's peak KV (largest prompt + answer), mean over tasks
     max_step_tokens: int       # the largest single step: the smallest pool that can run it
+    arrivals: bool = False     # every session has its start time: it can replay as it arrived
 
 
 def recorded_load(raw: Iterable[Mapping[str, Any]]) -> RecordedLoad:
@@ -71,8 +73,10 @@ def recorded_load(raw: Iterable[Mapping[str, Any]]) -> RecordedLoad:
         begin, end = min(b for b, _ in spans), max(b + d for b, d in spans)
         busy = sum(d for _, d in spans)
         concurrency = busy / (end - begin) if end > begin else float(len(spans))
-    return RecordedLoad(len(tasks), sum(len(t["steps"]) for t in tasks), concurrency, mean_task,
-                        round(sum(peaks) / len(peaks)), max(peaks))
+    sessions = nest_subagents(tasks)
+    return RecordedLoad(len(sessions), sum(len(t["steps"]) for t in tasks), concurrency, mean_task,
+                        round(sum(peaks) / len(peaks)), max(peaks),
+                        all(t.get("started_unix_s") is not None for t in sessions))
 
 
 def what_if_scenario(base: Scenario, path: str, *, tasks: bool = True, concurrency: bool = True,
@@ -86,7 +90,7 @@ def what_if_scenario(base: Scenario, path: str, *, tasks: bool = True, concurren
                                "name": f"what-if {Path(path).name}"}
     if tasks:
         changes["tasks"] = load.tasks
-    if concurrency and load.concurrency is not None and base.rate is None:
+    if concurrency and load.arrivals and base.rate is None:
         changes["recorded_arrivals"] = True
     if policies:
         changes["policies"] = WHAT_IF_POLICIES

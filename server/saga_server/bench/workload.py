@@ -199,13 +199,17 @@ def _as_recorded(tenants: Sequence[TenantSpec], n_tasks: int, rng: random.Random
         raise ValueError(f"recorded arrivals need every task's started_unix_s; {ten.trace} has "
                          f"{len(untimed) if tasks else 'no'} tasks without it (e.g. {untimed[:3]}): "
                          f"replay it closed loop or at a Poisson rate")
-    tasks = sorted(tasks, key=lambda t: float(t["started_unix_s"]))
-    first = float(tasks[0]["started_unix_s"])
-    span = max(float(t["started_unix_s"]) + float(t.get("duration_s") or 0.0) for t in tasks) - first
+    starts = sorted((_seconds(t["started_unix_s"], "started_unix_s"), i) for i, t in enumerate(tasks))
+    first, last = starts[0][0], starts[-1][0]
+    ends = [_seconds(t["started_unix_s"], "started_unix_s") + _seconds(t.get("duration_s") or 0.0, "duration_s")
+            for t in tasks]
+    gap = (last - first) / (len(tasks) - 1) if len(tasks) > 1 else 0.0
+    span = max(max(ends) - first, last - first + gap)  # a repeat never starts with the last session
     out = []
     for k in range(n_tasks):
-        raw = tasks[k % len(tasks)]
-        arrival = float(raw["started_unix_s"]) - first + (k // len(tasks)) * span
+        start, i = starts[k % len(tasks)]
+        raw = tasks[i]
+        arrival = start - first + (k // len(tasks)) * span
         out.append(TaskInstance(f"{ten.name}-{k:05d}", materialize(raw, rng, fallback), ten.name, arrival,
                                 ten.deadline_factor))
     return out

@@ -79,6 +79,23 @@ def test_the_what_if_replays_each_session_when_it_arrived(tmp_path):
     with pytest.raises(ValueError, match="recorded arrivals have neither"):
         sc.with_load(8)
 
+    # without durations a repeat starts one mean gap after the last session, not with it
+    lines = [json.loads(line) for line in lines]
+    path.write_text("".join(json.dumps({k: v for k, v in t.items() if k != "duration_s"}) + "\n" for t in lines))
+    sc, _ = what_if_scenario(base, str(path))
+    assert [i.arrival_s for i in _instances(replace(sc, tasks=5), {})][4] == 32.0
+
+
+def test_a_subagent_replays_inside_its_parent_so_it_is_no_session_of_its_own(tmp_path):
+    path = tmp_path / "r.jsonl"
+    parent, child = [json.loads(line) for line in open(record(path, sessions=2))]
+    child.update(parent_session_id=parent["task_id"], parent_step=0)
+    path.write_text(json.dumps(parent) + "\n" + json.dumps(child) + "\n")
+    base = scenario_from_args(build_parser().parse_args(["--workers", "1", "--gpu", "h100-80gb"]))
+    sc, load = what_if_scenario(base, str(path))
+    assert (load.tasks, load.llm_calls, sc.tasks) == (1, 12, 1)
+    assert [i.arrival_s for i in _instances(sc, {})] == [0.0]
+
 
 def test_recorded_arrivals_need_every_tasks_start_time(tmp_path):
     untimed = tmp_path / "untimed.jsonl"
