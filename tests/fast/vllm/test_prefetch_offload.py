@@ -23,66 +23,18 @@ way `OffloadingConnectorWorker` does (completed job ids in
 
 from __future__ import annotations
 
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
-from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
 
 from saga_server.core import CoreConfig, ManualClock, SessionStart, ToolCallStart, WorkflowCore
 from saga_server.core.pinning import PinConfig
 from saga_server.engines.vllm import SagaScheduler
 from saga_server.engines.vllm import PREFETCH_PREFIX
-from vllm_builders import Requests, hit_tokens, make_scheduler, model_output
+from vllm_builders import OffloadWorker, Requests, hit_tokens, make_scheduler, model_output
 
 BS = 16
 HIST = 64  # A's prompt: 4 full blocks
 OFFLOAD_GIB = 0.001  # ~1 MiB: room for every chunk this test stores
-
-
-class OffloadWorker:
-    """The synthetic worker: transfers as OffloadingConnectorWorker reports them.
-
-    Loads start at the beginning of the step that carries them (start_load_kv) and,
-    copies being instant, finish within it, unless `loads_done=False` makes them
-    slow: then they finish in the next step that allows it. A step's stores are
-    only queued (wait_for_save) and run at the next step's start, unless the
-    scheduler asks for them to be flushed at once.
-    """
-
-    def __init__(self) -> None:
-        self._stores_queued: set[int] = set()
-        self._loads: dict[int, str] = {}  # job id -> request id, in flight
-
-    def step(self, s, token: int = 7, loads_done: bool = True):
-        out = s.schedule()
-        meta = out.kv_connector_metadata
-        kv_out = None
-        if meta is not None:  # connector on
-            flush = meta.jobs_to_flush or set()
-            done = self._stores_queued | (set(meta.store_jobs) & flush)
-            self._stores_queued = set(meta.store_jobs) - flush
-            self._loads.update((jid, job.req_id) for jid, job in meta.load_jobs.items())
-            recving = set()
-            if loads_done:
-                done |= set(self._loads)
-                recving = set(self._loads.values())
-                self._loads.clear()
-            kv_out = KVConnectorOutput(
-                finished_recving=recving or None,
-                kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(done, 1))
-                if done else None)
-        s.update_from_output(out, model_output(s, out, token, kv_connector_output=kv_out))
-        return out
-
-    def drain(self, s, max_steps: int = 200) -> list:
-        # has_requests(), not has_unfinished_requests(): the engine keeps stepping
-        # while the connector has transfers in flight, and so does this loop.
-        outs = []
-        for _ in range(max_steps):
-            if not s.has_requests():
-                return outs
-            outs.append(self.step(s))
-        raise AssertionError("scheduler did not drain")
 
 
 def tokens(base: int, n: int) -> list[int]:

@@ -17,7 +17,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -120,3 +120,59 @@ def hit_tokens(outputs, request_id: str) -> int | None:
             if new.req_id == request_id:
                 return new.num_computed_tokens
     return None
+
+
+class OffloadWorker:
+    """The synthetic worker: transfers as OffloadingConnectorWorker reports them.
+
+    Loads start at the beginning of the step that carries them (start_load_kv) and,
+    copies being instant, finish within it, unless `loads_done=False` makes them
+    slow: then they finish in the next step that allows it. A step's stores are
+    only queued (wait_for_save) and run at the next step's start, unless the
+    scheduler asks for them to be flushed at once. With `fail_loads` every load
+    fails as SAGA's host worker reports it: done, its blocks as load errors.
+    """
+
+    def __init__(self, fail_loads: bool = False) -> None:
+        self._stores_queued: set[int] = set()
+        self._loads: dict[int, tuple[str, list[int]]] = {}  # job id -> (request id, its blocks), in flight
+        self.fail_loads = fail_loads
+        self.load_jobs: list[str] = []  # the request of every load job seen, in order
+
+    def step(self, s, token: int = 7, loads_done: bool = True):
+        # here, not at the top: the builders also serve vLLM versions without this module
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
+
+        out = s.schedule()
+        meta = out.kv_connector_metadata
+        kv_out = None
+        if meta is not None:  # connector on
+            flush = meta.jobs_to_flush or set()
+            done = self._stores_queued | (set(meta.store_jobs) & flush)
+            self._stores_queued = set(meta.store_jobs) - flush
+            self._loads.update((jid, (job.req_id, job.dst_spec.block_ids.tolist()))
+                               for jid, job in meta.load_jobs.items())
+            self.load_jobs += [job.req_id for job in meta.load_jobs.values()]
+            recving, invalid = set(), set()
+            if loads_done:
+                done |= set(self._loads)
+                recving = {req for req, _ in self._loads.values()}
+                if self.fail_loads:
+                    invalid = {b for _, blocks in self._loads.values() for b in blocks}
+                self._loads.clear()
+            kv_out = KVConnectorOutput(
+                finished_recving=recving or None, invalid_block_ids=invalid,
+                kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(done, 1))
+                if done else None)
+        s.update_from_output(out, model_output(s, out, token, kv_connector_output=kv_out))
+        return out
+
+    def drain(self, s, max_steps: int = 200) -> list:
+        # has_requests(), not has_unfinished_requests(): the engine keeps stepping
+        # while the connector has transfers in flight, and so does this loop.
+        outs = []
+        for _ in range(max_steps):
+            if not s.has_requests():
+                return outs
+            outs.append(self.step(s))
+        raise AssertionError("scheduler did not drain")

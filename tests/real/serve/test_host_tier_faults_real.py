@@ -76,6 +76,6 @@ def test_with_the_tiers_memory_gone_a_resumed_prefix_is_recomputed_and_nothing_f
     assert resumed["choices"][0]["token_ids"] == reference["choices"][0]["token_ids"]
     assert b"load job" in engine.log.read_bytes()  # the failure is in the engine's log
 
-    # the engine goes on serving, and the tier with it
+    # the engine goes on serving
     again, _ = run(engine, model, counting(engine, model, "Later", 1, 100))
     assert len(again["choices"][0]["token_ids"]) == 8
