@@ -144,12 +144,12 @@ def _sweep_table(rows: list[dict[str, Any]], axis: str) -> str:
     return "\n".join(lines)
 
 
-
 def _load_text(sc: Mapping[str, Any]) -> str:
     """How a described scenario's tasks arrive, in words."""
     if sc.get("recorded_arrivals"):
         return "arrivals as recorded"
     return f"Poisson {sc['rate']} tasks/s" if sc["rate"] is not None else f"concurrency {sc['concurrency']}"
+
 
 def write_report(res: BenchResult, out_dir: str | Path, plots: bool = True,
                  command: str = "", preface: str = "") -> Path:

@@ -93,8 +93,7 @@ def run_policies(sc: Scenario, policies: Iterable[str], progress: bool = True,
             bar.set(f"{desc or sc.name}: {name}")
             t0 = time.perf_counter()
             policy = make_policy(name)
-            # a bound (unbounded KV, the offline order) runs on the faster engine, so it stays a bound
-            cost = sc.cost_model(kv_tokens, host_tier=policy.host_tier or policy.unbounded or name == "belady")
+            cost = sc.cost_model(kv_tokens, host_tier=policy.host_tier or policy.bound)
             res = Simulator(cost, policy, insts, sc.sim_config(), progress=bar.update).run()
             wall = time.perf_counter() - t0
             runs[name] = PolicyRun(summarize(res), [t.tct_s for t in res.tasks], res.timeline, wall)

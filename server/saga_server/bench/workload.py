@@ -199,17 +199,15 @@ def _as_recorded(tenants: Sequence[TenantSpec], n_tasks: int, rng: random.Random
         raise ValueError(f"recorded arrivals need every task's started_unix_s; {ten.trace} has "
                          f"{len(untimed) if tasks else 'no'} tasks without it (e.g. {untimed[:3]}): "
                          f"replay it closed loop or at a Poisson rate")
-    starts = sorted((_seconds(t["started_unix_s"], "started_unix_s"), i) for i, t in enumerate(tasks))
-    first, last = starts[0][0], starts[-1][0]
-    ends = [_seconds(t["started_unix_s"], "started_unix_s") + _seconds(t.get("duration_s") or 0.0, "duration_s")
-            for t in tasks]
+    tasks = sorted(tasks, key=lambda t: _seconds(t["started_unix_s"], "started_unix_s"))
+    starts = [float(t["started_unix_s"]) for t in tasks]
+    first, last = starts[0], starts[-1]
+    end = max(s + _seconds(t.get("duration_s") or 0.0, "duration_s") for s, t in zip(starts, tasks))
     gap = (last - first) / (len(tasks) - 1) if len(tasks) > 1 else 0.0
-    span = max(max(ends) - first, last - first + gap)  # a repeat never starts with the last session
+    span = max(end - first, last - first + gap)  # a repeat never starts with the last session
     out = []
     for k in range(n_tasks):
-        start, i = starts[k % len(tasks)]
-        raw = tasks[i]
-        arrival = start - first + (k // len(tasks)) * span
-        out.append(TaskInstance(f"{ten.name}-{k:05d}", materialize(raw, rng, fallback), ten.name, arrival,
-                                ten.deadline_factor))
+        arrival = starts[k % len(tasks)] - first + (k // len(tasks)) * span
+        out.append(TaskInstance(f"{ten.name}-{k:05d}", materialize(tasks[k % len(tasks)], rng, fallback), ten.name,
+                                arrival, ten.deadline_factor))
     return out

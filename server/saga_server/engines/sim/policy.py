@@ -29,7 +29,8 @@ Flags say which machinery it uses: `caches` (prefix caching at all), `releases_g
 released at once; stock vLLM leaves it in its free queue until evicted), `host_tier`
 (offload evicted tails to CPU memory and load them back on a hit), `steals` (route
 through `place`/`plan_steal`; a stolen session's KV moves with it), `unbounded`
-(infinite GPU KV), `protect_queued` (a session whose request is queued keeps its KV until every idle
+(infinite GPU KV), `bound` (a reference, not a deployment: priced on the fastest engine
+a calibration knows, so that no deployment beats it), `protect_queued` (a session whose request is queued keeps its KV until every idle
 and pinned prefix is gone; among them `key` orders, as the SAGA vLLM plugin does), and
 `max_pin_fraction` (most of the pool that pins may hold; the cache is the plugin's
 `HoldLedger`, see `cache`), `core` (a `WorkflowCore` whose session lifecycle the KV
@@ -82,6 +83,7 @@ class SimPolicy:
     host_tier = False
     steals = False
     unbounded = False
+    bound = False
     protect_queued = False
     max_pin_fraction = 0.5  # the pin budget, as the vLLM plugin's default (SAGA_PIN_MAX_FRACTION)
 
@@ -181,6 +183,7 @@ class Infinite(ApcLru):
 
     name = "infinite"
     unbounded = True
+    bound = True
 
 
 class ContinuumTtl(SimPolicy):
@@ -340,6 +343,7 @@ class Belady(SimPolicy):
     not a proven bound on time."""
 
     name = "belady"
+    bound = True
 
     def key(self, s: "Session", now: float) -> float:
         if s.state == "ended":

@@ -23,10 +23,9 @@ connector turns on: `engines/vllm/tier.py`) a failed job is reported done and:
 a failed store marks its tier blocks unwritten, so no later load reads them (vLLM still
 counts them stored: each request that hits them pays a failed load, until the tier drops
 or rewrites them); a failed load (or one that would read an unwritten block) reports its
-engine blocks through
-`take_load_errors` in the same step as the job, and the engine recomputes them
-(`kv_load_failure_policy: recompute`). With recovery off (vLLM's own connector) a
-failed job is reported failed, as vLLM's own worker would.
+engine blocks through `take_load_errors` in the same step as the job, and the engine
+recomputes them (`kv_load_failure_policy: recompute`). With recovery off (vLLM's own
+connector) a failed job is reported failed, as vLLM's own worker would.
 """
 
 from __future__ import annotations
@@ -194,17 +193,17 @@ class HostCopyWorker(OffloadingWorker):
             started = time.perf_counter()
             nbytes, ok = 0, True
             try:
-                if not job.store and not self._unwritten.isdisjoint(job.tier_ids.tolist()):
+                if not job.store and self._unwritten and not self._unwritten.isdisjoint(job.tier_ids.tolist()):
                     raise LookupError("it reads tier blocks whose store failed")
                 nbytes = self._copy(job)
             except Exception as e:
-                log.warning("SAGA host KV tier: %s job %d failed (%s: %s)%s", "store" if job.store else "load",
-                            job.job_id, type(e).__name__, e, "" if not self._recover else
-                            "; a load of its blocks will fail and be recomputed" if job.store else
-                            "; its blocks will be recomputed")
+                log.warning("SAGA host KV tier: %s job %d failed (%s: %s)", "store" if job.store else "load",
+                            job.job_id, type(e).__name__, e)
                 ok = False
-            if job.store:
-                (self._unwritten.difference_update if ok else self._unwritten.update)(job.tier_ids.tolist())
+            if job.store and not ok:
+                self._unwritten.update(job.tier_ids.tolist())
+            elif job.store and self._unwritten:
+                self._unwritten.difference_update(job.tier_ids.tolist())
             result = TransferResult(job.job_id, ok or self._recover, nbytes, time.perf_counter() - started)
             with self._lock:
                 if not ok and not job.store and self._recover:
