@@ -53,18 +53,20 @@ class WorkflowStructure(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[WorkflowNode, _Mapping]]] = ..., edges: _Optional[_Iterable[_Union[WorkflowEdge, _Mapping]]] = ...) -> None: ...
 
 class SessionStart(_message.Message):
-    __slots__ = ("tenant", "workflow", "deadline_s", "structure", "parent_session_id")
+    __slots__ = ("tenant", "workflow", "deadline_s", "structure", "parent_session_id", "turn_deadline_s")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     STRUCTURE_FIELD_NUMBER: _ClassVar[int]
     PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TURN_DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     workflow: str
     deadline_s: float
     structure: WorkflowStructure
     parent_session_id: str
-    def __init__(self, tenant: _Optional[str] = ..., workflow: _Optional[str] = ..., deadline_s: _Optional[float] = ..., structure: _Optional[_Union[WorkflowStructure, _Mapping]] = ..., parent_session_id: _Optional[str] = ...) -> None: ...
+    turn_deadline_s: float
+    def __init__(self, tenant: _Optional[str] = ..., workflow: _Optional[str] = ..., deadline_s: _Optional[float] = ..., structure: _Optional[_Union[WorkflowStructure, _Mapping]] = ..., parent_session_id: _Optional[str] = ..., turn_deadline_s: _Optional[float] = ...) -> None: ...
 
 class LlmCallStart(_message.Message):
     __slots__ = ("step", "node", "request_id")

@@ -87,12 +87,16 @@ class HintClient:
     def session_start(self, session_id: str, *, tenant: str = "", workflow: str = "",
                       deadline_s: float | None = None,
                       nodes: Iterable[str | tuple[str, str]] = (),
-                      edges: Iterable[tuple[str, str]] = (), parent_id: str = "") -> None:
-        """Announce a session. `nodes` are names or (name, kind) pairs with kind
-        "llm", "tool" or "end"; `edges` (src, dst) pairs: the declared structure;
-        `parent_id`: the session that spawned this one (a subagent's parent)."""
+                      edges: Iterable[tuple[str, str]] = (), parent_id: str = "",
+                      turn_deadline_s: float | None = None) -> None:
+        """Announce a session. `deadline_s`: seconds the whole task may take;
+        `turn_deadline_s`: seconds each user turn may take, from the start or the
+        user's reply (the end of a `category="human"` tool call) to the next hand-back
+        or the end. `nodes` are names or (name, kind) pairs with kind "llm", "tool" or
+        "end"; `edges` (src, dst) pairs: the declared structure; `parent_id`: the
+        session that spawned this one (a subagent's parent)."""
         self._put("session_start", session_id, (tenant or self.config.tenant, workflow, deadline_s,
-                                                tuple(nodes), tuple(edges), parent_id))
+                                                tuple(nodes), tuple(edges), parent_id, turn_deadline_s))
 
     def llm_call_start(self, session_id: str, *, step: int = 0, node: str = "", request_id: str = "") -> None:
         self._put("llm_call_start", session_id, (step, node, request_id))
@@ -114,11 +118,12 @@ class HintClient:
         self._put("session_end", session_id, (outcome,))
 
     def session(self, session_id: str | None = None, *, tenant: str = "", workflow: str = "",
-                deadline_s: float | None = None) -> "_SessionScope":
-        """Context manager: start a session, make it current, end it on exit
-        (outcome "failed" or "cancelled" when the block raises: `outcomes`)."""
+                deadline_s: float | None = None, turn_deadline_s: float | None = None) -> "_SessionScope":
+        """Context manager: start a session (deadlines: `session_start`), make it
+        current, end it on exit (outcome "failed" or "cancelled" when the block
+        raises: `outcomes`)."""
         return _SessionScope(self, session_id or new_session_id(), tenant or self.config.tenant,
-                             workflow, deadline_s)
+                             workflow, deadline_s, turn_deadline_s)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -332,15 +337,15 @@ class HintClient:
 
 class _SessionScope:
     def __init__(self, client: HintClient, session_id: str, tenant: str, workflow: str,
-                 deadline_s: float | None) -> None:
+                 deadline_s: float | None, turn_deadline_s: float | None) -> None:
         self.client, self.context = client, SessionContext(session_id, tenant, workflow)
-        self._deadline_s = deadline_s
+        self._deadline_s, self._turn_deadline_s = deadline_s, turn_deadline_s
         self._token = None
 
     def __enter__(self) -> SessionContext:
         ctx = self.context
         self.client.session_start(ctx.session_id, tenant=ctx.tenant, workflow=ctx.workflow,
-                                  deadline_s=self._deadline_s)
+                                  deadline_s=self._deadline_s, turn_deadline_s=self._turn_deadline_s)
         self._token = set_current_session(ctx)
         return ctx
 
@@ -384,9 +389,10 @@ def _encode_batch(client_id: str, sequence: int, events: list):
 def _encode_event(pb, ev, kind: str, payload) -> None:
     """Fill `ev` with one event; ValueError/TypeError for a value the wire cannot carry."""
     if kind == "session_start":
-        tenant, workflow, deadline_s, nodes, edges, parent_id = payload
+        tenant, workflow, deadline_s, nodes, edges, parent_id, turn_deadline_s = payload
         msg = ev.session_start
         msg.tenant, msg.workflow, msg.deadline_s = tenant, workflow, deadline_s or 0.0
+        msg.turn_deadline_s = turn_deadline_s or 0.0
         msg.parent_session_id = parent_id
         for node in nodes:
             name, node_kind = (node, "llm") if isinstance(node, str) else node

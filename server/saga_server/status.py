@@ -82,17 +82,18 @@ def _view(args) -> str | None:
                   engine_by_replica=dict(reply.engine_by_replica))
 
 
-def _deadlines(stats) -> str:
-    """Per tenant, tasks ended within their deadline out of those with one, and the
-    mean share of the deadline they used ("" when no task had a deadline)."""
+def _deadlines(stats, what: str = "tasks", met_key: str = "deadlines_met", missed_key: str = "deadlines_missed",
+               used_key: str = "deadline_slack_used") -> str:
+    """Per tenant, tasks (or user turns) ended within their deadline out of those
+    with one, and the mean share of the deadline they used ("" when none had one)."""
     parts = []
-    for key in sorted(k for k in stats if k.startswith("deadlines_met:")):
+    for key in sorted(k for k in stats if k.startswith(f"{met_key}:")):
         tenant = key.partition(":")[2]
-        met, missed = int(stats[key]), int(stats.get(f"deadlines_missed:{tenant}", 0))
+        met, missed = int(stats[key]), int(stats.get(f"{missed_key}:{tenant}", 0))
         if met + missed:
             parts.append(f"{tenant or '(no tenant)'} {met}/{met + missed} ({met / (met + missed):.1%}), "
-                         f"slack used {stats.get(f'deadline_slack_used:{tenant}', 0.0):.2f}")
-    return "  tasks within deadline: " + "; ".join(parts) if parts else ""
+                         f"slack used {stats.get(f'{used_key}:{tenant}', 0.0):.2f}")
+    return f"  {what} within deadline: " + "; ".join(parts) if parts else ""
 
 
 def _listing_limit(stats, wanted: int) -> int:
@@ -120,11 +121,13 @@ def render(stats, sessions, metrics=None, served=None, limit: int | None = None,
     tenancy = _tenancy(stats)
     if tenancy:
         lines.append(tenancy)
-    deadlines = _deadlines(stats)
-    if deadlines:
-        lines.append(deadlines)
+    for deadlines in (_deadlines(stats), _deadlines(stats, "user turns", "turns_met", "turns_missed",
+                                                    "turn_slack_used")):
+        if deadlines:
+            lines.append(deadlines)
     other = {k: v for k, v in sorted(stats.items())
-             if not k.startswith(("hints_", "deadlines_", "deadline_")) and k not in _TENANCY}
+             if not k.startswith(("hints_", "deadlines_", "deadline_", "turns_", "turn_slack_used:"))
+             and k not in _TENANCY}
     if other:
         lines.append("  " + "  ".join(f"{k}={_num(v)}" for k, v in other.items()))
     for replica, figures in sorted((engine_by_replica or {}).items()):

@@ -95,6 +95,9 @@ def test_status_has_a_line_of_each_tenants_tasks_within_deadline():
     assert "tasks within deadline: swe 10/10 (100.0%), slack used 0.40; web 97/100 (97.0%), slack used 0.81" in out
     assert "deadlines_met" not in out  # not repeated in the raw stats line
     assert "within deadline" not in render({"sessions_live": 1}, [])
+    turns = render({"turns_met:chat": 45, "turns_missed:chat": 5, "turn_slack_used:chat": 0.6}, [])
+    assert "user turns within deadline: chat 45/50 (90.0%), slack used 0.60" in turns
+    assert "turns_met" not in turns
 
 
 def test_status_has_a_tenancy_line_of_what_callers_were_refused():

@@ -43,7 +43,9 @@ Predictions (`Prediction`, all "from now", on the injected clock):
   (or gap) that starts them, learnt like any other.
 - ``remaining_steps``/``remaining_time_s``: the workflow's mean steps per session
   minus the steps taken (geometric in ``p_continue`` before any session ended),
-  times its mean time between calls.
+  times its mean time between calls (a person's wait between user turns is not
+  counted in that pace). `remaining_in_turn` is the same to the end of the running
+  user turn (`turns`), from the steps its workflow's turns took.
 
 Memory is bounded: at most `max_workflows` graphs (least recently used go),
 `max_nodes` nodes and `max_tools` tool keys per graph (further tools share an
@@ -61,9 +63,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from .categories import HUMAN
 from .events import HintEvent, LlmCallEnd, LlmCallStart, SessionEnd, SessionStart, ToolCallEnd, ToolCallStart
 from .graph import Prediction, WorkflowGraphs
 from .sessions import Session, SessionTable
+from .turns import begin_turn
 
 __all__ = ["AEG"]
 
@@ -109,7 +113,8 @@ class AEG(WorkflowGraphs):
     def session_start(self, sid: str, t: float, *, tenant: str = "", workflow: str = "",
                       deadline_at: float | None = None, structure=None, hinted: bool = True) -> Session:
         s = self.sessions.admit(sid, t, tenant=tenant, workflow=workflow, hinted=hinted)
-        s.deadline_at = deadline_at
+        s.task_deadline_at = s.deadline_at = deadline_at
+        begin_turn(s, t)
         if structure is not None:
             self.declare(s.graph, structure)
         return s
@@ -280,6 +285,8 @@ class AEG(WorkflowGraphs):
         elif s.gap_started is not None:  # the gap inferred after its last call was this tool
             self.forget_gap(s)
         key, cat = self.learn_tool(s, tool, category)
+        if cat == HUMAN:  # the agent hands the turn back to its user
+            self.learn_turn(s)
         if not s.running_tools:
             # The first tool of a batch names the edge; the batch ends with its last tool.
             s.via, s.via_category, s.tool_started = key, cat, t
@@ -298,6 +305,8 @@ class AEG(WorkflowGraphs):
     def _stop(self, s: Session, t: float) -> None:
         """`s` ends: its edge led to END; it waits on nothing (the table marks it ended)."""
         self.learn_end(s)
+        if s.hinted:  # its last user turn ended with it
+            self.learn_turn(s)
         self._child_done(s, t)
         s.running_tools.clear()
         s.gap_started = None

@@ -52,6 +52,7 @@ class SessionStart:
     deadline_s: float | None = None  # seconds after `time`; None: no deadline
     structure: WorkflowStructure | None = None
     parent_id: str = ""  # the session that spawned this one (a subagent's parent); "" = none
+    turn_deadline_s: float | None = None  # seconds each user turn may take (`turns`); None: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +147,7 @@ class OpenTool:
     tool: str
     call_id: str
     started_at: float
+    category: str = ""  # as hinted ("" = none named)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from .categories import guess_category
+from .categories import HUMAN, guess_category
 from .quantiles import LogHistogram
 from .sessions import Session
 
@@ -128,6 +128,7 @@ class _Graph:
     growth_n: float = 0.0
     growth_mean: float = 0.0
     lengths: LogHistogram | None = None  # steps of finished sessions (`remaining`)
+    turns: LogHistogram | None = None  # steps of finished user turns (`remaining_in_turn`)
 
 
 def _lengths() -> LogHistogram:
@@ -190,7 +191,8 @@ class WorkflowGraphs:
         node = self._node(g, name)
         if s.steps > 0 and s.node:
             self._resolve(g, s.node, s.via, node.name)
-        if s.last_llm_start is not None:
+        if s.last_llm_start is not None and s.via_category != HUMAN:
+            # The pace of work: a person's wait between turns is no part of it.
             g.cycle_n += 1
             g.cycle_mean += (t - s.last_llm_start - g.cycle_mean) * (1.0 / g.cycle_n if g.cycle_n < 5 else _EWMA)
         node.visits += 1
@@ -260,6 +262,16 @@ class WorkflowGraphs:
         if g.lengths is None:
             g.lengths = _lengths()
         g.lengths.add(float(s.steps))
+
+    def learn_turn(self, s: Session) -> None:
+        """`s`'s user turn ended (`turns`): it took the steps since it started (a
+        turn without a step, e.g. a session ending while its user was away, is none)."""
+        if s.steps <= s.turn_steps:
+            return
+        g = self._graph(s.graph)
+        if g.turns is None:
+            g.turns = _lengths()
+        g.turns.add(float(s.steps - s.turn_steps))
 
     def learn_spawn(self, parent: Session) -> tuple[str, str] | None:
         """A subagent of `parent` started while `parent` waited after its node: counts
@@ -461,6 +473,19 @@ class WorkflowGraphs:
         """(expected further LLM steps, expected seconds until the session ends)."""
         return self._remaining(s, self._graphs.get(s.graph), self.p_continue(s))
 
+    def remaining_in_turn(self, s: Session) -> tuple[float, float]:
+        """(expected further LLM steps, expected seconds) until the session's running
+        user turn ends (`turns`): from the turns its workflow has finished, else
+        until the session ends (a turn never outlasts its session)."""
+        g = self._graphs.get(s.graph)
+        p = self.p_continue(s, g, g.nodes.get(s.node) if g is not None else None)
+        if g is None or g.turns is None or g.turns.samples < self.min_samples or p <= 0.0:
+            return self._remaining(s, g, p)
+        done = float(s.steps - s.turn_steps)
+        steps = max(g.turns.mean_above(done) - done, p)
+        cycle = g.cycle_mean if g.cycle_n else self.prior_cycle_s
+        return steps, steps * cycle
+
     def tool_distribution(self, workflow: str, tool: str, category: str = "",
                           expected_s: float | None = None):
         cat = category or guess_category(tool)
@@ -597,7 +622,8 @@ def _graph_state(g: _Graph) -> dict:
             "durations": {k: h.state() for k, h in g.durations.items()}, "categories": dict(g.categories),
             "tools": dict(g.tools), "sessions_done": g.sessions_done, "steps_mean": g.steps_mean,
             "cycle_n": g.cycle_n, "cycle_mean": g.cycle_mean, "growth_n": g.growth_n, "growth_mean": g.growth_mean,
-            "lengths": g.lengths.state() if g.lengths is not None else None}
+            "lengths": g.lengths.state() if g.lengths is not None else None,
+            "turns": g.turns.state() if g.turns is not None else None}
 
 
 def _node_state(n: _Node) -> dict:
@@ -627,6 +653,8 @@ def _graph_from(data, max_nodes: int, max_durations: int) -> _Graph:
         _number(d.get(k)) for k in ("steps_mean", "cycle_mean", "growth_n", "growth_mean"))
     if d.get("lengths") is not None:  # absent from files written before lengths were learnt
         g.lengths = LogHistogram.from_state(d["lengths"])
+    if d.get("turns") is not None:  # absent from files written before turns were learnt
+        g.turns = LogHistogram.from_state(d["turns"])
     return g
 
 

@@ -30,8 +30,8 @@ An agent's hints name only ids its tenant may own (`scopes.owns_scope`): an id
 so no other key can create, claim or squat a tenant's session ids.
 `sessions` lists the caller's own. Limits of the
 caller's tenant: a new session (or a claim) beyond `max_sessions` live ones is
-refused, and a declared deadline shorter than `min_deadline_s` is raised to it
-(clamped, not refused: the session keeps its hints, it just cannot jump the
+refused, and a declared deadline (a task's or a turn's) shorter than
+`min_deadline_s` is raised to it (clamped, not refused: the session keeps its hints, it just cannot jump the
 queue). Admins pass the ownership checks. Each refusal raises `AccessDenied`
 (nothing changes) and is counted: `denied_tenant_claim`, `denied_foreign_session`,
 `denied_foreign_scope`, `denied_session_limit`, `denied_read`, `denied_release`;
@@ -57,7 +57,7 @@ that parent when the parent is live, belongs to the same owner and tenant, and i
 not the child itself or one of its descendants; otherwise the session starts as a
 root (counted `subagent_parent_refused`). A tree is one task: a child's
 `task_started_at` is its root's start (task seniority, `fairshare`), and a child
-that declares no deadline has its parent's. A parent counts its live children
+that declares no deadline has its parent's deadline in force. A parent counts its live children
 (`Session.children`); a child that stops being live leaves that count. Both
 changes are published to `subscribe_parents` listeners (`ParentChanged`): a child
 starting is its parent's wait starting, as a tool call is, so an engine decides
@@ -69,7 +69,9 @@ place taken in a full table). A session only the engine has seen that a
 `SessionStart` replaces is the same agent going on: not published. Every
 per-session table outside this one (an engine's holds, admission, prefetcher,
 request maps) subscribes (`subscribe`) instead of being told by hand, so a session
-nobody ends is forgotten everywhere once it idles out. Listeners run with the
+nobody ends is forgotten everywhere once it idles out. A user turn that ends
+(`turns`: a `human` call starts, or the session ends during a turn) is published
+to `subscribe_turns` listeners (`TurnEnded`). Listeners run with the
 table's lock held, on whichever thread changed the table: they must be quick,
 must not raise, and must not call back into the table (an engine loop queues
 the id and acts on its own thread).
@@ -100,14 +102,17 @@ from .events import (
     ToolCallEnd,
     ToolCallStart,
 )
-from .categories import HUMAN
+from .categories import HUMAN, guess_category
 from .scopes import owns_scope, tag
+from .turns import begin_turn, end_turn, sooner, turn_open
 
-__all__ = ["Session", "SessionTable", "Tracker", "SessionGone", "ParentChanged", "ENDED", "EXPIRED", "EVICTED"]
+__all__ = ["Session", "SessionTable", "Tracker", "SessionGone", "ParentChanged", "TurnEnded",
+           "ENDED", "EXPIRED", "EVICTED"]
 
 ENDED, EXPIRED, EVICTED = "ended", "expired", "evicted"
 SessionGone = Callable[[str, str], None]  # (session id, how: ENDED / EXPIRED / EVICTED)
 ParentChanged = Callable[[str, bool], None]  # (parent id, a child started (True) or stopped (False))
+TurnEnded = Callable[["Session", float], None]  # (the session's record, the turn's span in seconds)
 
 _SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
 _MAX_DEPTH = 64  # ancestors a link checks for a cycle; deeper trees are refused
@@ -126,7 +131,11 @@ class Session:
     tenant: str = ""
     workflow: str = ""  # as announced ("" if none)
     graph: str = "default"  # the learned graph it runs in: its workflow, else its tenant's, else "default"
-    deadline_at: float | None = None
+    deadline_at: float | None = None  # in force: the task's, or its user turn's if sooner (`turns`)
+    task_deadline_at: float | None = None  # the whole task's (its own, else its parent's)
+    turn_deadline_s: float | None = None  # each user turn's allowance (`turns`)
+    turn_started_at: float | None = None  # its running user turn's start (None: none runs)
+    turn_steps: int = 0  # its steps when that turn started
     parent: str = ""  # the session that spawned it ("" = a root)
     children: set[str] = field(default_factory=set)  # its live children
     task_started_at: float = 0.0  # when its tree's root started (its own start for a root)
@@ -265,6 +274,7 @@ class SessionTable:
         self._live_owned: dict[str, int] = {}  # owner -> its live (not ended) sessions
         self._listeners: list[SessionGone] = []
         self._parent_listeners: list[ParentChanged] = []
+        self._turn_listeners: list[TurnEnded] = []
 
     def subscribe(self, listener: SessionGone) -> None:
         """Call `listener(session_id, how)` whenever a session stops being live
@@ -277,6 +287,13 @@ class SessionTable:
         a live child (module docstring, "Subagent trees")."""
         with self.lock:
             self._parent_listeners.append(listener)
+
+    def subscribe_turns(self, listener: TurnEnded) -> None:
+        """Call `listener(session, span_s)` whenever a session's user turn ends
+        (`turns`; same rules as the lifecycle listeners). The record is the table's:
+        read it, do not keep or change it."""
+        with self.lock:
+            self._turn_listeners.append(listener)
 
     def attach(self, tracker: Tracker) -> None:
         """Hand the tracked part of every record to `tracker`, once, before use."""
@@ -502,21 +519,43 @@ class SessionTable:
     def _announce(self, session: Session, event: HintEvent, caller: Caller | None) -> None:
         if isinstance(event, LlmCallStart):
             session.current_node = event.node or session.current_node
+            if not turn_open(session):  # its user replied without the human call's end
+                begin_turn(session, event.time)
         elif isinstance(event, ToolCallStart):
-            session.open_tools[event.call_id or event.tool] = OpenTool(event.tool, event.call_id, event.time)
+            session.open_tools[event.call_id or event.tool] = OpenTool(event.tool, event.call_id, event.time,
+                                                                        event.category)
             session.tool_calls += 1
+            if _is_human(event):
+                self._end_turn(session, event.time)
         elif isinstance(event, ToolCallEnd):
             del session.open_tools[event.call_id or event.tool]
-        elif isinstance(event, SessionStart) and event.deadline_s is not None:
-            deadline_s = event.deadline_s
-            floor = 0.0 if caller is None else caller.limits.min_deadline_s
-            if deadline_s < floor:
-                deadline_s = floor
-                self.counters["deadline_clamped"] += 1
-            session.deadline_at = event.time + deadline_s
+            if not turn_open(session) and not any(_is_human(c) for c in session.open_tools.values()):
+                begin_turn(session, event.time)
+        elif isinstance(event, SessionEnd):
+            self._end_turn(session, event.time)
+        elif isinstance(event, SessionStart):
+            if event.deadline_s is not None:
+                session.task_deadline_at = event.time + self._floored(event.deadline_s, caller)
+            if event.turn_deadline_s is not None:
+                session.turn_deadline_s = self._floored(event.turn_deadline_s, caller)
+            begin_turn(session, event.time)
         if isinstance(event, SessionStart) and event.parent_id:
             self._link(session, event.parent_id)
         session.history.append(HistoryEntry(event.time, _kind(event), _detail(event)))
+
+    def _floored(self, deadline_s: float, caller: Caller | None) -> float:
+        """A declared deadline, raised to the caller's tenant's `min_deadline_s`."""
+        floor = 0.0 if caller is None else caller.limits.min_deadline_s
+        if deadline_s < floor:
+            self.counters["deadline_clamped"] += 1
+            return floor
+        return deadline_s
+
+    def _end_turn(self, session: Session, t: float) -> None:
+        span = end_turn(session, t)
+        if span is not None:
+            for listener in self._turn_listeners:
+                listener(session, span)
 
     def _link(self, child: Session, parent_id: str) -> None:
         """Make `child` a child of `parent_id` if the rule allows (module docstring)."""
@@ -530,8 +569,9 @@ class SessionTable:
             return
         child.parent = parent_id
         child.task_started_at = parent.task_started_at
-        if child.deadline_at is None:
-            child.deadline_at = parent.deadline_at
+        if child.task_deadline_at is None:
+            child.task_deadline_at = parent.deadline_at
+            child.deadline_at = sooner(child.deadline_at, parent.deadline_at)
         parent.children.add(child.session_id)
         self.counters["subagents_linked"] += 1
         for listener in self._parent_listeners:
@@ -573,6 +613,12 @@ class SessionTable:
     def _publish(self, session_id: str, how: str) -> None:
         for listener in self._listeners:
             listener(session_id, how)
+
+
+def _is_human(call: ToolCallStart | OpenTool) -> bool:
+    """Whether a tool call is a wait on the session's user (category `human`, named
+    or guessed as the AEG does)."""
+    return (call.category or guess_category(call.tool)) == HUMAN
 
 
 def _waits_on_human(session: Session) -> bool:

@@ -95,10 +95,12 @@ class WorkflowCore:
         self._counters = {"requests_arrived": 0, "requests_finished": 0, "pins_granted": 0,
                           "pins_refused": 0, "prefetch_planned": 0}
         self._peer_tokens = 0.0
-        # tenant -> [tasks within deadline, tasks past it, summed slack used]: what
-        # `saga status` shows (`deadline_outcomes`); bounded like the tenants' service.
+        # tenant -> [tasks (user turns) within deadline, past it, summed slack used]:
+        # what `saga status` shows (`deadline_outcomes`, `turn_outcomes`); bounded.
         self._deadlines: dict[str, list[float]] = {}
+        self._turns: dict[str, list[float]] = {}
         self.table.subscribe(self._task_ended)
+        self.table.subscribe_turns(self._turn_ended)
 
     def now(self) -> float:
         """The core's clock (hint times and policy decisions are on it)."""
@@ -145,6 +147,10 @@ class WorkflowCore:
                 out[f"deadlines_met:{tenant}"] = float(met)
                 out[f"deadlines_missed:{tenant}"] = float(missed)
                 out[f"deadline_slack_used:{tenant}"] = used
+            for tenant, (met, missed, used) in self.turn_outcomes().items():
+                out[f"turns_met:{tenant}"] = float(met)
+                out[f"turns_missed:{tenant}"] = float(missed)
+                out[f"turn_slack_used:{tenant}"] = used
             return out
 
     def deadline_outcomes(self) -> dict[str, tuple[int, int, float]]:
@@ -152,7 +158,13 @@ class WorkflowCore:
         mean slack used: time taken over the time the deadline gave). A subagent
         counts as part of its root's task, not on its own."""
         with self._lock:
-            return {t: (int(met), int(missed), used / (met + missed)) for t, (met, missed, used) in self._deadlines.items()}
+            return _outcomes(self._deadlines)
+
+    def turn_outcomes(self) -> dict[str, tuple[int, int, float]]:
+        """Per tenant, of the user turns that ended in sessions with a turn deadline
+        (`turns`): (within it, past it, mean slack used), as `deadline_outcomes`."""
+        with self._lock:
+            return _outcomes(self._turns)
 
     def subscribe(self, listener: SessionGone) -> None:
         """`listener(session_id, how)` whenever a session stops being live: its end,
@@ -333,8 +345,7 @@ class WorkflowCore:
             now = self._clock()
             u = None
             if s is not None and not s.ended and s.deadline_at is not None and s.deadline_at > now:
-                _, rem_s = self.aeg.remaining(s)
-                u = urgency(rem_s, s.deadline_at, now, math.inf)
+                u = urgency(self._remaining_s(s), s.deadline_at, now, math.inf)
             return deadline_class(u, self.config.shaping)
 
     def record_service(self, tenant: str, tokens: int, session_id: str = "") -> None:
@@ -367,29 +378,33 @@ class WorkflowCore:
         """The table's lifecycle listener (lock held): a task that ended with a
         deadline counts for its tenant (one that expired or was evicted did not end)."""
         s = self._sessions.get(session_id)
-        if how != ENDED or s is None or s.deadline_at is None or s.parent:
+        if how != ENDED or s is None or s.task_deadline_at is None or s.parent:
             return
-        span = s.deadline_at - s.task_started_at
-        if span <= 0:
-            return
-        used = max(max(s.last_event_at, self._clock()) - s.task_started_at, 0.0) / span
-        outcome = self._deadlines.get(s.tenant)
-        if outcome is None:
-            if len(self._deadlines) >= 4096:  # bounded: forget the tenant with the fewest tasks
-                del self._deadlines[min(self._deadlines, key=lambda t: sum(self._deadlines[t][:2]))]
-            outcome = self._deadlines[s.tenant] = [0.0, 0.0, 0.0]
-        outcome[0 if used <= 1.0 else 1] += 1
-        outcome[2] += used
+        span = s.task_deadline_at - s.task_started_at
+        if span > 0:
+            _count(self._deadlines, s.tenant, max(max(s.last_event_at, self._clock()) - s.task_started_at, 0.0) / span)
+
+    def _turn_ended(self, s: Session, span_s: float) -> None:
+        """The table's turn listener (lock held): a user turn of a session with a
+        turn deadline counts for its tenant."""
+        if s.turn_deadline_s is not None and s.turn_deadline_s > 0:
+            _count(self._turns, s.tenant, span_s / s.turn_deadline_s)
+
+    def _remaining_s(self, s: Session) -> float:
+        """Expected seconds of work left before the session's deadline in force: to
+        the end of its user turn when that turn's deadline is the one in force, else
+        to the end of the task (`turns`)."""
+        if s.turn_started_at is not None and s.deadline_at is not None and s.deadline_at != s.task_deadline_at:
+            return self.aeg.remaining_in_turn(s)[1]
+        return self.aeg.remaining(s)[1]
 
     def _priority(self, s: Session | None, tenant: str) -> float:
         """`request_priority` of a session's record (None: unknown); lock held."""
         now = self._clock()
         u = 0.0
         tenant = _tenant_for(s, tenant)
-        if s is not None:
-            if s.deadline_at is not None:
-                _, rem_s = self.aeg.remaining(s)
-                u = urgency(rem_s, s.deadline_at, now, self.config.fairshare.urgency_cap)
+        if s is not None and s.deadline_at is not None:
+            u = urgency(self._remaining_s(s), s.deadline_at, now, self.config.fairshare.urgency_cap)
         return self.fair.priority(tenant, u, now)
 
     def _pin(self, s: Session, kv_tokens: int, memory_pressure: float, now: float) -> PinDecision:
@@ -438,6 +453,22 @@ def _tenant_for(s: Session | None, label: str) -> str:
     if s is not None and s.owner is not None:
         return s.tenant
     return label or (s.tenant if s is not None else "")
+
+
+def _count(ledger: dict[str, list[float]], tenant: str, used: float) -> None:
+    """One outcome (`used`: time taken over the time given) for `tenant`; bounded:
+    past 4,096 tenants the one with the fewest outcomes is forgotten."""
+    outcome = ledger.get(tenant)
+    if outcome is None:
+        if len(ledger) >= 4096:
+            del ledger[min(ledger, key=lambda t: sum(ledger[t][:2]))]
+        outcome = ledger[tenant] = [0.0, 0.0, 0.0]
+    outcome[0 if used <= 1.0 else 1] += 1
+    outcome[2] += used
+
+
+def _outcomes(ledger: dict[str, list[float]]) -> dict[str, tuple[int, int, float]]:
+    return {t: (int(met), int(missed), used / (met + missed)) for t, (met, missed, used) in ledger.items()}
 
 
 def _zero(q: float) -> float:

@@ -69,7 +69,8 @@ def send_hint(client: HintClient, event: HintEvent) -> None:
         case SessionStart(session_id=sid, structure=structure):
             client.session_start(sid, tenant=event.tenant, workflow=event.workflow, deadline_s=event.deadline_s,
                                  nodes=[(n.name, n.kind) for n in structure.nodes] if structure else (),
-                                 edges=structure.edges if structure else (), parent_id=event.parent_id)
+                                 edges=structure.edges if structure else (), parent_id=event.parent_id,
+                                 turn_deadline_s=event.turn_deadline_s)
         case LlmCallStart(session_id=sid):
             client.llm_call_start(sid, step=event.step, node=event.node, request_id=event.request_id)
         case LlmCallEnd(session_id=sid):

@@ -66,6 +66,7 @@ def from_wire(event: "pb.HintEvent", now: float) -> HintEvent:
             deadline_s=_seconds(m.deadline_s, "deadline_s") or None,
             structure=_structure(m.structure) if m.HasField("structure") else None,
             parent_id=_text(m.parent_session_id, "parent_session_id", Limits.max_id_chars),
+            turn_deadline_s=_seconds(m.turn_deadline_s, "turn_deadline_s") or None,
         )
     if kind == "llm_call_start":
         m = event.llm_call_start

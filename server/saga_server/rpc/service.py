@@ -379,7 +379,8 @@ class HintServer:
         self.close()
 
 
-_PER_TENANT_STATS = ("deadlines_met:", "deadlines_missed:", "deadline_slack_used:")
+_PER_TENANT_STATS = ("deadlines_met:", "deadlines_missed:", "deadline_slack_used:", "turns_met:", "turns_missed:",
+                     "turn_slack_used:")
 
 
 def _tenant_of_stat(key: str) -> str | None:

@@ -48,6 +48,7 @@ def reasons(ack: pb.HintAck) -> list[str]:
     (pb.HintEvent(session_id="s", tool_call_start=pb.ToolCallStart(tool="x", expected_duration_s=-1)),
      "expected_duration_s must be within"),
     (pb.HintEvent(session_id="s", session_start=pb.SessionStart(deadline_s=float("nan"))), "deadline_s"),
+    (pb.HintEvent(session_id="s", session_start=pb.SessionStart(turn_deadline_s=-1.0)), "turn_deadline_s"),
     (pb.HintEvent(session_id="s\x00", session_end=pb.SessionEnd()), "control characters"),
     (pb.HintEvent(session_id="s", tool_call_end=pb.ToolCallEnd()), "needs tool or call_id"),
     (pb.HintEvent(session_id="unknown", tool_call_end=pb.ToolCallEnd(call_id="c")), "refused: unknown session"),

@@ -17,7 +17,7 @@ import pytest
 from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
 from saga_sdk.channel import hint_channel
-from saga_server.core import ManualClock, SessionEnd, SessionStart, WorkflowCore
+from saga_server.core import LlmCallStart, ManualClock, SessionEnd, SessionStart, WorkflowCore
 from saga_server.engines.vllm.intake import EngineHintSink, ReleaseKv
 from saga_server.rpc import HintServer, KeyRing, KeysFileError, on_behalf_of
 
@@ -223,12 +223,15 @@ def test_an_agent_sees_only_its_own_tenants_service(service):
 def test_an_agent_sees_only_its_own_tenants_deadline_outcomes(service):
     core = service.sink.core
     for sid, tenant in (("da", "team-a"), ("db", "team-b")):
-        core.accept(SessionStart(sid, core.now(), tenant=tenant, deadline_s=600.0))
+        core.accept(SessionStart(sid, core.now(), tenant=tenant, deadline_s=600.0, turn_deadline_s=60.0))
+        core.accept(LlmCallStart(sid, core.now(), step=1))
         core.accept(SessionEnd(sid, core.now()))
     mine = service.stub(KEY_A).GetStats(pb.GetStatsRequest(), timeout=5).stats
     every = service.stub(KEY_OPS).GetStats(pb.GetStatsRequest(), timeout=5).stats
     assert mine["deadlines_met:team-a"] == 1.0 and "deadlines_met:team-b" not in mine
     assert "deadline_slack_used:team-b" not in mine
+    assert mine["turns_met:team-a"] == 1.0 and not any(k.endswith(":team-b") for k in mine)
+    assert every["turns_met:team-b"] == 1.0
     assert every["deadlines_met:team-a"] == every["deadlines_met:team-b"] == 1.0
 
 

@@ -141,6 +141,18 @@ def test_session_scope_ends_with_the_right_outcome(hint_server, registry):
     client.close()
 
 
+def test_a_sessions_turn_deadline_reaches_the_server_and_runs_per_user_turn(hint_server, registry):
+    client = HintClient(endpoint=hint_server.endpoint)
+    with client.session("chat", workflow="w", turn_deadline_s=30.0):
+        assert client.flush(5)
+        started = registry.session("chat")
+        assert started.deadline_at == pytest.approx(started.started_at + 30.0)
+        client.tool_call_start("chat", "human", call_id="reply", category="human")
+        assert client.flush(5)
+        assert registry.session("chat").deadline_at is None  # its user's turn: nothing runs to be late
+    client.close()
+
+
 def test_sampling_keeps_or_drops_whole_sessions(hint_server, registry):
     client = HintClient(endpoint=hint_server.endpoint, sample_rate=0.5)
     sessions = [f"s{i}" for i in range(200)]
