@@ -38,10 +38,11 @@ def _tenant(s: str) -> TenantSpec:
     name, _, rest = s.partition("=")
     parts = rest.split(":")
     if not name or not parts[0]:
-        raise argparse.ArgumentTypeError("tenant is name=trace[:weight[:deadline_factor]]")
+        raise argparse.ArgumentTypeError("tenant is name=trace[:weight[:deadline_factor[:turn_deadline_factor]]]")
     weight = float(parts[1]) if len(parts) > 1 and parts[1] else 1.0
     deadline = float(parts[2]) if len(parts) > 2 and parts[2] else None
-    return TenantSpec(name, parts[0], weight, deadline)
+    turn_deadline = float(parts[3]) if len(parts) > 3 and parts[3] else None
+    return TenantSpec(name, parts[0], weight, deadline, turn_deadline)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a recorded workload (saga proxy --record): stock vLLM, vLLM + CPU tier and SAGA at its "
                         "own load, a short answer first, KV pool and host tier swept")
     p.add_argument("--tenant", action="append", type=_tenant, default=None,
-                   help="name=trace[:weight[:deadline_factor]] (repeatable)")
+                   help="name=trace[:weight[:deadline_factor[:turn_deadline_factor]]] (repeatable); a "
+                        "turn deadline is a multiple of the task's mean user turn alone on a worker")
     p.add_argument("--deadline-factor", type=float, help="deadline multiple for --trace")
     p.add_argument("--tasks", type=int)
     p.add_argument("--workers", type=int)

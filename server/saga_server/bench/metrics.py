@@ -15,6 +15,10 @@
 - `goodput_per_hour`: tasks finished within their deadline (a task without one
   counts) per hour: `tasks_per_hour` times that share.
 - `slack_used_<tenant>`: mean of completion time over deadline (above 1: missed).
+- `turn_slo_<tenant>`: share of the tenant's user turns (`core.turns`) that ended
+  within their turn deadline, over the tasks that had one; `turn_p90_s_<tenant>`:
+  the p90 of their turns' times; `turn_slack_used_<tenant>`: mean turn time over
+  turn deadline.
 - `tasks_per_hour`, `tokens_per_s`: completed tasks and (prompt + output) tokens per
   unit of time.
 - `belady_ratio`: recomputed tokens under the policy / under `belady` in the same run.
@@ -115,6 +119,15 @@ def summarize(res: SimResult) -> dict[str, Any]:
     for t in res.tasks:
         tct_by_tenant[t.tenant].append(t.tct_s)
     out["tct_mean_by_tenant_s"] = {k: sum(v) / len(v) for k, v in sorted(tct_by_tenant.items())}
+    turns: dict[str, list[float]] = defaultdict(list)  # tenant -> turn time over turn deadline
+    spans: dict[str, list[float]] = defaultdict(list)
+    for t in res.tasks:
+        if t.turn_deadline_s:
+            turns[t.tenant].extend(span / t.turn_deadline_s for span in t.turn_spans)
+            spans[t.tenant].extend(t.turn_spans)
+    out["turn_slo"] = {k: sum(u <= 1.0 for u in v) / len(v) for k, v in sorted(turns.items()) if v}
+    out["turn_slack_used"] = {k: sum(v) / len(v) for k, v in sorted(turns.items()) if v}
+    out["turn_p90_s"] = {k: percentile(v, 90) for k, v in sorted(spans.items()) if v}
     return out
 
 

@@ -118,7 +118,8 @@ class Scenario:
 
 
 def vars_of(t: TenantSpec) -> dict[str, Any]:
-    return {"name": t.name, "trace": t.trace, "weight": t.weight, "deadline_factor": t.deadline_factor}
+    return {"name": t.name, "trace": t.trace, "weight": t.weight, "deadline_factor": t.deadline_factor,
+            "turn_deadline_factor": t.turn_deadline_factor}
 
 
 def _tuple(v: Any) -> tuple:
@@ -136,7 +137,8 @@ def from_mapping(data: Mapping[str, Any], base: Scenario = Scenario()) -> Scenar
             sc[k] = _tuple(sc[k])
     if "tenant" in data:
         sc["tenants"] = tuple(TenantSpec(t["name"], t["trace"], float(t.get("weight", 1.0)),
-                                         t.get("deadline_factor")) for t in data["tenant"])
+                                         t.get("deadline_factor"), t.get("turn_deadline_factor"))
+                              for t in data["tenant"])
     return replace(base, **sc)
 
 

@@ -62,7 +62,8 @@ class TenantSpec:
     name: str
     trace: str
     weight: float = 1.0
-    deadline_factor: float | None = None
+    deadline_factor: float | None = None  # each task's deadline / its unloaded time
+    turn_deadline_factor: float | None = None  # each user turn's deadline / the task's mean unloaded turn
 
 
 def load_trace(path: str | Path) -> list[dict[str, Any]]:
@@ -183,7 +184,8 @@ def build_instances(tenants: Sequence[TenantSpec], n_tasks: int, seed: int = 0,
         if rate_per_s is not None:
             now += rng.expovariate(rate_per_s)
             arrival = now
-        out.append(TaskInstance(f"{ten.name}-{k:05d}", spec, ten.name, arrival, ten.deadline_factor))
+        out.append(TaskInstance(f"{ten.name}-{k:05d}", spec, ten.name, arrival, ten.deadline_factor,
+                                turn_deadline_factor=ten.turn_deadline_factor))
     return out
 
 
@@ -209,5 +211,5 @@ def _as_recorded(tenants: Sequence[TenantSpec], n_tasks: int, rng: random.Random
     for k in range(n_tasks):
         arrival = starts[k % len(tasks)] - first + (k // len(tasks)) * span
         out.append(TaskInstance(f"{ten.name}-{k:05d}", materialize(tasks[k % len(tasks)], rng, fallback), ten.name,
-                                arrival, ten.deadline_factor))
+                                arrival, ten.deadline_factor, turn_deadline_factor=ten.turn_deadline_factor))
     return out

@@ -94,3 +94,13 @@ def test_a_ramp_spreads_the_first_tasks_and_a_negative_one_is_refused(tmp_path, 
     assert main(["--trace", str(trace(tmp_path)), "--tasks", "3", "--ramp-s", "-1", "--policies", "vanilla",
                  "--out", str(out), "--no-plots", "--quiet"]) == 2
     assert "ramp_s must be a finite number >= 0" in capsys.readouterr().err
+
+
+def test_a_tenants_turn_deadline_multiple_is_read_and_its_turns_judged(tmp_path):
+    out = tmp_path / "out"
+    rc = main(["--tenant", f"chat={trace(tmp_path)}:1::2", "--tasks", "4", "--workers", "1", "--concurrency", "4",
+               "--policies", "saga", "--out", str(out), "--quiet"])
+    assert rc == 0
+    saga = json.loads((out / "bench.json").read_text())["policies"]["saga"]
+    assert saga["slo"] == {}  # no task deadline, only the turns'
+    assert 0.0 <= saga["turn_slo"]["chat"] <= 1.0 and saga["turn_p90_s"]["chat"] > 0

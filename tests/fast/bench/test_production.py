@@ -16,6 +16,7 @@ from saga_server.bench.metrics import summarize
 from saga_server.bench.policies import make_policy
 from saga_server.bench.workload import materialize
 from saga_server.engines.sim import SimConfig, Simulator, StepSpec, TaskInstance, TaskSpec, ToolSpec, make_cost_model
+from saga_server.engines.sim.results import unloaded_time_s, unloaded_turns_s
 
 from .helpers import chain_task
 
@@ -153,3 +154,36 @@ def test_a_disk_tier_serves_what_the_host_tier_dropped():
     assert out[0.0].recomputed_tokens > 0 and out[0.0].disk_loaded_tokens == 0
     assert out[8.0].disk_loaded_tokens > 0
     assert out[8.0].recomputed_tokens < out[0.0].recomputed_tokens
+
+
+def test_a_tasks_user_turns_alone_on_a_worker_leave_the_persons_wait_out():
+    cost = make_cost_model()
+    task = turns_task("t", 300.0)
+    first, second = unloaded_turns_s(task, cost)
+    assert first + second + 300.0 == pytest.approx(unloaded_time_s(task, cost))
+    assert first > second > 0.0  # the first turn has two calls and a tool, the second one call
+
+
+def test_each_user_turn_is_timed_from_the_persons_answer_and_judged_against_its_deadline():
+    insts = [TaskInstance(f"s{i}", turns_task(f"t{i}", 300.0), tenant="chat", turn_deadline_factor=1.5)
+             for i in range(4)]
+    sim, saga, res = run("saga", insts)
+    for t in res.tasks:
+        assert len(t.turn_spans) == 2
+        assert sum(t.turn_spans) + 300.0 == pytest.approx(t.tct_s)  # the person's wait in neither turn
+    s = summarize(res)
+    assert s["turn_slo"] == {"chat": pytest.approx(
+        sum(span <= t.turn_deadline_s for t in res.tasks for span in t.turn_spans) / 8)}
+    assert s["turn_p90_s"]["chat"] < 300.0
+    # SAGA's core was told the same deadline and saw the same turns end.
+    met, missed, _ = saga.core.turn_outcomes()["chat"]
+    assert (met, missed) == (round(8 * s["turn_slo"]["chat"]), 8 - round(8 * s["turn_slo"]["chat"]))
+
+
+def test_turns_that_queue_behind_each_other_miss_a_tight_turn_deadline():
+    # Eight sessions start at once on one worker: the later ones' first turns wait.
+    insts = [TaskInstance(f"s{i}", turns_task(f"t{i}", 300.0), tenant="chat", turn_deadline_factor=1.2)
+             for i in range(8)]
+    res = run("apc-lru", insts)[2]
+    slo = summarize(res)["turn_slo"]["chat"]
+    assert 0.0 < slo < 1.0

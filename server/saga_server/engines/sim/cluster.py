@@ -54,7 +54,7 @@ from .hardware import CostModel
 from .host import HostOffload, HostTier
 from .moves import KvMoves
 from .policy import SimPolicy
-from .results import SimConfig, SimResult, TaskRecord, unloaded_time_s
+from .results import SimConfig, SimResult, TaskRecord, unloaded_time_s, unloaded_turns_s
 from .session import ARRIVE, Request, Session
 from .tasks import TaskInstance
 from .worker import Worker
@@ -164,6 +164,9 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         s.unloaded_s = unloaded_time_s(inst.task, self.cost)
         if inst.deadline_factor is not None:
             s.deadline_s = inst.deadline_factor * s.unloaded_s
+        if inst.turn_deadline_factor is not None:
+            turns = unloaded_turns_s(inst.task, self.cost)
+            s.turn_deadline_s = inst.turn_deadline_factor * sum(turns) / len(turns)
         self.sessions[s.session_id] = s
         self._live_sessions[s.session_id] = s
         target = self.policy.place(s, self.views(), self.now) if self.policy.steals else None
@@ -224,6 +227,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         if s.tool_names or s.task.steps[s.step].human:
             self.policy.on_tool_end(s, self.now)
             self.workers[s.worker].kv.tool_ended(s.session_id, self.now)
+        if s.task.steps[s.step].human:  # the person answered: a user turn starts
+            s.turn_started_at = self.now
         s.step += 1
         self._arrive(s)
 
@@ -399,6 +404,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         sid = s.session_id
         keep = (r.prompt + r.output - s.base) if pol.caches else 0
         last = s.step + 1 == len(s.task.steps)
+        if last or st.human:  # the agent hands the turn back (or ends): the turn is done
+            s.turn_spans.append(now - s.turn_started_at)
         s.state = "ended" if last else "tool"
         s.next_use = now + (0.0 if last else st.gap_s)
         s.tool_names = () if last else tuple(t.name for t in st.tools)
@@ -436,8 +443,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             self._child_ended(s)
             return
         self._done += 1
-        self.result.tasks.append(TaskRecord(s.session_id, s.tenant, s.task.task_id,
-                                            s.started_at, self.now, s.unloaded_s, s.deadline_s))
+        self.result.tasks.append(TaskRecord(s.session_id, s.tenant, s.task.task_id, s.started_at, self.now,
+                                            s.unloaded_s, s.deadline_s, tuple(s.turn_spans), s.turn_deadline_s))
         if self.progress is not None:
             self.progress(1)
         if self.cfg.concurrency is not None and self._pending:

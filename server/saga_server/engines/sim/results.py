@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from .hardware import CostModel
 
-__all__ = ["SimConfig", "SimResult", "TaskRecord", "unloaded_time_s"]
+__all__ = ["SimConfig", "SimResult", "TaskRecord", "unloaded_time_s", "unloaded_turns_s"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +39,8 @@ class TaskRecord:
     finished_at: float
     unloaded_s: float
     deadline_s: float | None
+    turn_spans: tuple[float, ...] = ()  # each user turn's time (`core.turns`), in order
+    turn_deadline_s: float | None = None
 
     @property
     def tct_s(self) -> float:
@@ -109,10 +111,27 @@ def unloaded_time_s(task, cost: CostModel) -> float:
     """A task's completion time alone on a worker with a perfect prefix cache."""
     total = 0.0
     for st in task.steps:
-        reuse = st.reused_tokens if st.reused_tokens else min(task.shared_prefix_tokens,
-                                                              st.prompt_tokens)
-        total += cost.prefill_s(st.prompt_tokens - reuse, reuse) + cost.overhead_s
-        total += cost.decode_s(st.output_tokens, st.prompt_tokens)
-        total += st.gap_s
+        total += _unloaded_call_s(task, st, cost) + st.gap_s
     total -= task.steps[-1].gap_s if task.steps else 0.0
     return total
+
+
+def unloaded_turns_s(task, cost: CostModel) -> list[float]:
+    """Each user turn's time alone on a worker with a perfect prefix cache: the
+    task's steps split after each step a person answers (`StepSpec.human`), the
+    person's wait in neither turn; subagents' own time not included."""
+    turns, turn = [], 0.0
+    for i, st in enumerate(task.steps):
+        turn += _unloaded_call_s(task, st, cost)
+        if st.human or i + 1 == len(task.steps):
+            turns.append(turn)
+            turn = 0.0
+        else:
+            turn += st.gap_s
+    return turns
+
+
+def _unloaded_call_s(task, st, cost: CostModel) -> float:
+    reuse = st.reused_tokens if st.reused_tokens else min(task.shared_prefix_tokens, st.prompt_tokens)
+    return (cost.prefill_s(st.prompt_tokens - reuse, reuse) + cost.overhead_s
+            + cost.decode_s(st.output_tokens, st.prompt_tokens))

@@ -159,7 +159,8 @@ class SagaPolicy(SimPolicy):
         # A subagent runs its own program (its own prompt): a workflow of its own, tree or not.
         workflow = f"{s.tenant}:subagent" if s.parent_id else s.tenant
         self.core.accept(SessionStart(s.session_id, now, tenant=s.tenant, workflow=workflow,
-                                      deadline_s=s.deadline_s, parent_id=self._parent(s) or ""))
+                                      deadline_s=s.deadline_s, parent_id=self._parent(s) or "",
+                                      turn_deadline_s=s.turn_deadline_s))
 
     def _parent(self, s: "Session") -> str | None:
         return s.parent_id if self.trees and s.parent_id else None

@@ -13,6 +13,7 @@ class Session:
     __slots__ = ("session_id", "task", "tenant", "worker", "step", "started_at",
                  "last_access", "state", "next_use", "tool_names", "kv_tokens", "base",
                  "prefetch_ready_at", "unloaded_s", "deadline_s",
+                 "turn_deadline_s", "turn_started_at", "turn_spans",
                  "move_to", "move_in_tool", "in_transit", "awaiting_kv",
                  "parent_id", "children_left", "tool_done", "back_from_children")
 
@@ -32,6 +33,9 @@ class Session:
         self.prefetch_ready_at = 0.0
         self.unloaded_s = 0.0
         self.deadline_s: float | None = None
+        self.turn_deadline_s: float | None = None  # each user turn's (`core.turns`)
+        self.turn_started_at = now  # its running user turn's start
+        self.turn_spans: list[float] = []  # its finished user turns' times
         self.move_to = -1  # a planned move not yet started (the session was running)
         self.move_in_tool = False  # the router chose it while it was in a tool
         self.in_transit = False  # its KV is on the way to `worker`

@@ -56,8 +56,10 @@ class TaskSpec:
 @dataclass(frozen=True, slots=True)
 class TaskInstance:
     """One replayed task: a distinct session, its tenant, when it arrives (None: it is
-    started by the closed-loop concurrency limit) and its deadline multiple; a
-    subagent's names its parent and is started by it, never by the load."""
+    started by the closed-loop concurrency limit), its deadline multiple, and its
+    user turns' deadline multiple (each turn may take that multiple of the task's
+    mean unloaded turn: `results.unloaded_turns_s`); a subagent's names its parent
+    and is started by it, never by the load."""
 
     session_id: str
     task: TaskSpec
@@ -65,3 +67,4 @@ class TaskInstance:
     arrival_s: float | None = None
     deadline_factor: float | None = None
     parent_id: str = ""  # a subagent's parent session ("" for a task of its own)
+    turn_deadline_factor: float | None = None
