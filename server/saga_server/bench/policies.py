@@ -5,7 +5,9 @@
 SAGA without it (mechanisms: walru, ttl, prefetch, afs, steal, admit, shape);
 `saga-request-fcfs` is full SAGA with request-level FCFS inside a tenant (no task
 seniority, as the engine's `SAGA_SENIORITY_WINDOW_S=0`); `saga-no-trees` is full
-SAGA told nothing of subagents' parents (each child an unrelated session). `saga` routes with
+SAGA told nothing of subagents' parents (each child an unrelated session);
+`saga-no-turns` is full SAGA told no user turn's deadline (the person's waits still
+hinted). `saga` routes with
 `saga_server.core.routing` (new sessions to the least loaded worker, periodic
 steals that move the KV); `saga-hash` is the same with the Ray router's
 rendezvous-hash homes for new sessions. References: `infinite` (an unbounded pool),
@@ -43,6 +45,7 @@ POLICIES: dict[str, Callable[[], SimPolicy]] = {
     "saga-hash": lambda: SagaPolicy(name="saga-hash", routing=_HASH_ROUTING),
     "saga-request-fcfs": lambda: SagaPolicy(name="saga-request-fcfs", config=_REQUEST_FCFS),
     "saga-no-trees": lambda: SagaPolicy(name="saga-no-trees", trees=False),
+    "saga-no-turns": lambda: SagaPolicy(name="saga-no-turns", turns=False),
     "oracle": lambda: SagaPolicy(name="oracle", foresight=True),
     "infinite": Infinite,
     "belady": Belady,

@@ -187,3 +187,17 @@ def test_turns_that_queue_behind_each_other_miss_a_tight_turn_deadline():
     res = run("apc-lru", insts)[2]
     slo = summarize(res)["turn_slo"]["chat"]
     assert 0.0 < slo < 1.0
+
+
+def test_the_turn_slo_benchmark_judges_only_the_interactive_tenants_turns(tmp_path):
+    import sim_turn_slo
+
+    shape = production_agents.ProductionShape()
+    traces = {"interactive": str(sim_turn_slo.write(production_agents.generate(12, 0, shape), tmp_path / "i.jsonl")),
+              "background": str(sim_turn_slo.write(production_agents.generate(
+                  12, 1, production_agents.ProductionShape(turns_mean=1.0)), tmp_path / "b.jsonl"))}
+    sc = sim_turn_slo.scenario(traces, 1, 3, 2, 1.0, 3.0, 0.25, 0)
+    assert 0.5 < sim_turn_slo.ceiling(sc) <= 1.0
+    row = sim_turn_slo.run_one((traces, 1, 3, 2, 1.0, 3.0, 0.25, "saga", 0))
+    assert row["tasks"] == 6 and 0.0 <= row["turn_slo"] <= 1.0
+    assert set(row["tct_by_tenant"]) <= {"interactive", "background"}

@@ -79,3 +79,26 @@ def test_the_thin_budget_keeps_up_with_the_prefill_arriving():
     assert done["tight-0"].met_deadline
     thin = [b for b in budgets if b]
     assert thin and min(thin) == cost.piggyback_tokens() < max(thin)
+
+
+def _chat(wait_s: float) -> TaskSpec:
+    """Two user turns of decode-heavy steps, a person's wait between them."""
+    first = _tight().steps
+    last = first[-1]
+    answer = StepSpec(last.prompt_tokens, last.output_tokens, last.reused_tokens, idle_s=wait_s, human=True)
+    return TaskSpec("chat", "run", 0, first[:-1] + (answer,) + first[:-1] + (last,))
+
+
+def test_a_turn_deadline_told_at_the_start_keeps_each_user_turn_within_it():
+    def run(policy: str):
+        # One tenant: its fair share does not set the chat apart from its batch jobs.
+        insts = [TaskInstance(f"loose-{k}", _loose(k), "team") for k in range(6)]
+        insts.append(TaskInstance("chat-0", _chat(5.0), "team", turn_deadline_factor=2.0))
+        sim = Simulator(make_cost_model(kv_capacity_override=600_000), make_policy(policy), insts,
+                        SimConfig(workers=1, seed=0))
+        return {t.session_id: t for t in sim.run().tasks}["chat-0"]
+
+    told, untold = run("saga"), run("saga-no-turns")
+    assert len(told.turn_spans) == len(untold.turn_spans) == 2
+    assert all(span <= told.turn_deadline_s for span in told.turn_spans)
+    assert untold.turn_spans[0] > 3 * told.turn_deadline_s  # its first turn queues behind the batch jobs

@@ -187,7 +187,8 @@ def test_served_tenant_owes_less_and_idle_tenants_bank_nothing() -> None:
 def test_urgency_rule() -> None:
     assert urgency(10.0, None, 0.0, 5.0) == 0.0
     assert urgency(10.0, 20.0, 0.0, 5.0) == pytest.approx(0.5)
-    assert urgency(10.0, 1.0, 2.0, 5.0) == 5.0  # late: capped
+    assert urgency(10.0, 1.0, 2.0, 5.0) == 0.0  # late: serving it first can no longer bring it in time
+    assert urgency(10.0, 2.0, 1.9, 5.0) == 5.0  # about to be late: capped
     assert urgency(100.0, 20.0, 0.0, 5.0) == 5.0
 
 

@@ -84,9 +84,13 @@ SIM_ROUTING = RoutingConfig(new_session="least_loaded")
 class SagaPolicy(SimPolicy):
     def __init__(self, mechanisms: Sequence[str] = MECHANISMS, name: str = "saga",
                  config: CoreConfig | None = None, routing: RoutingConfig | None = None,
-                 admission: AdmissionConfig | None = None, trees: bool = True, foresight: bool = False) -> None:
+                 admission: AdmissionConfig | None = None, trees: bool = True, foresight: bool = False,
+                 turns: bool = True) -> None:
         """`trees`: a subagent's start names its parent (as the agents' headers do);
         False treats every subagent as a session of its own (`saga-no-trees`).
+        `turns`: a session's start states its user turns' deadline (the SDK's
+        `turn_deadline_s`); False keeps it from the core (`saga-no-turns`), which
+        still sees the person's waits.
         `foresight`: each wait's hint carries its true duration, which the core takes
         as exact (`CoreConfig.exact_expected`): the `oracle` reference."""
         unknown = set(mechanisms) - set(MECHANISMS)
@@ -102,6 +106,7 @@ class SagaPolicy(SimPolicy):
         self.routing = routing or SIM_ROUTING
         self.admission_config = admission
         self.trees = trees
+        self.turns = turns
         self.foresight = foresight
         if foresight:
             self._config = replace(config or CoreConfig(), exact_expected=True)
@@ -160,7 +165,7 @@ class SagaPolicy(SimPolicy):
         workflow = f"{s.tenant}:subagent" if s.parent_id else s.tenant
         self.core.accept(SessionStart(s.session_id, now, tenant=s.tenant, workflow=workflow,
                                       deadline_s=s.deadline_s, parent_id=self._parent(s) or "",
-                                      turn_deadline_s=s.turn_deadline_s))
+                                      turn_deadline_s=s.turn_deadline_s if self.turns else None))
 
     def _parent(self, s: "Session") -> str | None:
         return s.parent_id if self.trees and s.parent_id else None
