@@ -398,9 +398,11 @@ class WorkflowGraphs:
         return Prediction(p, d.mean(), d.quantile(0.5), d.quantile(0.9), "", 0.0, "",
                           p / (1 - min(p, 0.99)), self.prior_cycle_s * p / (1 - min(p, 0.99)))
 
-    def reuse_of(self, s: Session, now: float) -> tuple[float, float]:
-        """(p_continue, expected time to the next call) without the rest of a
-        prediction: the hot path of eviction scoring."""
+    def reuse_of(self, s: Session, now: float, q: float | None = None) -> tuple[float, float]:
+        """(p_continue, time to the next call) without the rest of a prediction:
+        the hot path of eviction scoring. The time is the mean of what is left of the
+        wait, or with `q` its q-quantile (while subagents run: the longest of their
+        expected remaining times either way)."""
         if s.ended:
             return 0.0, math.inf
         p = self.p_continue(s)
@@ -412,7 +414,7 @@ class WorkflowGraphs:
         if d is None:
             d, t0 = self.idle_dist(s), s.last_event_at
         el = now - t0 if now > t0 else 0.0
-        return p, d.mean_above(el) - el
+        return p, (d.mean_above(el) if q is None else d.quantile_above(q, el)) - el
 
     def p_continue(self, s: Session, g: _Graph | None = None, node: _Node | None = None) -> float:
         if s.ended:

@@ -71,7 +71,9 @@ class CoreConfig:
 class KvOutlook:
     context_tokens: int  # KV the session holds now: its last prompt, plus the answer once done
     next_tokens: int  # KV its next request will need: context, predicted prompt growth, usual answer
-    away_s: float  # expected seconds until that request (0 while a call runs)
+    # Seconds until that request, as likely more as less (the median of the wait left;
+    # 0 while a call runs): a heavy-tailed wait's mean is its tail's (`admission`).
+    away_s: float
 
 
 class WorkflowCore:
@@ -265,7 +267,7 @@ class WorkflowCore:
             s = self._sessions.get(session_id)
             if s is None or s.ended:
                 return None
-            _, t_next = self.aeg.reuse_of(s, self._clock())
+            _, t_next = self.aeg.reuse_of(s, self._clock(), q=0.5)
             need = s.context_tokens + max(0.0, self.aeg.growth_of(s)) + s.last_output
             return KvOutlook(s.context_tokens, int(need), t_next)
 

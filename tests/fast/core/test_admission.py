@@ -146,6 +146,35 @@ def test_when_only_short_tools_could_make_room_the_head_waits():
     assert adm.state("head") == WAITING
 
 
+def test_a_tool_usually_back_at_once_is_not_parked_for_its_rare_long_runs():
+    """`bash` runs 0.2 s nineteen times in twenty and an hour once: its mean wait
+    (three minutes) would pay for parking; its median (0.2 s) says the session is
+    more likely than not back before its KV could be."""
+    core, clock, adm = setup(capacity=1000, target=1.0)
+    for i in range(40):
+        sid, d = f"warm-bash-{i}", 3600.0 if i % 20 == 0 else 0.2
+        core.accept(SessionStart(sid, clock.t, workflow="swe"))
+        core.accept(LlmCallStart(sid, clock.t))
+        core.accept(ToolCallStart(sid, clock.t, "bash", category="run"))
+        core.accept(ToolCallEnd(sid, clock.t + d, "bash"))
+        core.accept(SessionEnd(sid, clock.t + d + 1))
+    TOOLS["bash"] = ("run", 0.2)
+    try:
+        s = Agent(core, adm, clock, "bash")
+        s.request(800)
+        adm.plan()
+        s.finish(800, tool="bash")
+        busy = Agent(core, adm, clock, "busy")
+        busy.request(100)
+        adm.plan()
+        head = Agent(core, adm, clock, "head")
+        assert not head.request(500)
+        assert adm.plan().park == ()
+        assert adm.state("bash") == ACTIVE and adm.state("head") == WAITING
+    finally:
+        del TOOLS["bash"]
+
+
 def test_the_limit_grows_past_the_tiers_while_kv_is_found_and_someone_waits():
     core, clock, adm = setup(capacity=1000, target=1.0)
     a, b = Agent(core, adm, clock, "a"), Agent(core, adm, clock, "b")
