@@ -41,7 +41,8 @@ difference); on random loads it stayed within 1.25 B.
 Within a tenant. Requests with equal scores (one tenant, no deadline pressure)
 are ordered by their task's *seniority*: the time the task (session) started, so
 the engine finishes tasks in the order they began instead of interleaving all of
-them (request-level FCFS is processor sharing between tasks: with n similar tasks
+them (for a session with a person in the loop, the task is its running user turn:
+`turns`) (request-level FCFS is processor sharing between tasks: with n similar tasks
 in the queue every one finishes near the end; in task order the k-th finishes
 after about k/n of that time, so mean completion nearly halves). It also keeps
 the KV working set on the fewest sessions. A request without a session is a task

@@ -327,14 +327,15 @@ class WorkflowCore:
         """Order key of a waiting request that arrived at `arrived_at` (core clock):
         (`request_priority`, task seniority); LOWER = schedule sooner, ties FCFS.
         Seniority orders a tenant's tasks by when they started (rule and bound:
-        `fairshare`); a subagent tree is one task, started with its root; an
-        unknown session counts as a task started on arrival. `priority_jump_s`:
+        `fairshare`); a subagent tree is one task, started with its root, and a
+        session with a person in the loop by its running user turn (`_task_start`);
+        an unknown session counts as a task started on arrival. `priority_jump_s`:
         the client's priority, seconds earlier within its tenant (capped; `fairshare`)."""
         fs = self.config.fairshare
         jump = min(priority_jump_s, fs.max_priority_jump_s) if priority_jump_s > 0 else 0.0  # also NaN
         with self._lock:
             s = self._sessions.get(session_id)
-            started = s.task_started_at if s is not None and not s.ended else None  # a subagent's: its root's
+            started = self._task_start(s) if s is not None and not s.ended else None
             return (self._priority(s, tenant), seniority(started, arrived_at, fs.seniority_window_s, jump))
 
     def deadline_class(self, session_id: str) -> str:
@@ -391,6 +392,20 @@ class WorkflowCore:
         turn deadline counts for its tenant."""
         if s.turn_deadline_s is not None and s.turn_deadline_s > 0:
             _count(self._turns, s.tenant, span_s / s.turn_deadline_s)
+
+    def _task_start(self, s: Session) -> float:
+        """When the work a request serves began, for seniority (`fairshare`): its
+        task's start (a subagent's: its root's), or its root's running user turn's
+        start if later (`turns`): what a person waits on is the turn, and a session
+        that began hours ago is not owed the next turn first."""
+        root, depth = s, 0
+        while root.parent and depth < 64:
+            parent = self._sessions.get(root.parent)
+            if parent is None:
+                break
+            root, depth = parent, depth + 1
+        turn = root.turn_started_at
+        return s.task_started_at if turn is None or turn < s.task_started_at else turn
 
     def _remaining_s(self, s: Session) -> float:
         """Expected seconds of work left before the session's deadline in force: to

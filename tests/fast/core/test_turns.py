@@ -161,3 +161,15 @@ def test_learnt_turn_lengths_survive_a_restart():
     fresh.accept(SessionStart("new", t, tenant="a", workflow="w"))
     _call(fresh, fresh_clock, "new", t + 1.0)
     assert fresh.aeg.remaining_in_turn(fresh.aeg.track("new"))[0] == pytest.approx(3.0, rel=0.15)
+
+
+def test_a_session_with_a_person_in_the_loop_ranks_by_its_running_turns_start():
+    core, clock = _core()
+    core.accept(SessionStart("old", 0.0, tenant="a"))
+    _call(core, clock, "old", 1.0)
+    _hand_back(core, clock, "old", 2.0, 100.0)  # its user's next turn starts at 100
+    core.accept(SessionStart("new", 50.0, tenant="a"))  # started later, its turn earlier
+    clock.t = 101.0
+    core.accept(SessionStart("sub", 101.0, tenant="a", parent_id="old"))  # part of old's turn
+    ranks = {sid: core.request_rank(sid, "a", 101.0)[1] for sid in ("old", "new", "sub")}
+    assert ranks["new"] < ranks["old"] == ranks["sub"] == 100.0
