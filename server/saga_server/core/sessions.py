@@ -31,8 +31,8 @@ so no other key can create, claim or squat a tenant's session ids.
 `sessions` lists the caller's own. Limits of the
 caller's tenant: a new session (or a claim) beyond `max_sessions` live ones is
 refused, and a declared deadline (a task's or a turn's) shorter than
-`min_deadline_s` is raised to it (clamped, not refused: the session keeps its hints, it just cannot jump the
-queue). Admins pass the ownership checks. Each refusal raises `AccessDenied`
+`min_deadline_s` is raised to it (clamped, not refused: the session keeps its
+hints, it just cannot jump the queue). Admins pass the ownership checks. Each refusal raises `AccessDenied`
 (nothing changes) and is counted: `denied_tenant_claim`, `denied_foreign_session`,
 `denied_foreign_scope`, `denied_session_limit`, `denied_read`, `denied_release`;
 `deadline_clamped` and `list_withheld` (listings that left sessions out) count the
@@ -57,8 +57,8 @@ that parent when the parent is live, belongs to the same owner and tenant, and i
 not the child itself or one of its descendants; otherwise the session starts as a
 root (counted `subagent_parent_refused`). A tree is one task: a child's
 `task_started_at` is its root's start (task seniority, `fairshare`), and a child
-that declares no deadline has its parent's deadline in force. A parent counts its live children
-(`Session.children`); a child that stops being live leaves that count. Both
+that declares no deadline has its parent's deadline in force. A parent counts its
+live children (`Session.children`); a child that stops being live leaves that count. Both
 changes are published to `subscribe_parents` listeners (`ParentChanged`): a child
 starting is its parent's wait starting, as a tool call is, so an engine decides
 the parent's hold again (`kv_policy`). Same rules as the lifecycle listeners below.
