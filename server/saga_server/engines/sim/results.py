@@ -111,7 +111,10 @@ def unloaded_time_s(task, cost: CostModel) -> float:
     """A task's completion time alone on a worker with a perfect prefix cache."""
     total = 0.0
     for st in task.steps:
-        total += _unloaded_call_s(task, st, cost) + st.gap_s
+        prefill, decode = _unloaded_call_s(task, st, cost)
+        total += prefill
+        total += decode
+        total += st.gap_s
     total -= task.steps[-1].gap_s if task.steps else 0.0
     return total
 
@@ -122,7 +125,8 @@ def unloaded_turns_s(task, cost: CostModel) -> list[float]:
     person's wait in neither turn; subagents' own time not included."""
     turns, turn = [], 0.0
     for i, st in enumerate(task.steps):
-        turn += _unloaded_call_s(task, st, cost)
+        prefill, decode = _unloaded_call_s(task, st, cost)
+        turn += prefill + decode
         if st.human or i + 1 == len(task.steps):
             turns.append(turn)
             turn = 0.0
@@ -131,7 +135,8 @@ def unloaded_turns_s(task, cost: CostModel) -> list[float]:
     return turns
 
 
-def _unloaded_call_s(task, st, cost: CostModel) -> float:
+def _unloaded_call_s(task, st, cost: CostModel) -> tuple[float, float]:
+    """A step's call alone with a perfect prefix cache: (prefill and overhead, decode)."""
     reuse = st.reused_tokens if st.reused_tokens else min(task.shared_prefix_tokens, st.prompt_tokens)
-    return (cost.prefill_s(st.prompt_tokens - reuse, reuse) + cost.overhead_s
-            + cost.decode_s(st.output_tokens, st.prompt_tokens))
+    return cost.prefill_s(st.prompt_tokens - reuse, reuse) + cost.overhead_s, cost.decode_s(st.output_tokens,
+                                                                                         st.prompt_tokens)
