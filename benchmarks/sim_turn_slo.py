@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from deadline_tenants import write  # noqa: E402
 from production_agents import ProductionShape, generate  # noqa: E402
 from sim_overload import run_all  # noqa: E402
 
@@ -128,13 +129,6 @@ def plot(rows: list[dict], policies: list[str], ceilings: dict[int, float], path
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def write(tasks: list[dict], path: Path) -> Path:
-    with path.open("w", encoding="utf-8") as f:
-        for t in tasks:
-            f.write(json.dumps(t, separators=(",", ":")) + "\n")
-    return path
 
 
 def main() -> int:
