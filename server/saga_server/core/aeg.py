@@ -286,7 +286,7 @@ class AEG(WorkflowGraphs):
             self.forget_gap(s)
         key, cat = self.learn_tool(s, tool, category)
         if cat == HUMAN:  # the agent hands the turn back to its user
-            self.learn_turn(s)
+            self._turn_done(s)
         if not s.running_tools:
             # The first tool of a batch names the edge; the batch ends with its last tool.
             s.via, s.via_category, s.tool_started = key, cat, t
@@ -306,10 +306,16 @@ class AEG(WorkflowGraphs):
         """`s` ends: its edge led to END; it waits on nothing (the table marks it ended)."""
         self.learn_end(s)
         if s.hinted:  # its last user turn ended with it
-            self.learn_turn(s)
+            self._turn_done(s)
         self._child_done(s, t)
         s.running_tools.clear()
         s.gap_started = None
+
+    def _turn_done(self, s: Session) -> None:
+        """`s`'s user turn ended: learnt once (a second `human` call, or the session
+        ending while its user is away, finds no step since)."""
+        self.learn_turn(s)
+        s.turn_steps = s.steps
 
     def _child_done(self, s: Session, t: float) -> None:
         """A subagent stops: its spawn site learns how long it ran (once)."""

@@ -382,6 +382,7 @@ class SessionTable:
         session = Session(session_id, started_at=t, last_event_at=t, tenant=tenant, workflow=workflow,
                           graph=workflow or tenant or "default", hinted=hinted, task_started_at=t,
                           history=deque(maxlen=self.history_limit))
+        begin_turn(session, t)  # its first turn: whatever its first event, the work starts now
         self.by_id[session_id] = session
         self._own(session, owner)
         self.counters["sessions_started"] += 1
@@ -552,8 +553,9 @@ class SessionTable:
         return deadline_s
 
     def _end_turn(self, session: Session, t: float) -> None:
+        steps = session.steps - session.turn_steps
         span = end_turn(session, t)
-        if span is not None:
+        if span is not None and steps > 0:  # a turn without an LLM call did no work to be late for
             for listener in self._turn_listeners:
                 listener(session, span)
 

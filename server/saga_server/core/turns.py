@@ -13,7 +13,10 @@ its turns should end within that many seconds of its start. The deadline in forc
 `Session.deadline_at`, which every policy reads (urgency in `fairshare`, classes in
 `deadlines`), is the task's deadline or the open turn's, whichever comes first;
 while the session waits on its user it is the task's alone (no turn is running to
-be late). A subagent inherits its parent's deadline in force when it starts.
+be late). A subagent inherits its parent's deadline in force when it starts. A
+session's first turn starts when the core first sees it, whatever the event; a
+turn in which the agent made no LLM call (its user answered and went again, or
+the session ended) is no turn.
 
 Turn boundaries also teach the AEG how many LLM calls a turn takes, so urgency
 compares the time left *in the turn* with the time left to its deadline

@@ -173,3 +173,37 @@ def test_a_session_with_a_person_in_the_loop_ranks_by_its_running_turns_start():
     core.accept(SessionStart("sub", 101.0, tenant="a", parent_id="old"))  # part of old's turn
     ranks = {sid: core.request_rank(sid, "a", 101.0)[1] for sid in ("old", "new", "sub")}
     assert ranks["new"] < ranks["old"] == ranks["sub"] == 100.0
+
+
+def _turn_samples(core: WorkflowCore, workflow: str) -> int:
+    graph = next(g for g in core.learnt()["graphs"]["graphs"] if g["name"] == workflow)
+    return graph["turns"]["samples"] if graph["turns"] else 0
+
+
+def test_a_turn_is_learnt_and_counted_once_however_the_user_leaves_it():
+    core, clock = _core()
+    core.accept(SessionStart("s", 0.0, tenant="a", workflow="w", turn_deadline_s=10.0))
+    _call(core, clock, "s", 1.0)
+    _hand_back(core, clock, "s", 2.0, 50.0)  # one turn of one call
+    _hand_back(core, clock, "s", 51.0, 90.0)  # the user answered and was asked again: no work, no turn
+    clock.t = 91.0
+    core.accept(ToolCallStart("s", 91.0, tool="human", call_id="last", category="human"))
+    core.accept(SessionEnd("s", 95.0))  # ended while its user was away
+    assert _turn_samples(core, "w") == 1
+    core.accept(SessionStart("t", 100.0, tenant="b", workflow="w"))
+    _call(core, clock, "t", 101.0)
+    _call(core, clock, "t", 102.0, step=2)
+    clock.t = 103.0
+    core.accept(ToolCallStart("t", 103.0, tool="human", call_id="h", category="human"))
+    core.accept(SessionEnd("t", 110.0))  # its user never came back: the turn ended at the hand-back
+    assert _turn_samples(core, "w") == 2
+    assert core.turn_outcomes() == {"a": (1, 0, pytest.approx(0.2))}  # 2 s of 10
+
+
+def test_a_session_first_seen_through_the_engine_ranks_by_its_start_once_hinted():
+    core, clock = _core()
+    clock.t = 100.0
+    core.on_request_arrival("e", 500, tenant="a")  # the engine sees it first
+    clock.t = 200.0
+    core.accept(LlmCallStart("e", 200.0, step=1))  # its hints begin later
+    assert core.request_rank("e", "a", 200.0)[1] == 100.0

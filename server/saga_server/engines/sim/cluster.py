@@ -164,8 +164,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         s.unloaded_s = unloaded_time_s(inst.task, self.cost)
         if inst.deadline_factor is not None:
             s.deadline_s = inst.deadline_factor * s.unloaded_s
-        if inst.turn_deadline_factor is not None:
-            turns = unloaded_turns_s(inst.task, self.cost)
+        turns = unloaded_turns_s(inst.task, self.cost) if inst.turn_deadline_factor is not None else ()
+        if turns:
             s.turn_deadline_s = inst.turn_deadline_factor * sum(turns) / len(turns)
         self.sessions[s.session_id] = s
         self._live_sessions[s.session_id] = s
