@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from functools import lru_cache
+from itertools import accumulate
 
 __all__ = ["LogHistogram"]
 
@@ -174,21 +176,18 @@ class LogHistogram:
         return lo_e, lo_e * self._r
 
     def _refresh(self) -> None:
+        # On the hot path (a read after every new sample): C-level accumulations over
+        # the buckets, same sums in the same order as a plain loop.
         if not self._dirty:
             return
-        cum, acc = [], 0.0
-        for c in self._counts:
-            acc += c
-            cum.append(acc)
-        self._cum = cum
-        tail, acc = [0.0] * (self._n + 1), 0.0
-        for i in range(self._n - 1, -1, -1):
-            c = self._counts[i]
-            if c:
-                lo_e, hi_e = self._edges(i)
-                rep = min(max(math.sqrt(lo_e * hi_e) if lo_e > 0 else hi_e * 0.5, self._min), self._max)
-                acc += c * rep
-            tail[i] = acc
+        counts = self._counts
+        self._cum = list(accumulate(counts))
+        lo, hi = self._min, self._max
+        weighted = [c * (lo if rep < lo else hi if rep > hi else rep) if c else 0.0
+                    for c, rep in zip(counts, _representatives(self._lo, self._r, self._n))]
+        tail = list(accumulate(reversed(weighted)))
+        tail.reverse()
+        tail.append(0.0)
         self._tail_sum = tail
         self._dirty = False
 
@@ -212,6 +211,17 @@ class LogHistogram:
         else:
             x = lo_e * (self._r ** frac)
         return min(max(x, self._min), self._max)
+
+
+@lru_cache(maxsize=64)
+def _representatives(lo: float, r: float, n: int) -> tuple[float, ...]:
+    """Each bucket's representative value (geometric middle; half of `lo` for the
+    first), before clamping to what was seen: fixed by the layout, so computed once."""
+    reps = []
+    for i in range(n):
+        lo_e, hi_e = (0.0, lo) if i == 0 else (lo * r ** (i - 1), lo * r ** (i - 1) * r)
+        reps.append(math.sqrt(lo_e * hi_e) if lo_e > 0 else hi_e * 0.5)
+    return tuple(reps)
 
 
 def _non_negative(value) -> float:
