@@ -63,11 +63,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .categories import HUMAN
 from .events import HintEvent, LlmCallEnd, LlmCallStart, SessionEnd, SessionStart, ToolCallEnd, ToolCallStart
 from .graph import Prediction, WorkflowGraphs
 from .sessions import Session, SessionTable
-from .turns import begin_turn
 
 __all__ = ["AEG"]
 
@@ -92,6 +90,7 @@ class AEG(WorkflowGraphs):
             sessions = SessionTable(max_sessions=max_sessions, idle_ttl_s=session_idle_s,
                                     ended_ttl_s=session_idle_s)
         sessions.attach(self)
+        sessions.subscribe_turns(self._turn_ended)
         self.sessions = sessions
         self._by_id = sessions.by_id
 
@@ -114,7 +113,6 @@ class AEG(WorkflowGraphs):
                       deadline_at: float | None = None, structure=None, hinted: bool = True) -> Session:
         s = self.sessions.admit(sid, t, tenant=tenant, workflow=workflow, hinted=hinted)
         s.task_deadline_at = s.deadline_at = deadline_at
-        begin_turn(s, t)
         if structure is not None:
             self.declare(s.graph, structure)
         return s
@@ -285,8 +283,6 @@ class AEG(WorkflowGraphs):
         elif s.gap_started is not None:  # the gap inferred after its last call was this tool
             self.forget_gap(s)
         key, cat = self.learn_tool(s, tool, category)
-        if cat == HUMAN:  # the agent hands the turn back to its user
-            self._turn_done(s)
         if not s.running_tools:
             # The first tool of a batch names the edge; the batch ends with its last tool.
             s.via, s.via_category, s.tool_started = key, cat, t
@@ -305,17 +301,14 @@ class AEG(WorkflowGraphs):
     def _stop(self, s: Session, t: float) -> None:
         """`s` ends: its edge led to END; it waits on nothing (the table marks it ended)."""
         self.learn_end(s)
-        if s.hinted:  # its last user turn ended with it
-            self._turn_done(s)
         self._child_done(s, t)
         s.running_tools.clear()
         s.gap_started = None
 
-    def _turn_done(self, s: Session) -> None:
-        """`s`'s user turn ended: learnt once (a second `human` call, or the session
-        ending while its user is away, finds no step since)."""
+    def _turn_ended(self, s: Session, span_s: float) -> None:
+        """The table's turn listener: the table decides when a turn ends (`turns`),
+        the graphs learn how many steps it took."""
         self.learn_turn(s)
-        s.turn_steps = s.steps
 
     def _child_done(self, s: Session, t: float) -> None:
         """A subagent stops: its spawn site learns how long it ran (once)."""

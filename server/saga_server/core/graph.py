@@ -264,10 +264,8 @@ class WorkflowGraphs:
         g.lengths.add(float(s.steps))
 
     def learn_turn(self, s: Session) -> None:
-        """`s`'s user turn ended (`turns`): it took the steps since it started (a
-        turn without a step, e.g. a session ending while its user was away, is none)."""
-        if s.steps <= s.turn_steps:
-            return
+        """`s`'s user turn ended (`turns`; the table publishes only turns with a
+        step): it took the steps since it started."""
         g = self._graph(s.graph)
         if g.turns is None:
             g.turns = _lengths()
