@@ -46,7 +46,7 @@ from saga_server.bench.metrics import summarize  # noqa: E402
 from saga_server.bench.policies import make_policy  # noqa: E402
 from saga_server.bench.runner import _instances  # noqa: E402
 from saga_server.engines.sim import Simulator  # noqa: E402
-from saga_server.engines.sim.results import unloaded_turns_s  # noqa: E402
+from saga_server.engines.sim.results import turn_deadline_s, unloaded_turns_s  # noqa: E402
 
 POLICIES = ("apc-lru", "apc-lru-offload", "continuum-ttl", "kvflow", "thunderagent", "saga-no-shape", "saga")
 
@@ -65,10 +65,10 @@ def ceiling(sc: Scenario) -> float:
     cost = sc.cost_model()
     met = total = 0
     for inst in _instances(sc, {}):
-        if inst.turn_deadline_factor is None:
+        allowed = turn_deadline_s(inst.task, inst.turn_deadline_factor, cost)
+        if allowed is None:
             continue
         turns = unloaded_turns_s(inst.task, cost)
-        allowed = inst.turn_deadline_factor * sum(turns) / len(turns)
         met += sum(t <= allowed for t in turns)
         total += len(turns)
     return met / total if total else float("nan")

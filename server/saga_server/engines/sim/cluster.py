@@ -54,7 +54,7 @@ from .hardware import CostModel
 from .host import HostOffload, HostTier
 from .moves import KvMoves
 from .policy import SimPolicy
-from .results import SimConfig, SimResult, TaskRecord, unloaded_time_s, unloaded_turns_s
+from .results import SimConfig, SimResult, TaskRecord, turn_deadline_s, unloaded_time_s
 from .session import ARRIVE, Request, Session
 from .tasks import TaskInstance
 from .worker import Worker
@@ -164,9 +164,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         s.unloaded_s = unloaded_time_s(inst.task, self.cost)
         if inst.deadline_factor is not None:
             s.deadline_s = inst.deadline_factor * s.unloaded_s
-        turns = unloaded_turns_s(inst.task, self.cost) if inst.turn_deadline_factor is not None else ()
-        if turns:
-            s.turn_deadline_s = inst.turn_deadline_factor * sum(turns) / len(turns)
+        s.turn_deadline_s = turn_deadline_s(inst.task, inst.turn_deadline_factor, self.cost)
         self.sessions[s.session_id] = s
         self._live_sessions[s.session_id] = s
         target = self.policy.place(s, self.views(), self.now) if self.policy.steals else None

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from .hardware import CostModel
 
-__all__ = ["SimConfig", "SimResult", "TaskRecord", "unloaded_time_s", "unloaded_turns_s"]
+__all__ = ["SimConfig", "SimResult", "TaskRecord", "unloaded_time_s", "unloaded_turns_s", "turn_deadline_s"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +133,13 @@ def unloaded_turns_s(task, cost: CostModel) -> list[float]:
         else:
             turn += st.gap_s
     return turns
+
+
+def turn_deadline_s(task, factor: float | None, cost: CostModel) -> float | None:
+    """The user-turn deadline a session of `task` states: `factor` times its mean
+    turn alone on a worker (None without a factor, or for a task of no steps)."""
+    turns = unloaded_turns_s(task, cost) if factor is not None else []
+    return factor * sum(turns) / len(turns) if turns else None
 
 
 def _unloaded_call_s(task, st, cost: CostModel) -> tuple[float, float]:
