@@ -130,23 +130,29 @@ def test_a_session_in_a_long_tool_is_parked_for_the_head_one_in_a_short_tool_is_
     assert adm.active_tokens <= 1000
 
 
-def test_when_only_short_tools_could_make_room_the_head_waits():
-    core, clock, adm = setup(capacity=1000, target=1.0)
-    s = Agent(core, adm, clock, "short")
-    s.request(800)
+def head_behind(core, clock, adm, tool: str):
+    """An 800-token session idle in `tool`, a busy one, then a 500-token head that
+    fits only if the idle one is parked: the plan for the head."""
+    idle = Agent(core, adm, clock, tool)
+    idle.request(800)
     adm.plan()
-    s.finish(800, tool="grep")
-    busy = Agent(core, adm, clock, "busy")
+    idle.finish(800, tool=tool)
+    busy = Agent(core, adm, clock, "busy")  # keeps the engine busy: no forward-progress shortcut
     busy.request(100)
     adm.plan()
     head = Agent(core, adm, clock, "head")
     assert not head.request(500)
-    plan = adm.plan()
+    return adm.plan()
+
+
+def test_when_only_short_tools_could_make_room_the_head_waits():
+    core, clock, adm = setup(capacity=1000, target=1.0)
+    plan = head_behind(core, clock, adm, "grep")
     assert (plan.admit, plan.park) == ((), ())
     assert adm.state("head") == WAITING
 
 
-def test_a_tool_usually_back_at_once_is_not_parked_for_its_rare_long_runs():
+def test_a_tool_usually_back_at_once_is_not_parked_for_its_rare_long_runs(monkeypatch):
     """`bash` runs 0.2 s nineteen times in twenty and an hour once: its mean wait
     (three minutes) would pay for parking; its median (0.2 s) says the session is
     more likely than not back before its KV could be."""
@@ -158,21 +164,9 @@ def test_a_tool_usually_back_at_once_is_not_parked_for_its_rare_long_runs():
         core.accept(ToolCallStart(sid, clock.t, "bash", category="run"))
         core.accept(ToolCallEnd(sid, clock.t + d, "bash"))
         core.accept(SessionEnd(sid, clock.t + d + 1))
-    TOOLS["bash"] = ("run", 0.2)
-    try:
-        s = Agent(core, adm, clock, "bash")
-        s.request(800)
-        adm.plan()
-        s.finish(800, tool="bash")
-        busy = Agent(core, adm, clock, "busy")
-        busy.request(100)
-        adm.plan()
-        head = Agent(core, adm, clock, "head")
-        assert not head.request(500)
-        assert adm.plan().park == ()
-        assert adm.state("bash") == ACTIVE and adm.state("head") == WAITING
-    finally:
-        del TOOLS["bash"]
+    monkeypatch.setitem(TOOLS, "bash", ("run", 0.2))
+    assert head_behind(core, clock, adm, "bash").park == ()
+    assert adm.state("bash") == ACTIVE and adm.state("head") == WAITING
 
 
 def test_the_limit_grows_past_the_tiers_while_kv_is_found_and_someone_waits():
