@@ -67,6 +67,7 @@ from saga_server.core.admission import AdmissionConfig, SessionAdmission
 from saga_server.core.categories import HUMAN
 from saga_server.core.deadlines import DeadlineShaper
 from saga_server.core.kv_policy import WorkflowRules
+from saga_server.core.mechanisms import Mechanism, parse_mechanisms
 from saga_server.core.routing import ReplicaView, RoutingConfig, SessionRouter, Steal
 
 from .policy import PrefetchRequest, SimPolicy
@@ -77,7 +78,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["SagaPolicy", "MECHANISMS", "SIM_ROUTING"]
 
-MECHANISMS = ("walru", "ttl", "prefetch", "afs", "steal", "admit", "shape")
+MECHANISMS = tuple(Mechanism)  # the ablations' order: `saga-no-<name>`
 SIM_ROUTING = RoutingConfig(new_session="least_loaded")
 
 
@@ -93,13 +94,10 @@ class SagaPolicy(SimPolicy):
         still sees the person's waits.
         `foresight`: each wait's hint carries its true duration, which the core takes
         as exact (`CoreConfig.exact_expected`): the `oracle` reference."""
-        unknown = set(mechanisms) - set(MECHANISMS)
-        if unknown:
-            raise ValueError(f"unknown SAGA mechanisms: {sorted(unknown)}")
         self.name = name
-        self.mechanisms = frozenset(mechanisms)
-        self.host_tier = "prefetch" in self.mechanisms
-        self.steals = "steal" in self.mechanisms
+        self.mechanisms = parse_mechanisms(mechanisms)
+        self.host_tier = Mechanism.PREFETCH in self.mechanisms
+        self.steals = Mechanism.STEAL in self.mechanisms
         self.protect_queued = True
         self.releases_garbage = True
         self._config = config
@@ -133,29 +131,29 @@ class SagaPolicy(SimPolicy):
 
     # --- decisions ------------------------------------------------------
     def kv_rules(self, session: Callable[[str], "Session"], clock: Callable[[], float]) -> WorkflowRules:
-        return WorkflowRules(self.core, wa_lru="walru" in self.mechanisms, pins="ttl" in self.mechanisms)
+        return WorkflowRules(self.core, wa_lru=Mechanism.WALRU in self.mechanisms, pins=Mechanism.TTL in self.mechanisms)
 
     def admission(self, capacity_tokens: int, host_tokens: int, cost: "CostModel",
                   parkable: Callable[[str], bool]) -> SessionAdmission | None:
-        if "admit" not in self.mechanisms:
+        if Mechanism.ADMIT not in self.mechanisms:
             return None
         return SessionAdmission(self.core, capacity_tokens, host_tokens=host_tokens, config=self.admission_config,
                                 return_s=lambda tokens: cost.prefill_s(tokens, 0.0), parkable=parkable)
 
     def shaper(self, cost: "CostModel") -> DeadlineShaper | None:
-        if "shape" not in self.mechanisms:
+        if Mechanism.SHAPE not in self.mechanisms:
             return None
         return DeadlineShaper(self.core.deadline_class, prefill_budget_tokens=cost.piggyback_tokens())
 
     def plan_prefetch(self, worker_id: int, candidates: Sequence[PrefetchRequest],
                       free_tokens: int, now: float) -> list[tuple[str, float]]:
-        if "prefetch" not in self.mechanisms:
+        if Mechanism.PREFETCH not in self.mechanisms:
             return []
         cands = [PrefetchCandidate(sid, tokens, load_s) for sid, tokens, load_s in candidates]
         return [(a.session_id, a.start_at) for a in self.core.plan_prefetch(cands, free_tokens)]
 
     def queue_priority(self, s: "Session", now: float) -> float | tuple[float, float]:
-        if "afs" not in self.mechanisms:
+        if Mechanism.AFS not in self.mechanisms:
             return now
         return self.core.request_rank(s.session_id, s.tenant, now)
 
@@ -178,7 +176,7 @@ class SagaPolicy(SimPolicy):
         self.core.accept(LlmCallEnd(s.session_id, now, step=s.step, prompt_tokens=r.prompt,
                                     output_tokens=r.output))
         self.core.on_request_finished(s.session_id, r.prompt, r.output)
-        if "afs" in self.mechanisms:
+        if Mechanism.AFS in self.mechanisms:
             self.core.record_service(s.tenant, r.prompt + r.output, s.session_id)
 
     def on_tool_start(self, s: "Session", now: float) -> None:
