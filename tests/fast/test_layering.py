@@ -57,7 +57,8 @@ ROOMS: dict[str, Room] = {
     "saga_server.engines.vllm": Room(
         "SAGA inside vLLM's scheduler: the core's rules over vLLM's blocks, its own hint service and recorder; "
         "on a CPU engine the host tier's copies (torch, numpy: vLLM's own)",
-        saga=("saga_server.core", "saga_server.record", "saga_server.rpc", "saga_server.state_file"),
+        saga=("saga_server.core", "saga_server.record", "saga_server.rpc", "saga_server.settings",
+              "saga_server.state_file"),
         third_party=("vllm", "prometheus_client", "torch", "numpy"),
         never=("saga_server.engines.sim", "saga_server.router", "saga_server.serve", "saga_server.proxy",
                "saga_server.bench", "ray", "httpx") + FRAMEWORKS),
@@ -76,7 +77,7 @@ ROOMS: dict[str, Room] = {
         "`saga serve` runs vLLM as a child process and names SAGA's classes to it as strings; "
         "it checks the keys, the identity headers and the record file before vLLM starts and prepares the model",
         saga=("saga_server.record", "saga_server.rpc.keys", "saga_server.rpc.reload", "saga_server.core.identity",
-              "saga_server.state_file"),
+              "saga_server.core.mechanisms", "saga_server.settings", "saga_server.state_file"),
         third_party=("torch", "transformers"),
         never=("saga_server.engines", "saga_server.router", "saga_server.proxy", "saga_server.bench",
                "saga_server.rpc.service", "vllm", "ray") + FRAMEWORKS),
@@ -95,10 +96,17 @@ ROOMS: dict[str, Room] = {
         "`saga router`: Ray Serve replicas running `saga serve`'s engine; session placement from the core's "
         "routing, hints fanned out over the wire contract",
         saga=("saga_server.core.routing", "saga_server.core.cluster_share", "saga_server.engines.vllm.intake",
-              "saga_server.rpc", "saga_server.serve.cli", "saga_server.serve.model", "saga_proto", "saga_sdk"),
+              "saga_server.rpc", "saga_server.serve.cli", "saga_server.serve.model", "saga_server.settings",
+              "saga_proto", "saga_sdk"),
         third_party=("ray", "httpx", "grpc", "prometheus_client"),
         never=("saga_server.engines.sim", "saga_server.proxy", "saga_server.bench", "saga_server.core.workflow",
                "vllm", "torch") + FRAMEWORKS),
+    "saga_server.settings": Room(
+        "the typed settings of SAGA's processes: read once, written by the front doors; the core's defaults, "
+        "no engine or transport",
+        saga=("saga_server.core.fairshare", "saga_server.core.mechanisms", "saga_server.core.workflow"),
+        never=ENGINES_AND_FRONT_DOORS + ("saga_server.record", "saga_sdk", "saga_proto", "grpc") + HEAVY
+        + FRAMEWORKS),
     "saga_server.state_file": Room(
         "what a process learnt, on disk across restarts: standard library only, handed the state to keep",
         never=("saga_server.engines", "saga_server.core", "saga_server.rpc", "saga_server.router",

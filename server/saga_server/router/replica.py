@@ -25,8 +25,8 @@ from typing import Any
 
 from ray.serve.llm.deployment import LLMServer
 
-from saga_server.engines.vllm.intake import HINT_ADDR_ENV
 
+from ..settings import EngineSettings
 from .hints import HINT_KV_PREFIX
 from .report import REPORT_KEY, ReplicaReport, read_report
 
@@ -64,7 +64,7 @@ class SagaLLMServer(LLMServer):
     async def __init__(self, llm_config, *args, **kwargs):
         host = os.environ.get("SAGA_HINT_HOST", "127.0.0.1")
         self.saga_hint_addr = f"{host}:{_free_port(host)}"
-        os.environ[HINT_ADDR_ENV] = self.saga_hint_addr  # inherited by the EngineCore process
+        os.environ.update(EngineSettings(hint_addr=self.saga_hint_addr).to_env())  # inherited by the EngineCore
         log.info("SAGA replica: hint service at %s", self.saga_hint_addr)
         if _moves_kv_over_nixl(llm_config):  # a side channel of its own: replicas may share a host
             os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host

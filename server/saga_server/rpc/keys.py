@@ -42,12 +42,9 @@ from typing import Mapping
 
 from ..core.events import ADMIN, AGENT, Caller, TenantLimits
 
-__all__ = ["ApiKey", "KeyRing", "KeysFileError", "KEYS_FILE_ENV", "SCOPED_IDS_ENV", "SHARED_KEY_ENV", "parse_keys"]
+__all__ = ["ApiKey", "KeyRing", "KeysFileError", "KEYS_FILE_ENV", "SHARED_KEY_ENV", "parse_keys"]
 
 KEYS_FILE_ENV = "SAGA_API_KEYS"
-# Set by `saga serve --api-keys` for its engine: the HTTP port scopes session ids, so
-# the hint service scopes agents' ids the same way (`WorkflowHintsService`).
-SCOPED_IDS_ENV = "SAGA_SCOPED_SESSION_IDS"
 SHARED_KEY_ENV = "SAGA_API_KEY"
 MIN_KEY_CHARS = 8
 _MAX_TENANT_CHARS = 256

@@ -64,10 +64,12 @@ import time
 import urllib.request
 
 from ..core.identity import SESSION_HEADERS_ENV, problem_with
+from ..core.mechanisms import ENGINE_MECHANISMS, parse_mechanisms
 from ..record import JsonlSink
 from ..record import options as record_options
-from ..rpc.keys import KEYS_FILE_ENV, SCOPED_IDS_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError
+from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError
 from ..rpc.reload import RELOAD_DIR_ENV, forward_reload
+from ..settings import EngineSettings
 from ..state_file import STATE_FILE_ENV, add_state_arguments, state_path_of
 from .model import ModelPrepError, resolve_model_dir
 
@@ -103,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fast-start", action="store_true", help="--enforce-eager: fastest start (tests)")
     p.add_argument("--pin-max-fraction", type=float, default=None,
                    help="most of the KV pool hard pins may hold (default 0.5)")
+    p.add_argument("--off", type=_mechanisms, default=None, metavar="NAME[,NAME]",
+                   help="switch SAGA mechanisms off, to compare: walru, ttl, prefetch, afs, admit, shape "
+                        "(docs/OPERATING.md, SAGA_OFF)")
     p.add_argument("--hint-api-key", default=None,
                    help="shared token the hint service requires, one tenant, admin "
                         "(default: $SAGA_API_KEY; unset: no auth)")
@@ -195,13 +200,17 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
         cls = SAGA_SCHEDULER if (not is_gpu_build() or async_off) else SAGA_ASYNC_SCHEDULER
         args += ["--scheduler-cls", cls]
         hint_addr = f"{opts.hint_host or opts.host}:{opts.hint_port}"
-        env["SAGA_HINT_ADDR"] = hint_addr
+        settings = EngineSettings.from_env(env).with_(
+            hint_addr=hint_addr, scoped_session_ids=bool(opts.api_keys or env.get(KEYS_FILE_ENV)))
+        if opts.pin_max_fraction is not None:
+            settings = settings.with_(pin_max_fraction=opts.pin_max_fraction)
+        if opts.off is not None:
+            settings = settings.with_(off=opts.off)
+        settings.write(env)
         if opts.hint_api_key:
             env[SHARED_KEY_ENV] = opts.hint_api_key
         if opts.api_keys:
             env[KEYS_FILE_ENV] = os.path.abspath(opts.api_keys)
-        if opts.pin_max_fraction is not None:
-            env["SAGA_PIN_MAX_FRACTION"] = str(opts.pin_max_fraction)
         env.update(record_options.to_env(opts, opts.record_idle_s))
         state = state_path_of(opts, "engine", opts.port, env)
         if state is not None:
@@ -210,7 +219,7 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
         raise SystemExit("saga serve: --record needs the SAGA scheduler (it records in its process); "
                          "record a --no-saga run with saga proxy --record")
     else:
-        env.pop("SAGA_HINT_ADDR", None)
+        EngineSettings().write(env)  # stock vLLM: no SAGA knob reaches it
     args += _http_keys(opts, passthrough, env)
     if opts.kv_transfer == "nixl":
         args += _nixl_args(opts, passthrough, env)
@@ -255,6 +264,14 @@ def host_tier_config(passthrough: list[str], gpu: bool, with_saga: bool,
         extra.update(eviction_policy="SagaCachePolicy", cache_policy_module_path=OFFLOAD_POLICY_MODULE)
     return rest, {"kv_connector": "SagaOffloadingConnector", "kv_connector_module_path": TIER_CONNECTOR_MODULE,
                   "kv_role": "kv_both", "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
+
+
+def _mechanisms(names: str):
+    """`--off`'s value: mechanism names (argparse reports a bad one)."""
+    try:
+        return parse_mechanisms(names, ENGINE_MECHANISMS)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _take_flag(args: list[str], flag: str) -> tuple[list[str], str]:
@@ -372,7 +389,6 @@ def _http_keys(opts: argparse.Namespace, passthrough: list[str], env: dict[str, 
     shared = opts.hint_api_key or env.get(SHARED_KEY_ENV)
     if keys_file:
         env[KEYS_FILE_ENV] = os.path.abspath(keys_file)
-        env[SCOPED_IDS_ENV] = "1"  # agents' hints then name the ids their requests arrive under
         env.pop("VLLM_API_KEY", None)  # an inherited one would make vLLM refuse every tenant's key
         return ["--middleware", HTTP_KEYS_MIDDLEWARE]
     if shared and not _has_flag(passthrough, "--api-key"):

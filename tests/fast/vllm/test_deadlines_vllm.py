@@ -64,7 +64,7 @@ def test_a_slack_rich_request_gives_way_to_a_waiting_at_risk_one(tiny_model):
 
 
 def test_without_shaping_fair_share_order_decides(tiny_model, monkeypatch):
-    monkeypatch.setenv("SAGA_SHAPING", "0")
+    monkeypatch.setenv("SAGA_OFF", "shape")
     s, loose, _ = _one_slot_both_waiting(tiny_model)
     assert new_ids(step(s)) == {loose.request_id}
 

@@ -30,18 +30,23 @@ from saga_server.core import (
     WorkflowCore,
 )
 from saga_server.core.holds import PINNED, PROTECTED, SOFT
+from saga_server.core.mechanisms import ENGINE_MECHANISMS, Mechanism
 from saga_server.core.pinning import PinConfig
 from saga_server.engines.sim import SimConfig, Simulator, StepSpec, TaskInstance, TaskSpec, ToolSpec, make_cost_model
 from saga_server.engines.sim.events import SAMPLE, TASK_START, TOOL_END
 from saga_server.engines.sim.saga_policy import SagaPolicy
 from saga_server.engines.vllm import SagaScheduler
-from saga_server.engines.vllm.plugin import PREFETCH_ENV
+from saga_server.settings import EngineSettings
 from vllm_builders import Requests, make_scheduler, step
 
 BS = 16
 POOL = 16  # blocks both engines may hold (vLLM keeps one more, its null block)
 SEQS = 1  # requests an engine runs at once: the next one waits in the queue
 CONFIG = CoreConfig(pin=PinConfig(min_tokens=BS))  # sessions this small may be pinned
+# The mechanisms both engines run. The simulator's prefetch is a host-tier load, the CPU
+# engine's a re-prefill on idle steps (`engines.vllm.prefetch`): two mechanisms, left
+# out of both here, as are the queue's order and deadline shaping (one session per step).
+MECHANISMS = frozenset({Mechanism.WALRU, Mechanism.TTL, Mechanism.ADMIT})
 TIER = {SOFT: "soft", PINNED: "pinned", PROTECTED: "protected"}
 # Per session: its steps as (prompt tokens, answer tokens, tools after it as (name,
 # category, seconds)). A request is scheduled at one engine step and answers one token
@@ -101,7 +106,8 @@ class VllmEngine:
         core = WorkflowCore(CONFIG, clock=self.clock)
         warm(core)
         self.s = make_scheduler(SagaScheduler, model, num_blocks=POOL + 1, block_size=BS, max_num_seqs=SEQS,
-                                core=core, clock=self.clock, start_hints=False)
+                                core=core, clock=self.clock, start_hints=False,
+                                settings=EngineSettings(off=ENGINE_MECHANISMS - MECHANISMS))
         self.plugin = self.s.saga
         self.R = Requests(BS)
         self.step_of = dict.fromkeys(SESSIONS, 0)
@@ -164,7 +170,7 @@ class SimEngine:
         # which the vLLM driver's steps finish it, and by that one.
         cost = make_cost_model("h100-80gb", "llama3-8b", kv_capacity_override=POOL * BS, block_tokens=BS,
                                max_num_seqs=SEQS, overhead_s=0.25)
-        policy = SagaPolicy(mechanisms=("walru", "ttl", "admit"), config=CONFIG)
+        policy = SagaPolicy(mechanisms=MECHANISMS, config=CONFIG)
         self.sim = Simulator(cost, policy, tasks, SimConfig(workers=1))
         self.sim.now = -10_000.0
         warm(policy.core)
@@ -193,11 +199,7 @@ class SimEngine:
 
 @pytest.fixture(scope="module")
 def traces(tiny_model):
-    with pytest.MonkeyPatch.context() as env:
-        # The simulator's prefetch is a host-tier load, the CPU engine's a re-prefill
-        # on idle steps (`engines.vllm.prefetch`): two mechanisms, left out of both here.
-        env.setenv(PREFETCH_ENV, "0")
-        vllm = VllmEngine(tiny_model)
+    vllm = VllmEngine(tiny_model)
     sim = SimEngine()
     return [(t, e, sid, vllm.do(t, e, sid), sim.do(t, e, sid)) for t, e, sid in SCRIPT]
 

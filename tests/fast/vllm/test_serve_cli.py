@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from saga_server.core.mechanisms import Mechanism
 from saga_server.record import options as record_options
 from saga_server.serve import cli
 from saga_server.serve.status import parse_metrics
+from saga_server.settings import EngineSettings
 
 
 def build(argv, default_model=True):
@@ -29,6 +31,16 @@ def test_no_saga_is_the_same_vllm_without_plugin_or_hints():
     assert "--scheduler-cls" not in stock.argv and "SAGA_HINT_ADDR" not in stock.env
     at = saga.argv.index("--scheduler-cls")
     assert stock.argv == saga.argv[:at] + saga.argv[at + 2:]  # identical otherwise: an honest baseline
+
+
+def test_mechanisms_switched_off_reach_the_engine_as_its_settings_and_a_bad_name_is_refused(capsys):
+    env = build(["--off", "admit,shape", "--pin-max-fraction", "0.25"]).env
+    settings = EngineSettings.from_env(env)
+    assert settings.off == {Mechanism.ADMIT, Mechanism.SHAPE} and settings.pin_max_fraction == 0.25
+    assert settings.hint_addr == "127.0.0.1:50051"
+    with pytest.raises(SystemExit):
+        build(["--off", "steal"])  # the router's, not one engine's
+    assert "unknown mechanism(s) steal" in capsys.readouterr().err
 
 
 def test_user_flags_pass_through_and_override_defaults():

@@ -52,9 +52,8 @@ from saga_server.core import (
 # Under "vllm." so vLLM's own log handler (and level) shows these lines.
 log = logging.getLogger("vllm.saga")
 
-__all__ = ["EngineHintSink", "ReleaseKv", "start_hint_service", "HINT_ADDR_ENV"]
+__all__ = ["EngineHintSink", "ReleaseKv", "start_hint_service"]
 
-HINT_ADDR_ENV = "SAGA_HINT_ADDR"
 _ENGINE_EVENTS = (ToolCallStart, ToolCallEnd)  # a session's end reaches the engine as the core publishes it
 
 
@@ -159,22 +158,20 @@ def _best_effort(hook: Callable, *args) -> None:
         log.exception("hint accept hook failed")
 
 
-def start_hint_service(sink: EngineHintSink, address: str | None = None):
-    """Start the gRPC hint service for `sink` on `address` (default: $SAGA_HINT_ADDR),
-    with the keys of the environment. Returns the server, or None when no address is
+def start_hint_service(sink: EngineHintSink, address: str | None, *, scope_agent_ids: bool = False):
+    """Start the gRPC hint service for `sink` on `address` (`EngineSettings.hint_addr`),
+    with the keys of the environment; `scope_agent_ids`: `EngineSettings.scoped_session_ids`. Returns the server, or None when no address is
     configured. A port already in use, or a keys file that cannot be used, is logged
     and skipped: the engine keeps serving without hints (never without the keys)."""
-    address = address or os.environ.get(HINT_ADDR_ENV)
     if not address:
         return None
     from saga_server.rpc import HintServer, KeyRing  # noqa: PLC0415  (grpc only when used)
-    from saga_server.rpc.keys import SCOPED_IDS_ENV  # noqa: PLC0415
     from saga_server.rpc.reload import register_for_reload, reload_on_sighup  # noqa: PLC0415
 
     try:
         keys = KeyRing.from_env()
         server = HintServer(sink, address, keys=keys,
-                            scope_agent_ids=os.environ.get(SCOPED_IDS_ENV) == "1").start()
+                            scope_agent_ids=scope_agent_ids).start()
     except Exception:
         log.exception("SAGA hint service could not start on %s; serving without hints", address)
         return None

@@ -20,8 +20,8 @@ idle engine; two co-hosted replicas then leave the model no core). Transfers do 
 need it: vLLM's worker progresses them on every engine step (`get_finished` polls
 the target's reads and the source's notifications), and an engine keeps stepping
 while it holds blocks for a pull (the scheduler counts such finished requests as
-work). GPU builds keep vLLM's agent; `SAGA_NIXL_PROGRESS_THREAD` set to 1 or 0
-forces the thread on or off.
+work). GPU builds keep vLLM's agent; `EngineSettings.nixl_progress_thread`
+(`SAGA_NIXL_PROGRESS_THREAD`) forces the thread on or off.
 
 How a move uses it (`saga_server.router.kv_move`): the source engine holds a
 prefix's blocks for a pull (a one-token request with `do_remote_decode`), the target
@@ -44,14 +44,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector as _VllmNixlConnector
 from vllm.distributed.nixl_utils import NixlWrapper, nixl_agent_config
 
+from saga_server.settings import EngineSettings
+
 from .loads import LoadLog
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NixlConnector", "KEEP_PINNING_ENV", "PROGRESS_THREAD_ENV"]
+__all__ = ["NixlConnector"]
 
-KEEP_PINNING_ENV = "SAGA_NIXL_KEEP_PINNING"
-PROGRESS_THREAD_ENV = "SAGA_NIXL_PROGRESS_THREAD"
 
 
 class NixlConnector(_VllmNixlConnector):
@@ -63,7 +63,7 @@ class NixlConnector(_VllmNixlConnector):
         placed = os.sched_getaffinity(0)
         super().__init__(vllm_config, role, kv_cache_config)
         pinned = os.sched_getaffinity(0)
-        if pinned != placed and os.environ.get(KEEP_PINNING_ENV) != "1":
+        if pinned != placed and not EngineSettings.from_env().nixl_keep_pinning:
             os.sched_setaffinity(0, placed)
             log.info("SAGA: NIXL pinned the engine worker to cores %s; restored %s",
                      sorted(pinned), sorted(placed))
@@ -89,10 +89,10 @@ class NixlConnector(_VllmNixlConnector):
 
 def wants_progress_thread(kv_transfer_config) -> bool:
     """Whether the engine's NIXL agent keeps NIXL's progress thread: on device builds,
-    unless `SAGA_NIXL_PROGRESS_THREAD` says otherwise."""
-    forced = os.environ.get(PROGRESS_THREAD_ENV)
-    if forced in ("0", "1"):
-        return forced == "1"
+    unless `EngineSettings.nixl_progress_thread` says otherwise."""
+    forced = EngineSettings.from_env().nixl_progress_thread
+    if forced is not None:
+        return forced
     return kv_transfer_config.kv_buffer_device != "cpu"
 
 

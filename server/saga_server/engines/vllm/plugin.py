@@ -15,7 +15,7 @@ stock vLLM (everything else is vLLM's own code path):
   have succeeded. Under KV overload whole sessions wait instead of evicting each
   other (`saga_server.core.admission`): a request of a session not admitted stays in
   the waiting queue without being scheduled (`RankedRequestQueue` holds it).
-  Requests without a session are never held. `SAGA_ADMISSION=0` turns it off.
+  Requests without a session are never held.
 - **AFS**: before each step the waiting queue (`RankedRequestQueue`) is stably ordered
   by the core's `request_rank`: tenants' fair-share priority, then within a tenant the
   task's seniority (older tasks first, so tasks finish in the order they began;
@@ -23,8 +23,8 @@ stock vLLM (everything else is vLLM's own code path):
   request earlier within its tenant, `core.fairshare`). Service is recorded per tenant
   after each step. Admission counts a request's KV need with its `osl` hint when it
   gives one (`RequestMeta.kv_need`).
-  `SAGA_SENIORITY_WINDOW_S` bounds how far seniority reaches back (0: request-level
-  FCFS within a tenant, as stock).
+  The seniority window (`EngineSettings.seniority_window_s`) bounds how far
+  seniority reaches back (0: request-level FCFS within a tenant, as stock).
 - **Deadlines** (`saga_server.core.deadlines`, which documents the rule): while a
   request of an at-risk session waits, requests of slack-rich sessions are held in
   the waiting queue (held back by `RankedRequestQueue`, taken back from it if they
@@ -32,8 +32,11 @@ stock vLLM (everything else is vLLM's own code path):
   is not an at-risk request's gets a token budget of its decodes plus one block
   (`step_token_budget`, which `SagaScheduler` applies to the step). vLLM schedules
   running requests' prefill in running order, so an at-risk prefill cannot overtake
-  one already running: the budget is then left whole. `SAGA_SHAPING=0` turns it off.
+  one already running: the budget is then left whole.
 - **Prefetch**: see `prefetch`.
+- **Settings** (`saga_server.settings.EngineSettings`, read once at start): each
+  mechanism above can be switched off by name (`SAGA_OFF`, `core.mechanisms`); off,
+  it does what stock vLLM does there.
 - **Hints**: see `intake`; a gRPC hint service runs in this (EngineCore) process and
   feeds the core; tool/session events reach the engine loop through a queue drained
   at each `schedule()`, so block references are only ever touched by the engine loop.
@@ -55,7 +58,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import time
 from typing import Any, Callable
 
@@ -78,7 +80,9 @@ from saga_server.core.admission import ACTIVE, PARKED, WAITING, SessionAdmission
 from saga_server.core.deadlines import DeadlineShaper
 from saga_server.core.holds import PINNED, HoldLedger, Release
 from saga_server.core.kv_policy import SessionKvPolicy, WorkflowRules
+from saga_server.core.mechanisms import Mechanism
 from saga_server.core.sessions import ENDED
+from saga_server.settings import EngineSettings
 from saga_server.state_file import StateKeeper
 
 from .holds import VllmBlockPool, cached_prefix_blocks
@@ -93,33 +97,10 @@ from .sessions import request_meta
 # Under "vllm." so vLLM's own log handler (and level) shows these lines.
 log = logging.getLogger("vllm.saga")
 
-__all__ = ["SagaPlugin", "PIN_FRACTION_ENV", "SENIORITY_WINDOW_ENV", "ADMISSION_ENV", "PREFETCH_ENV", "SHAPING_ENV"]
+__all__ = ["SagaPlugin"]
 
-PIN_FRACTION_ENV = "SAGA_PIN_MAX_FRACTION"
-SENIORITY_WINDOW_ENV = "SAGA_SENIORITY_WINDOW_S"
-MAX_SESSIONS_ENV = "SAGA_MAX_SESSIONS"
-SESSION_IDLE_ENV = "SAGA_SESSION_IDLE_S"
-ADMISSION_ENV = "SAGA_ADMISSION"
-PREFETCH_ENV = "SAGA_PREFETCH"
-SHAPING_ENV = "SAGA_SHAPING"
 _AFS_MAX_QUEUE = 2048  # longer queues keep FCFS: ranking costs one core call per request per step
 _PIN_EVENT = {"pressure": "reclaimed", "session_end": "ended"}  # "used": see on_arrival
-
-
-def env_float(name: str, default: float, lo: float, hi: float = math.inf) -> float:
-    """A SAGA knob from the environment; a malformed or out-of-range value is
-    logged and the default kept (serving never fails over a SAGA knob)."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not lo <= value <= hi:
-        log.warning("SAGA: ignoring %s=%r (want a number in [%g, %g]); using %g", name, raw, lo, hi, default)
-        return default
-    return value
 
 
 def _no_limits(tenant: str) -> TenantLimits:
@@ -151,20 +132,20 @@ def _guarded(where: str, default: Any = None):
 
 class SagaPlugin:
     def __init__(self, scheduler, *, core: WorkflowCore | None = None, clock=None, start_hints: bool = True,
-                 tenant_limits: Callable[[str], TenantLimits] | None = None) -> None:
-        """`core`, `clock`, `start_hints` and `tenant_limits` are test seams; vLLM
-        passes none of them (then: a fresh `WorkflowCore`, `time.monotonic`, hint
-        service per env, each tenant's limits from that service's keys file)."""
+                 tenant_limits: Callable[[str], TenantLimits] | None = None,
+                 settings: EngineSettings | None = None) -> None:
+        """`core`, `clock`, `start_hints`, `tenant_limits` and `settings` are test seams;
+        vLLM passes none of them (then: a fresh `WorkflowCore`, `time.monotonic`, hint
+        service per the settings, each tenant's limits from that service's keys file,
+        `EngineSettings.from_env()`)."""
         self.scheduler = scheduler
         self.clock = clock or time.monotonic
+        self.settings = settings = settings or EngineSettings.from_env(logger=log)
         own_core = core is None
         if own_core:
-            window = env_float(SENIORITY_WINDOW_ENV, FairShareConfig().seniority_window_s, 0.0)
-            defaults = CoreConfig()
             core = WorkflowCore(CoreConfig(
-                max_sessions=int(env_float(MAX_SESSIONS_ENV, defaults.max_sessions, 1.0, 1e8)),
-                session_idle_s=env_float(SESSION_IDLE_ENV, defaults.session_idle_s, 1e-3),
-                fairshare=FairShareConfig(seniority_window_s=window)), clock=self.clock)
+                max_sessions=settings.max_sessions, session_idle_s=settings.session_idle_s,
+                fairshare=FairShareConfig(seniority_window_s=settings.seniority_window_s)), clock=self.clock)
         self.core = core
         # What the engine's own core learnt survives a restart (`saga_server.state_file`).
         self.state = StateKeeper.from_env("engine", core.learnt, core.restore_learnt,
@@ -174,29 +155,33 @@ class SagaPlugin:
         self.enabled = bool(scheduler.cache_config.enable_prefix_caching)
         if not self.enabled:
             log.warning("SAGA: prefix caching is off, so there is no KV to keep: pins/WA-LRU/prefetch disabled")
+        if settings.off:
+            log.warning("SAGA: switched off: %s", ", ".join(sorted(settings.off)))
         pool = scheduler.kv_cache_manager.block_pool
         self.block_size = scheduler.block_size
-        fraction = env_float(PIN_FRACTION_ENV, 0.5, 0.0, 1.0)
+        fraction = settings.pin_max_fraction
         self.tenant_limits = tenant_limits or _no_limits  # the hint service's keys replace it below
         self.ledger = HoldLedger(VllmBlockPool(pool), pool.num_gpu_blocks - 1, max_pin_fraction=fraction,
                                  on_release=self._released,
                                  owner_pin_cap=lambda tenant: self.tenant_limits(tenant).max_pinned_blocks)
         admission = None
-        if self.enabled and env_float(ADMISSION_ENV, 1.0, 0.0, 1.0) > 0:
+        if self.enabled and settings.on(Mechanism.ADMIT):
             pool_tokens = self.ledger.capacity_blocks * self.block_size
             admission = functools.partial(SessionAdmission, self.core, pool_tokens,
                                           host_tokens=_host_tier_tokens(scheduler, pool_tokens),
                                           return_s=self._recompute_s)
-        self.kv = SessionKvPolicy(self.ledger, WorkflowRules(self.core), block_tokens=self.block_size,
+        rules = WorkflowRules(self.core, wa_lru=settings.on(Mechanism.WALRU), pins=settings.on(Mechanism.TTL))
+        self.kv = SessionKvPolicy(self.ledger, rules, block_tokens=self.block_size,
                                   core=self.core, count=self.counters.count,
                                   admission=(lambda parkable: admission(parkable=parkable)) if admission else None)
         self.admission = self.kv.admission
         # CPU engines add each prefill token's cost to the step: no prefill rides free,
         # so the thin budget is one block.
         self.shaper = (DeadlineShaper(self.core.deadline_class, prefill_budget_tokens=self.block_size)
-                       if env_float(SHAPING_ENV, 1.0, 0.0, 1.0) > 0 else None)
+                       if settings.on(Mechanism.SHAPE) else None)
         self.prefetcher = Prefetcher(scheduler, self.core, self.kv, self.counters, self.clock)
-        self._prefetching = self.enabled and env_float(PREFETCH_ENV, 1.0, 0.0, 1.0) > 0
+        self._prefetching = self.enabled and settings.on(Mechanism.PREFETCH)
+        self._ranking = settings.on(Mechanism.AFS)
         self.kv.on_forget(lambda sid, how: self.prefetcher.forget(sid, ended=how == ENDED))
         self._pace = _StepPace()
         connector = getattr(scheduler, "connector", None)
@@ -221,7 +206,8 @@ class SagaPlugin:
                                    on_accept=self._core_gauges,
                                    on_event=self.recording.hint if self.recording is not None else None,
                                    held_blocks=self.ledger.blocks_of, block_tokens=self.block_size)
-        self.hint_server = start_hint_service(self.sink) if start_hints else None
+        self.hint_server = start_hint_service(self.sink, settings.hint_addr,
+                                              scope_agent_ids=settings.scoped_session_ids) if start_hints else None
         if tenant_limits is None and self.hint_server is not None and self.hint_server.keys is not None:
             self.tenant_limits = self.hint_server.keys.limits
         SagaMetrics.maybe_start_exporter()
@@ -496,7 +482,7 @@ class SagaPlugin:
             waiting.ungate()
         if self.shaper is not None and self.shaper.at_risk():
             waiting.regate()
-        if not 2 <= len(waiting) <= _AFS_MAX_QUEUE:
+        if not self._ranking or not 2 <= len(waiting) <= _AFS_MAX_QUEUE:
             return
         core, requests = self.core, self.requests
         tenant_prio: dict[str, float] = {}

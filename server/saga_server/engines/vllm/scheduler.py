@@ -36,10 +36,11 @@ class SagaSchedulerMixin:
     """The wiring; mixed in front of vLLM's `Scheduler` or `AsyncScheduler`."""
 
     def __init__(self, *args, core: WorkflowCore | None = None, clock=None, start_hints: bool = True,
-                 tenant_limits=None, **kwargs) -> None:
-        """`core`, `clock`, `start_hints` and `tenant_limits` are test seams (see `SagaPlugin`)."""
+                 tenant_limits=None, settings=None, **kwargs) -> None:
+        """`core`, `clock`, `start_hints`, `tenant_limits` and `settings` are test seams (see `SagaPlugin`)."""
         super().__init__(*args, **kwargs)
-        self.saga = SagaPlugin(self, core=core, clock=clock, start_hints=start_hints, tenant_limits=tenant_limits)
+        self.saga = SagaPlugin(self, core=core, clock=clock, start_hints=start_hints, tenant_limits=tenant_limits,
+                               settings=settings)
         self._full_token_budget = self.max_num_scheduled_tokens
         self.kv_cache_manager = HoldingKVCacheManager(self.kv_cache_manager, self.saga)
         if self.policy == SchedulingPolicy.FCFS:

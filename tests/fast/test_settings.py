@@ -1,0 +1,62 @@
+"""The engine's typed settings: read from the environment once, written back by `saga
+serve`, a bad value logged and its default kept, and docs/OPERATING.md's table made
+from them."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from saga_server.core.mechanisms import Mechanism, parse_mechanisms
+from saga_server.settings import EngineSettings, knob_table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_knob_is_read_from_its_variable():
+    env = {"SAGA_HINT_ADDR": "127.0.0.1:5", "SAGA_SCOPED_SESSION_IDS": "1", "SAGA_OFF": "admit, shape",
+           "SAGA_PIN_MAX_FRACTION": "0.25", "SAGA_SENIORITY_WINDOW_S": "0", "SAGA_MAX_SESSIONS": "7",
+           "SAGA_SESSION_IDLE_S": "2.5", "SAGA_NIXL_KEEP_PINNING": "1", "SAGA_NIXL_PROGRESS_THREAD": "0"}
+    s = EngineSettings.from_env(env)
+    assert s == EngineSettings(hint_addr="127.0.0.1:5", scoped_session_ids=True,
+                               off=frozenset({Mechanism.ADMIT, Mechanism.SHAPE}), pin_max_fraction=0.25,
+                               seniority_window_s=0.0, max_sessions=7, session_idle_s=2.5, nixl_keep_pinning=True,
+                               nixl_progress_thread=False)
+    assert {f.metadata["knob"].env for f in fields(EngineSettings)} == set(env)
+    assert not s.on(Mechanism.ADMIT) and s.on(Mechanism.TTL)
+
+
+@pytest.mark.parametrize("env, value", [
+    ("SAGA_PIN_MAX_FRACTION", "1.5"), ("SAGA_PIN_MAX_FRACTION", "nan"), ("SAGA_PIN_MAX_FRACTION", "lots"),
+    ("SAGA_SENIORITY_WINDOW_S", "-1"), ("SAGA_MAX_SESSIONS", "2.5"), ("SAGA_MAX_SESSIONS", "0"),
+    ("SAGA_SCOPED_SESSION_IDS", "yes"), ("SAGA_OFF", "admit,steal"), ("SAGA_OFF", "lru")])
+def test_a_bad_value_is_logged_and_its_default_kept(env, value, caplog):
+    with caplog.at_level(logging.WARNING, logger="saga.settings"):
+        assert EngineSettings.from_env({env: value}) == EngineSettings()
+    assert env in caplog.text and repr(value) in caplog.text
+
+
+def test_what_saga_serve_writes_reads_back_the_same_and_overrides_what_it_inherited():
+    s = EngineSettings(hint_addr="h:1", off=frozenset({Mechanism.WALRU}), pin_max_fraction=0.75)
+    env = {"SAGA_PIN_MAX_FRACTION": "0.1", "SAGA_SESSION_IDLE_S": "5", "PATH": "/bin"}
+    EngineSettings.from_env(env).with_(hint_addr="h:1", off=s.off, pin_max_fraction=0.75).write(env)
+    assert EngineSettings.from_env(env) == s.with_(session_idle_s=5.0)
+    EngineSettings().write(env)
+    assert env == {"PATH": "/bin"}  # defaults are not written, inherited ones are dropped
+
+
+def test_settings_outside_their_range_cannot_be_built():
+    with pytest.raises(ValueError, match="pin_max_fraction"):
+        EngineSettings(pin_max_fraction=2.0)
+    with pytest.raises(ValueError, match="steal"):
+        parse_mechanisms("steal", frozenset(Mechanism) - {Mechanism.STEAL})
+
+
+def test_the_operating_guide_holds_the_generated_table():
+    text = (ROOT / "docs" / "OPERATING.md").read_text()
+    start = text.index("<!-- engine-settings")
+    block = text[text.index("\n", start) + 1:text.index("<!-- /engine-settings -->")]
+    assert block == knob_table(), "regenerate it: python -m saga_server.settings"
