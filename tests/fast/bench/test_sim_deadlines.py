@@ -53,7 +53,7 @@ def test_a_slack_rich_request_is_not_held_once_the_at_risk_one_runs():
                     SimConfig(workers=1, seed=0))
     done = {t.session_id: t for t in sim.run().tasks}
     assert done["loose-0"].finished_at < 0.1 * done["tight-0"].finished_at
-    assert sim.workers[0].shaper.at_risk() == 0  # every at-risk request was let go at its end
+    assert sim.workers[0].engine.shaper.at_risk() == 0  # every at-risk request was let go at its end
 
 
 
@@ -74,7 +74,7 @@ def test_the_thin_budget_keeps_up_with_the_prefill_arriving():
     insts.append(TaskInstance("tight-0", _tight(), "interactive", deadline_factor=2.0))
     cost = make_cost_model(kv_capacity_override=600_000)
     sim = Simulator(cost, make_policy("saga"), insts, SimConfig(workers=1, seed=0))
-    sim.workers[0].shaper.__class__ = Recorded
+    sim.workers[0].engine.shaper.__class__ = Recorded
     done = {t.session_id: t for t in sim.run().tasks}
     assert done["tight-0"].met_deadline
     thin = [b for b in budgets if b]

@@ -68,7 +68,7 @@ def test_a_childs_start_decides_the_waiting_parents_pin_again_in_the_simulator(p
     from saga_server.core.holds import PINNED
 
     sim = Simulator(make_cost_model(), make_policy(policy), [TaskInstance("r", tree())], SimConfig(workers=1))
-    kv = sim.workers[0].kv
+    kv = sim.workers[0].engine.kv
     pinned_at, ended_at = [], []
     follow, child_ended = kv.follow_core, sim._child_ended
 

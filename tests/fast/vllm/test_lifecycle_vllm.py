@@ -18,9 +18,7 @@ def engine_tables(plugin) -> dict[str, int]:
     pf = plugin.prefetcher
     return {
         "core sessions": len(plugin.core.table),
-        **{f"policy {k}": v for k, v in plugin.kv.table_sizes().items()},
-        "plugin requests": len(plugin.requests),
-        "plugin contexts": len(plugin._had),
+        **{f"engine {k}": v for k, v in plugin.engine.table_sizes().items()},
         "offload request map": len(plugin._request_sessions),
         "prefetch tokens": len(pf._known),
         "prefetch ready": len(pf._ready),
@@ -43,8 +41,8 @@ def test_sessions_that_never_end_are_forgotten_everywhere_past_the_cap_and_the_i
         run_until_idle(s)
         clock.t += 0.001
     tables = engine_tables(plugin)
-    assert tables["core sessions"] <= cap and tables["policy admission"] <= cap
-    assert tables["policy holds"] <= cap and tables["plugin requests"] == 0
+    assert tables["core sessions"] <= cap and tables["engine admission"] <= cap
+    assert tables["engine holds"] <= cap and tables["engine live_requests"] == 0
     clock.t += idle_s + 1  # nobody ended any of them; now they are idle past the core's time
     step(s)
     after = engine_tables(plugin)

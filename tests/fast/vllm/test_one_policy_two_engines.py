@@ -183,7 +183,7 @@ class SimEngine:
             sim._start_task(self.inst[sid])
         elif event == "tool_end":
             sim._tool_end(sim.sessions[sid])
-        return decisions(self.w.cache.ledger, self.w.kv.admission)
+        return decisions(self.w.cache.ledger, self.w.engine.admission)
 
     def run_until(self, t: float) -> None:
         """The simulator's own events due by `t` (its batch, pin expiries); the script

@@ -3,7 +3,7 @@ wait outside its queue, and parked sessions' KV leaves its pool.
 
 A policy with admission gives each worker a controller (`SimPolicy.admission`; SAGA's is
 the core's `SessionAdmission`, the ThunderAgent baseline has its own), which the
-worker's `SessionKvPolicy` drives as the vLLM plugin's does: the policy parks (the
+worker's `EnginePolicy` drives as the vLLM plugin's does: the policy parks (the
 parked session's prefix becomes the first to be evicted from the pool: it stays while
 nobody needs the room; evicted, it goes to the host tier like any other) and protects
 the KV of admitted sessions; the simulator moves an admitted session's waiting request
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .session import Session
+from .session import Session, request_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from .worker import Worker
@@ -29,9 +29,9 @@ __all__ = ["AdmissionGate"]
 class AdmissionGate:
     def _admitted(self, w: "Worker", s: Session, tokens: int, reusable: int) -> bool:
         """The session's request (needing `tokens` of KV, continuing `reusable` of what
-        the session held) arrives at the worker's KV policy; whether it may join the
-        queue now. If not it waits at the gate until a plan admits it."""
-        if w.kv.arrived(s.session_id, s.step, tokens, self.now, s.tenant, reusable_tokens=reusable):
+        the session held) joins the worker's queue; whether it may now. If not it
+        waits at the gate until a plan admits it."""
+        if w.engine.queued(request_key(s), tokens, self.now, reusable_tokens=reusable):
             return True
         w.gated[s.session_id] = s
         self._rebalance(w, arriving=s.session_id)
@@ -40,7 +40,7 @@ class AdmissionGate:
     def _rebalance(self, w: "Worker", arriving: str | None = None) -> None:
         """Carry out the policy's admission plan (it parks and protects the KV itself);
         an admitted `arriving` session is left to the caller, which is enqueueing it."""
-        plan = w.kv.plan()
+        plan = w.engine.plan()
         res = self.result
         res.parked += len(plan.park)
         for sid in plan.admit:
@@ -53,5 +53,5 @@ class AdmissionGate:
         """The session ended or left the worker (the policy forgot its admission
         state): a request of it no longer waits, and others may be admitted."""
         w.gated.pop(s.session_id, None)
-        if w.kv.admission is not None:
+        if w.engine.admission is not None:
             self._rebalance(w)

@@ -29,10 +29,11 @@ Model (deterministic under a seed; all times in simulated seconds):
   modelled as always resident and not charged to the pool.
 - **Session admission** (policies with one, `admission`): requests of sessions the
   worker's controller has not admitted wait at its gate, outside the queue.
-- **What happens to KV**: each worker's `saga_server.core.kv_policy.SessionKvPolicy`
-  (the object the vLLM plugin runs) with the policy's rules; the simulator reports
-  the engine's facts to it in the plugin's order (a request arrives, is scheduled,
-  finishes; then the agent's tool hints) and applies what it returns.
+- **What happens to KV and who waits for a deadline**: each worker's
+  `saga_server.core.engine_policy.EnginePolicy` (the object the vLLM plugin runs) with
+  the policy's rules; the simulator reports the engine's facts to it (a request
+  arrives, joins the queue, is scheduled, finishes; the agent's tool hints) and
+  applies what it returns.
 - **Continuous batching as a fluid** (`worker`), and the host tier (`host`).
 
 `run()` returns a `SimResult` of raw counters; `saga_server.bench.metrics` turns them
@@ -45,8 +46,9 @@ import heapq
 from collections import deque
 from typing import Callable, Sequence
 
+from saga_server.core.engine_policy import EnginePolicy, LiveRequest
+
 from .admission import AdmissionGate
-from saga_server.core.kv_policy import SessionKvPolicy
 
 from .cache import PrefixCache
 from .events import LOADED, MOVED, PIN_EXPIRE, PREFETCH, SAMPLE, STEAL, TASK_START, TOOL_END, WORKER
@@ -55,7 +57,7 @@ from .host import HostOffload, HostTier
 from .moves import KvMoves
 from .policy import SimPolicy
 from .results import SimConfig, SimResult, TaskRecord, turn_deadline_s, unloaded_time_s
-from .session import ARRIVE, Request, Session
+from .session import ARRIVE, Request, Session, request_key
 from .tasks import TaskInstance
 from .worker import Worker
 
@@ -86,11 +88,12 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         self.sessions: dict[str, Session] = {}
         rules = policy.kv_rules(self.sessions.__getitem__, clock)
         for w in self.workers:
-            w.kv = SessionKvPolicy(w.cache.ledger, rules, block_tokens=bt, core=policy.core,
-                                   protect_queued=policy.protect_queued, release_garbage=policy.releases_garbage,
-                                   admission=lambda parkable: policy.admission(cap * bt, host_tokens, cost, parkable))
-            w.kv.on_forget(lambda sid, how, w=w: self._forgotten(w, sid, how))
-            w.shaper = policy.shaper(cost)
+            w.engine = EnginePolicy(
+                w.cache.ledger, rules, block_tokens=bt, core=policy.core, mechanisms=policy.mechanisms,
+                admission=lambda parkable: policy.admission(cap * bt, host_tokens, cost, parkable),
+                shaper=policy.shaper(cost), protect_queued=policy.protect_queued,
+                release_garbage=policy.releases_garbage)
+            w.engine.on_forget(lambda sid, how, w=w: self._forgotten(w, sid, how))
         self.capacity_blocks = cap
         self._live_sessions: dict[str, Session] = {}
         self._names = [f"w{i}" for i in range(config.workers)]  # replica ids for the router
@@ -185,7 +188,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         of it (`SessionKvPolicy.follow_core`; the one holding the parent's KV decides
         its pin again, the others only drain what they were told)."""
         for w in self.workers:
-            for hold in w.kv.follow_core(self.now):
+            for hold in w.engine.follow_core(self.now):
                 self._pin_expiry(w, hold)
 
     def _arrive(self, s: Session) -> None:
@@ -193,6 +196,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         s.state = "queued"
         s.next_use = self.now
         self.policy.on_llm_start(s, self.now)
+        self.workers[s.worker].engine.arrived(LiveRequest(request_key(s), s.session_id, s.tenant,
+                                                          s.task.steps[s.step].prompt_tokens, self.now))
         if s.in_transit:  # its KV is on the way to its new worker: wait for it there
             s.awaiting_kv = ARRIVE
             return
@@ -207,10 +212,9 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         reuse = st.reused_tokens if s.step > 0 else min(s.task.shared_prefix_tokens, st.prompt_tokens)
         if gate and not self._admitted(w, s, st.prompt_tokens + st.output_tokens - s.base, max(reuse - s.base, 0)):
             return
-        r = Request(s, st.prompt_tokens, st.output_tokens, reuse, self._next_seq(), s.next_use)
+        r = Request(s, st.prompt_tokens, st.output_tokens, reuse, self._next_seq(), s.next_use, request_key(s))
         heapq.heappush(w.queue, (self.policy.queue_priority(s, now), r.seq, r))
-        if w.shaper is not None:
-            w.shaper.arrived(r.seq, s.session_id)
+        w.engine.admitted(r.key)  # admitted at the gate after a wait, or past it by the caller
         self._touch(w)
 
     def _next_seq(self) -> int:
@@ -224,7 +228,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         s.tool_done = False
         if s.tool_names or s.task.steps[s.step].human:
             self.policy.on_tool_end(s, self.now)
-            self.workers[s.worker].kv.tool_ended(s.session_id, self.now)
+            self.workers[s.worker].engine.tool_ended(s.session_id, self.now)
         if s.task.steps[s.step].human:  # the person answered: a user turn starts
             s.turn_started_at = self.now
         s.step += 1
@@ -267,7 +271,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             self._push(hold.expires_at, PIN_EXPIRE, w)
 
     def _pin_expire(self, w: Worker) -> None:
-        w.kv.expire_pins(self.now)
+        w.engine.expire_pins(self.now)
 
     # --- worker --------------------------------------------------------
     def _touch(self, w: Worker) -> None:
@@ -281,8 +285,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             self._finish_request(w, r)
         if w.queue:
             self._admit(w)
-        if w.shaper is not None:
-            w.pf_cap = w.shaper.prefill_budget(w.pf[0].seq if w.pf else None,
+        if w.engine.shaper is not None:
+            w.pf_cap = w.engine.prefill_budget(w.pf[0].key if w.pf else None,
                                                self.cost.step_s(len(w.dec), 0, w.ctx))
         dt = w.replan(self.cost)
         if dt is not None:
@@ -298,7 +302,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             r = w.queue[0][2]
             s = r.sess
             sid = s.session_id
-            if w.shaper is not None and w.shaper.holds_back(r.seq, sid):
+            if w.engine.holds_back(r.key):
                 held_back.append(heapq.heappop(w.queue))
                 continue
             own_reuse = max(r.reuse - s.base, 0)
@@ -315,8 +319,6 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             if not cache.can_admit(sid, hit_b, total):
                 break
             heapq.heappop(w.queue)
-            if w.shaper is not None:
-                w.shaper.scheduled(r.seq)
             evs = cache.admit(sid, hit_b, total)
             if evs:
                 self._evicted(w, evs)
@@ -350,10 +352,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             if back:
                 res.after_children_reusable_tokens += r.reuse
                 res.after_children_recomputed_tokens += recomputed
-            w.kv.scheduled(sid, held, held - recomputed)
+            w.engine.scheduled(r.key, held, held - recomputed, new, now)
             res.prefilled_tokens += new
-            if w.shaper is not None:
-                w.shaper.prefill_queued(new, now)
             if recomputed and new:
                 res.regen_gpu_s += (r.work * recomputed / new) * 2.0 * cost.model.params / (
                     cost.tp * cost.gpu.peak_flops * cost.mfu)
@@ -370,13 +370,13 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
 
     def _start_prefill(self, w: Worker, r: Request) -> None:
         """An at-risk request's prefill goes ahead of all but earlier at-risk ones."""
-        shaper = w.shaper
-        if shaper is None or not shaper.urgent(r.seq):
+        engine = w.engine
+        if not engine.urgent(r.key):
             w.start_prefill(r)
             return
         ahead = 0
         for queued in w.pf:
-            if not shaper.urgent(queued.seq):
+            if not engine.urgent(queued.key):
                 break
             ahead += 1
         w.start_prefill(r, ahead_of=ahead + 1)
@@ -386,8 +386,6 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         s = r.sess
         pol = self.policy
         w.running -= 1
-        if w.shaper is not None:
-            w.shaper.finished(r.seq)
         res = self.result
         res.output_tokens += r.output
         res.queue_s += r.scheduled_at - r.arrived_at
@@ -398,6 +396,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         s.last_access = now
         s.kv_tokens = r.prompt + r.output
         pol.on_llm_end(s, r, now)
+        w.engine.served(s.tenant, r.prompt + r.output, s.session_id)
         st = s.task.steps[s.step]
         sid = s.session_id
         keep = (r.prompt + r.output - s.base) if pol.caches else 0
@@ -408,18 +407,18 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         s.next_use = now + (0.0 if last else st.gap_s)
         s.tool_names = () if last else tuple(t.name for t in st.tools)
         # The engine's facts, then the agent's hints, in the order the plugin sees them.
-        cache, kv = w.cache, w.kv
-        self._pin_expiry(w, kv.finished(sid, s.step, cache.request_blocks(sid, keep), now))
+        cache, engine = w.cache, w.engine
+        self._pin_expiry(w, engine.finished(r.key, cache.request_blocks(sid, keep), now, r.output))
         cache.unreserve(sid)
         if not last:
             if st.tools or st.human:  # a person's turn is a wait the hints name too
                 res.human_waits += st.human
                 pol.on_tool_start(s, now)
-                self._pin_expiry(w, kv.tool_started(sid, now))
+                self._pin_expiry(w, engine.tool_started(sid, now))
             if st.spawns:
                 self._spawn(s, st.spawns)
             self._push(now + st.gap_s, TOOL_END, s)
-            if kv.admission is not None:
+            if engine.admission is not None:
                 self._rebalance(w)
             if w.host is not None and w.offloaded:
                 self._plan_prefetch(w)
@@ -429,7 +428,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             s.move_to = -1
             pol.on_session_end(s, now)
             cache.flush_time()
-            kv.session_ended(sid)
+            engine.session_ended(sid)
             w.live -= 1
             self._leave_gate(w, s)
             self._end_task(s)

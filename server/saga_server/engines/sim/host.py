@@ -102,7 +102,7 @@ class HostOffload:
             s = sessions[e.session_id]
             if s.state == "ended" or s.worker != w.wid:
                 continue
-            host.offload(e.session_id, e.from_blocks, w.kv.key_of(e.session_id, s.kv_tokens, s.last_access))
+            host.offload(e.session_id, e.from_blocks, w.engine.key_of(e.session_id, s.kv_tokens, s.last_access))
             w.offloaded.add(e.session_id)
 
     def _plan_prefetch(self, w: Worker) -> None:
@@ -131,7 +131,7 @@ class HostOffload:
         if blocks <= 0:
             return
         cache.grow(s.session_id, blocks)
-        w.kv.loaded(s.session_id, self.now)
+        w.engine.loaded(s.session_id, self.now)
         if blocks == missing:
             w.offloaded.discard(s.session_id)
         tokens = blocks * self.cost.block_tokens

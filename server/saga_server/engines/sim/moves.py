@@ -29,7 +29,7 @@ from saga_server.core.routing import ReplicaView, Steal
 
 from .cache import PINNED
 from .events import MOVED, STEAL
-from .session import ARRIVE, Session
+from .session import ARRIVE, Session, request_key
 
 __all__ = ["KvMoves"]
 
@@ -97,14 +97,15 @@ class KvMoves:
             q[i] = q[-1]
             q.pop()
             heapq.heapify(q)
-            if src.shaper is not None:
-                src.shaper.finished(queued[2].seq)
+        request = src.engine.left(request_key(s))  # a request waiting here goes with it
+        if request is not None:
+            dst.engine.joined(request)
         blocks = 0
         if self.policy.caches:
             blocks = max(src.cache.cached(sid), _tiered(src.host, sid))
         tier, pin_until = src.cache.tier(sid), src.cache.pin_expires_at(sid)
         src.cache.flush_time()
-        src.kv.moved(sid)  # admission is per worker: the target decides afresh
+        src.engine.moved(sid)  # admission is per worker: the target decides afresh
         self._leave_gate(src, s)
         if src.host is not None:
             src.host.drop(sid)
@@ -142,7 +143,7 @@ class KvMoves:
             need = blocks - have
             if need > 0 and cache.free_blocks < need:
                 cache.flush_time()
-                evs = cache.evictions(w.kv.room_for_move(need))
+                evs = cache.evictions(w.engine.room_for_move(need))
                 if evs:
                     self._evicted(w, evs)
             put = max(min(need, cache.free_blocks), 0)
@@ -150,14 +151,14 @@ class KvMoves:
                 cache.grow(sid, put)
             parked = 0
             if w.host is not None and need > put:  # the rest lands in the host tier
-                w.host.offload(sid, blocks, w.kv.key_of(sid, s.kv_tokens, s.last_access))
+                w.host.offload(sid, blocks, w.engine.key_of(sid, s.kv_tokens, s.last_access))
                 parked = _tiered(w.host, sid) - have - put  # in the host tier, or already on to disk
                 if w.host.end(sid) > have + put:
                     w.offloaded.add(sid)
             self.result.moved_tokens += (put + max(parked, 0)) * bt
             self.result.move_dropped_tokens += max(blocks - have - put - max(parked, 0), 0) * bt
             waiting = s.awaiting_kv if isinstance(s.awaiting_kv, tuple) else None  # a queued request moves with it
-            w.kv.loaded(sid, self.now, queued_at=waiting[2].arrived_at if waiting is not None else None,
+            w.engine.loaded(sid, self.now, queued_at=waiting[2].arrived_at if waiting is not None else None,
                         pin_until=pin_until if tier == PINNED and s.state == "tool" else 0.0)
             self._pin_expiry(w, cache.ledger.get(sid))
         waiting, s.awaiting_kv = s.awaiting_kv, None
@@ -165,8 +166,7 @@ class KvMoves:
             self._enqueue(s)
         elif waiting is not None:
             heapq.heappush(w.queue, waiting)
-            if w.shaper is not None:
-                w.shaper.arrived(waiting[2].seq, sid)
+            w.engine.admitted(waiting[2].key)
             self._touch(w)
         if s.move_to >= 0 and s.state in ("tool", "queued"):
             self._start_move(s)

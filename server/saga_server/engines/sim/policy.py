@@ -97,6 +97,7 @@ class SimPolicy:
         return s.last_access  # LRU
 
     core = None
+    mechanisms: frozenset = frozenset()  # SAGA's mechanisms it runs (`core.mechanisms`): a baseline none
 
     def kv_rules(self, session: Callable[[str], "Session"], clock: Callable[[], float]) -> KvRules:
         """The rules the worker's `SessionKvPolicy` runs: `key` and `pin_ttl` over the

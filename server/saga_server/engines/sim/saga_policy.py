@@ -170,14 +170,10 @@ class SagaPolicy(SimPolicy):
 
     def on_llm_start(self, s: "Session", now: float) -> None:
         self.core.accept(LlmCallStart(s.session_id, now, step=s.step))  # starts it again if the core let it go
-        self.core.on_request_arrival(s.session_id, s.task.steps[s.step].prompt_tokens, s.tenant)
 
     def on_llm_end(self, s: "Session", r: "Request", now: float) -> None:
         self.core.accept(LlmCallEnd(s.session_id, now, step=s.step, prompt_tokens=r.prompt,
                                     output_tokens=r.output))
-        self.core.on_request_finished(s.session_id, r.prompt, r.output)
-        if Mechanism.AFS in self.mechanisms:
-            self.core.record_service(s.tenant, r.prompt + r.output, s.session_id)
 
     def on_tool_start(self, s: "Session", now: float) -> None:
         for name, category, call_id, duration in _waits(s):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .tasks import TaskInstance
 
-__all__ = ["Session", "Request", "ARRIVE"]
+__all__ = ["Session", "Request", "ARRIVE", "request_key"]
 
 ARRIVE = "arrive"  # Session.awaiting_kv: its next request arrived while its KV was in flight
 
@@ -47,12 +47,13 @@ class Session:
 
 
 class Request:
-    __slots__ = ("sess", "prompt", "output", "reuse", "work", "pf_end", "ctx_weight",
+    __slots__ = ("sess", "key", "prompt", "output", "reuse", "work", "pf_end", "ctx_weight",
                  "seq", "arrived_at", "scheduled_at", "first_token_at", "recomputed")
 
     def __init__(self, sess: Session, prompt: int, output: int, reuse: int, seq: int,
-                 now: float) -> None:
+                 now: float, key: tuple[str, int] | None = None) -> None:
         self.sess = sess
+        self.key = key  # its worker's `EnginePolicy` knows it by this (`request_key`)
         self.prompt = prompt
         self.output = output
         self.reuse = reuse
@@ -64,3 +65,8 @@ class Request:
         self.scheduled_at = now  # admitted to the batch (vLLM: queued -> scheduled)
         self.first_token_at = now  # prefill done
         self.recomputed = 0
+
+
+def request_key(s: Session) -> tuple[str, int]:
+    """The key of the session's request for its current step (one request per step)."""
+    return (s.session_id, s.step)

@@ -30,7 +30,7 @@ _EPS = 1e-6
 class Worker:
     __slots__ = ("wid", "cache", "host", "queue", "dec", "pf", "pf_total", "pf_done",
                  "dec_clock", "ctx", "tau", "pf_rate", "t", "version", "busy", "running",
-                 "link_free", "net_free", "live", "offloaded", "kv", "gated", "iterations", "shaper", "pf_cap")
+                 "link_free", "net_free", "live", "offloaded", "engine", "gated", "iterations", "pf_cap")
 
     def __init__(self, wid: int, cache: PrefixCache, host: HostTier | None) -> None:
         self.wid = wid
@@ -53,9 +53,8 @@ class Worker:
         self.net_free = 0.0  # when its NIC is free (KV moves between workers)
         self.live = 0  # live sessions placed here
         self.offloaded: set[str] = set()  # sessions with a host copy beyond their GPU prefix
-        self.kv = None  # its SessionKvPolicy (set by the simulator): every KV decision
+        self.engine = None  # its EnginePolicy (set by the simulator): every KV and deadline decision
         self.gated: dict[str, Session] = {}  # sessions whose request waits for admission
-        self.shaper = None  # its DeadlineShaper, where the policy shapes for deadlines
         self.pf_cap = 0  # > 0: prefill tokens per iteration for now (the shaper's budget)
 
     def advance(self, now: float) -> None:

@@ -1,9 +1,12 @@
 """`SagaPlugin`: SAGA inside one vLLM scheduler.
 
 `SagaScheduler` (see `scheduler`) hands every hook to this object, which owns the
-workflow core, the `HoldLedger` over the scheduler's block pool, what the engine knows
-of each live request, the prefetcher and the metrics. What it changes relative to
-stock vLLM (everything else is vLLM's own code path):
+workflow core, the prefetcher and the metrics, and translates vLLM's events into the
+engine's `EnginePolicy` (`saga_server.core.engine_policy`, which documents the facts
+and their order once): that object holds the `HoldLedger` over the scheduler's block
+pool, the KV policy, admission, the deadline shaper and the one table of live
+requests. What it changes relative to stock vLLM (everything else is vLLM's own code
+path):
 
 - **Holds, pins, WA-LRU and admission**: every KV decision is the core's
   `SessionKvPolicy` (`saga_server.core.kv_policy`, which documents the rules once),
@@ -79,8 +82,9 @@ from saga_server.core import (
 from saga_server.core.admission import ACTIVE, PARKED, WAITING, SessionAdmission
 from saga_server.core.deadlines import DeadlineShaper
 from saga_server.core.holds import PINNED, HoldLedger, Release
-from saga_server.core.kv_policy import SessionKvPolicy, WorkflowRules
-from saga_server.core.mechanisms import Mechanism
+from saga_server.core.engine_policy import EnginePolicy, LiveRequest
+from saga_server.core.kv_policy import WorkflowRules
+from saga_server.core.mechanisms import ENGINE_MECHANISMS, Mechanism
 from saga_server.core.sessions import ENDED
 from saga_server.settings import EngineSettings
 from saga_server.state_file import StateKeeper
@@ -171,17 +175,17 @@ class SagaPlugin:
                                           host_tokens=_host_tier_tokens(scheduler, pool_tokens),
                                           return_s=self._recompute_s)
         rules = WorkflowRules(self.core, wa_lru=settings.on(Mechanism.WALRU), pins=settings.on(Mechanism.TTL))
-        self.kv = SessionKvPolicy(self.ledger, rules, block_tokens=self.block_size,
-                                  core=self.core, count=self.counters.count,
-                                  admission=(lambda parkable: admission(parkable=parkable)) if admission else None)
-        self.admission = self.kv.admission
         # CPU engines add each prefill token's cost to the step: no prefill rides free,
         # so the thin budget is one block.
-        self.shaper = (DeadlineShaper(self.core.deadline_class, prefill_budget_tokens=self.block_size)
-                       if settings.on(Mechanism.SHAPE) else None)
+        shaper = (DeadlineShaper(self.core.deadline_class, prefill_budget_tokens=self.block_size)
+                  if settings.on(Mechanism.SHAPE) else None)
+        self.engine = EnginePolicy(
+            self.ledger, rules, block_tokens=self.block_size, core=self.core, count=self.counters.count,
+            mechanisms=ENGINE_MECHANISMS - settings.off, shaper=shaper,
+            admission=(lambda parkable: admission(parkable=parkable)) if admission else None)
+        self.kv, self.admission = self.engine.kv, self.engine.admission
         self.prefetcher = Prefetcher(scheduler, self.core, self.kv, self.counters, self.clock)
         self._prefetching = self.enabled and settings.on(Mechanism.PREFETCH)
-        self._ranking = settings.on(Mechanism.AFS)
         self.kv.on_forget(lambda sid, how: self.prefetcher.forget(sid, ended=how == ENDED))
         self._pace = _StepPace()
         connector = getattr(scheduler, "connector", None)
@@ -193,9 +197,7 @@ class SagaPlugin:
             self.tier_loads.listener = self._loaded_from_tier
         self._tier_blocks = getattr(connector, "tier_blocks", None)
         self._tier_blocks_counted: dict[str, int] = {}
-        self.requests: dict[str, Any] = {}  # request id -> RequestMeta (live requests)
-        self._had: dict[str, int] = {}  # request id -> its session's context at arrival (until scheduled)
-        self._request_sessions = RequestSessions()  # for vLLM's CPU offload tier (`offload`)
+        self._request_sessions = RequestSessions()  # for vLLM's CPU offload tier (`offload`), past a request's end
         self.kv.on_forget(lambda sid, how: self._request_sessions.forget(sid))
         attach(self)
         self._core_gauges_at = -math.inf
@@ -221,9 +223,11 @@ class SagaPlugin:
         if is_prefetch(request.request_id):
             return
         meta = request_meta(request, self.clock())
-        self.requests[request.request_id] = meta
         sid = meta.session_id
+        live = LiveRequest(request.request_id, sid, meta.tenant, request.num_prompt_tokens, meta.arrived_at,
+                           meta.cache_ttl_s, meta.priority_jump_s, meta=meta)
         if sid is None:
+            self.engine.arrived(live)
             return
         self._request_sessions.add(request.request_id, sid)
         if self.recording is not None:
@@ -239,14 +243,12 @@ class SagaPlugin:
                                               parent_id=meta.parent_id or ""))
             except HintRejected:
                 pass
-        if self.shaper is not None:
-            self.shaper.arrived(request.request_id, sid)
         outlook = self.core.kv_outlook(sid)
-        self._had[request.request_id] = outlook.context_tokens if outlook is not None else 0
-        self.core.on_request_arrival(sid, request.num_prompt_tokens, meta.tenant, cache_ttl_s=meta.cache_ttl_s)
+        live.context_tokens = outlook.context_tokens if outlook is not None else 0
+        self.engine.arrived(live)
         # Not admitted: RankedRequestQueue holds it back (it asks `may_schedule`).
-        self.kv.arrived(sid, request.request_id, meta.kv_need(request.num_prompt_tokens, request.max_tokens),
-                        meta.arrived_at, meta.tenant)
+        self.engine.queued(request.request_id, meta.kv_need(request.num_prompt_tokens, request.max_tokens),
+                           meta.arrived_at)
 
     @_guarded("finish")
     def on_freed(self, request: Request) -> None:
@@ -258,25 +260,21 @@ class SagaPlugin:
         if is_prefetch(rid):
             self.prefetcher.on_finished(request, self._cached_blocks(rid))
             return
-        meta = self.requests.pop(rid, None)
-        self._had.pop(rid, None)
-        if self.shaper is not None:
-            self.shaper.finished(rid)
-        if meta is None or meta.session_id is None:
+        live = self.engine.requests.get(rid)
+        sid = live.session_id if live is not None else None
+        if sid is None:
+            self.engine.finished(rid, (), self.clock(), request.num_output_tokens)
             return
-        sid = meta.session_id
         if self.recording is not None:
             self.recording.finished(request)
-        self.core.on_request_finished(sid, request.num_prompt_tokens, request.num_output_tokens)
-        if meta.final:  # its sender said so: the session ends now, and its KV is not held
+        blocks = self._cached_blocks(rid) if self.enabled else []
+        self.engine.finished(rid, blocks, self.clock(), request.num_output_tokens, owner=self.core.tenant_of(sid))
+        self.prefetcher.remember(sid, request)
+        if live.meta.final:  # its sender said so: the session ends now, and its KV is not held
             try:  # as the end hint would come: through the sink, so the recorder sees it too
                 self.sink.accept(SessionEnd(sid, self.clock()))
             except HintRejected:
                 pass  # already ended
-        self.prefetcher.remember(sid, request)
-        blocks = self._cached_blocks(rid) if self.enabled else []
-        self.kv.finished(sid, rid, blocks, self.clock(), owner=self.core.tenant_of(sid))
-        if meta.final:
             self.kv.forget_gone()  # now, not at the next step: nothing of it stays held
         self._gauges()
 
@@ -286,14 +284,14 @@ class SagaPlugin:
         blocks = allocate_slots(request, num_new_tokens, *args, **kwargs)
         if blocks is not None or not len(self.ledger) or is_prefetch(request.request_id):
             return blocks  # speculative work never displaces held KV
-        meta = self.requests.get(request.request_id)
-        spare = meta.session_id if meta is not None else None
+        live = self.engine.requests.get(request.request_id)
+        spare = live.session_id if live is not None else None
         pool = self.ledger.pool
         wanted = -(-max(1, num_new_tokens) // self.block_size) + 1  # + the watermark-ish slack
         try:
             while len(self.ledger):
                 free = pool.num_free()
-                if not self.kv.make_room(free + max(1, wanted - free), spare=spare):
+                if not self.engine.need_room(free + max(1, wanted - free), spare=spare):
                     break
                 blocks = allocate_slots(request, num_new_tokens, *args, **kwargs)
                 if blocks is not None:
@@ -314,7 +312,7 @@ class SagaPlugin:
         for event in self.sink.drain():
             self._apply_hint(event, now)
         waited = self.admission.counts.wait_s if self.admission is not None else 0.0
-        plan = self.kv.tick(now)
+        plan = self.engine.tick(now)
         if plan.admit or plan.park:
             self.metrics.admission.labels("admitted").inc(len(plan.admit))
             self.metrics.admission.labels("parked").inc(len(plan.park))
@@ -332,9 +330,6 @@ class SagaPlugin:
         for new in output.scheduled_new_reqs:
             req = sched.requests.get(new.req_id)
             prompt = req.num_prompt_tokens if req is not None else 0
-            if self.shaper is not None:
-                self.shaper.scheduled(new.req_id)
-                self.shaper.prefill_queued(max(prompt - new.num_computed_tokens, 0), now)
             pulled = self.pulls.take(new.req_id) if self.pulls is not None else 0
             if self.tier_loads is not None:  # loaded KV is no prefix hit either
                 from_tier = self.tier_loads.take(new.req_id)
@@ -342,17 +337,20 @@ class SagaPlugin:
                 if from_tier:
                     counts["kv_tier_hit_tokens"] += from_tier
                     metrics.kv_tier_hit_tokens.inc(from_tier)
-            meta = self.requests.get(new.req_id)
-            if meta is None or meta.session_id is None:
+            live = self.engine.requests.get(new.req_id)
+            prefill = max(prompt - new.num_computed_tokens, 0)
+            if live is None or live.session_id is None:
+                self.engine.scheduled(new.req_id, 0, 0, prefill, now)
                 continue
-            sid = meta.session_id
+            sid = live.session_id
             hit = max(0, min(new.num_computed_tokens, prompt) - pulled)  # pulled KV is no prefix hit
-            had = self._had.pop(new.req_id, None)  # KV it had computed before this request
+            had = live.context_tokens  # KV it had computed before this request
             if had is None:  # scheduled before (it was preempted)
                 had = 0
             elif self.recording is not None:  # first scheduled: its cached tokens as served
                 self.recording.scheduled(new.req_id, hit)
-            self.kv.scheduled(sid, min(had, prompt) // self.block_size * self.block_size, hit)
+            self.engine.scheduled(new.req_id, min(had, prompt) // self.block_size * self.block_size, hit,
+                                  prefill, now)
             metrics.prefix_hit_tokens.inc(hit)
             metrics.session_prompt_tokens.inc(prompt)
             if prompt:
@@ -361,9 +359,9 @@ class SagaPlugin:
             counts["session_prompt_tokens"] += prompt
             self.prefetcher.on_scheduled(sid, hit)
         for rid, n in output.num_scheduled_tokens.items():
-            meta = self.requests.get(rid)
-            if meta is not None and (meta.tenant or meta.session_id):
-                self.core.record_service(meta.tenant, int(n), meta.session_id or "")
+            live = self.engine.requests.get(rid)
+            if live is not None and (live.tenant or live.session_id):
+                self.engine.served(live.tenant, int(n), live.session_id or "")
         self._pace.step(now, output.total_num_scheduled_tokens)
         for direction, n in (self._tier_blocks or {}).items():
             if n != self._tier_blocks_counted.get(direction, 0):
@@ -411,8 +409,8 @@ class SagaPlugin:
     def table_sizes(self) -> dict[str, int]:
         """Entries of every per-session or per-request table the plugin keeps (what a
         soak watches stay flat): its KV policy's, its prefetcher's, its own maps."""
-        return {**self.kv.table_sizes(), **self.prefetcher.table_sizes(), "live_requests": len(self.requests),
-                "arrival_contexts": len(self._had), "request_sessions": len(self._request_sessions)}
+        return {**self.engine.table_sizes(), **self.prefetcher.table_sizes(),
+                "request_sessions": len(self._request_sessions)}
 
     # -- internals -----------------------------------------------------------------
 
@@ -420,24 +418,16 @@ class SagaPlugin:
         """A hint the engine loop acts on (a session's end reaches the policy through
         the core's lifecycle, not here)."""
         if isinstance(event, ReleaseKv):  # moved to another engine; its workflow state stays
-            self.kv.moved(event.session_id)
+            self.engine.moved(event.session_id)
         elif isinstance(event, ToolCallStart):
-            self.kv.tool_started(event.session_id, now)
+            self.engine.tool_started(event.session_id, now)
         elif isinstance(event, ToolCallEnd):
-            self.kv.tool_ended(event.session_id, now)
+            self.engine.tool_ended(event.session_id, now)
 
     def may_schedule(self, request: Request) -> bool:
-        """Whether the waiting queue may offer this request to vLLM now: requests
-        without a session always; a session's once admission has admitted it and no
-        deadline hold keeps it back."""
-        meta = self.requests.get(request.request_id)
-        sid = meta.session_id if meta is not None else None
-        if not self.kv.may_run(sid):
-            return False
-        if sid is None or self.shaper is None or not self.shaper.holds_back(request.request_id, sid):
-            return True
-        self.counters.count("deadline", "held")
-        return False
+        """Whether the waiting queue may offer this request to vLLM now
+        (`EnginePolicy.may_schedule`)."""
+        return self.engine.may_schedule(request.request_id)
 
     @_guarded("token_budget", default=None)
     def step_token_budget(self, full: int) -> int | None:
@@ -445,14 +435,14 @@ class SagaPlugin:
         own (`full`): while someone is at risk and the first prefill in line (an
         at-risk one if any is waiting or prefilling) is not theirs, the running
         decodes' tokens plus the thin prefill budget."""
-        shaper = self.shaper
-        if shaper is None or not shaper.at_risk():
+        engine = self.engine
+        if not engine.at_risk():
             return None
         sched = self.scheduler
         running_prefills = [r.request_id for r in sched.running if r.num_computed_tokens < r.num_prompt_tokens]
         in_line = running_prefills + [r.request_id for r in sched.waiting]
-        first = next((rid for rid in in_line if shaper.urgent(rid)), in_line[0] if in_line else None)
-        thin = shaper.prefill_budget(first, self._pace.step_s)
+        first = next((rid for rid in in_line if engine.urgent(rid)), in_line[0] if in_line else None)
+        thin = engine.prefill_budget(first, self._pace.step_s)
         if not thin:
             return None
         per_decode = 1 + sched.num_spec_tokens + sched.num_lookahead_tokens if sched.num_spec_tokens else 1
@@ -480,21 +470,17 @@ class SagaPlugin:
             return
         if waiting.gated:
             waiting.ungate()
-        if self.shaper is not None and self.shaper.at_risk():
+        engine = self.engine
+        if engine.at_risk():
             waiting.regate()
-        if not self._ranking or not 2 <= len(waiting) <= _AFS_MAX_QUEUE:
+        if not engine.ranks or not 2 <= len(waiting) <= _AFS_MAX_QUEUE:
             return
-        core, requests = self.core, self.requests
         tenant_prio: dict[str, float] = {}
 
         def rank(req: Request) -> tuple[float, float]:
-            meta = requests.get(req.request_id)
-            tenant = meta.tenant if meta else ""
-            # Requests without a session compete as their tenant ("" if none) and as
-            # a task that started on arrival, so they are neither starved nor favoured.
-            key = core.request_rank((meta.session_id or "") if meta else "", tenant,
-                                    meta.arrived_at if meta else now,
-                                    priority_jump_s=meta.priority_jump_s if meta else 0.0)
+            key = engine.rank(req.request_id, now)
+            live = engine.requests.get(req.request_id)
+            tenant = live.tenant if live is not None else ""
             tenant_prio[tenant] = min(key[0], tenant_prio.get(tenant, math.inf))
             return key
 
