@@ -15,7 +15,7 @@ The facts, in the order a request meets them, and what each does, in this order:
 | `arrived(request)` | the table keeps it; the core learns a request of the session reached the engine (`WorkflowCore.on_request_arrival`) |
 | `queued(key, need, at)` | admission learns its KV need (`SessionKvPolicy.arrived`); True: it may be scheduled, and the shaper counts it; False: it waits at the admission gate |
 | `admitted(key)` | a request that waited at the gate may be scheduled now: the shaper counts it (`tick` does this for the sessions its plan admits) |
-| `left(key)` / `joined(request)` | the request moves with its session to another engine: this one forgets it, that one keeps it, not yet schedulable there |
+| `left(key)` / `joined(request)` | the request moves with its session to another engine: this one forgets it, that one keeps it until its KV lands (then `queued` or `admitted`) |
 | `scheduled(key, held, hit, prefill, now)` | the shaper sees it leave the line and counts its prefill; the session's hold goes back to the engine |
 | `served(tenant, tokens, session)` | its tenant's fair share counts the service (with AFS) |
 | `finished(key, blocks, now, output)` | the shaper forgets it; the core learns it finished; its cached prefix becomes the session's hold; the table drops it |
@@ -158,8 +158,9 @@ class EnginePolicy:
         return r
 
     def joined(self, request: LiveRequest) -> None:
-        """A request that left another engine; not schedulable here until `queued` (it
-        still meets the gate) or `admitted` (it was queued there) says so."""
+        """A request that left another engine, kept here while its session's KV moves
+        in (the engine keeps it out of its queue); the shaper counts it once `queued`
+        (it still meets the gate) or `admitted` (it was queued there) lets it run."""
         request.gated = True
         self.requests[request.key] = request
 

@@ -12,36 +12,9 @@ from saga_server.core.holds import PINNED, PROTECTED, SOFT, HoldLedger
 from saga_server.core.host_tier import HostTierOrder
 from saga_server.core.kv_policy import SessionKvPolicy, WorkflowRules
 from saga_server.core.pinning import PinConfig
+from tests.support.pools import Pool, blocks
 
 BT = 16
-
-
-class Pool:
-    """Blocks as (session, index); a block is free when nobody references it."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.refs: dict = {}
-
-    def touch(self, session_id, blocks) -> None:
-        for b in blocks:
-            self.refs[b] = self.refs.get(b, 0) + 1
-
-    def free(self, session_id, blocks) -> int:
-        freed = 0
-        for b in blocks:
-            self.refs[b] -= 1
-            if not self.refs[b]:
-                del self.refs[b]
-                freed += 1
-        return freed
-
-    def num_free(self) -> int:
-        return self.capacity - len(self.refs)
-
-
-def blocks(sid: str, n: int) -> list:
-    return [(sid, i) for i in range(n)]
 
 
 def policy(*, pins: bool = True, admission: bool = False, capacity: int = 64, idle_s: float = 1800.0):
