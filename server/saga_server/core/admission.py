@@ -47,11 +47,10 @@ end):
    i.e. the median of their wait left (`KvOutlook.away_s`) is. Not its mean: waits
    are heavy-tailed (a coding tool is back within a second as often as not, and runs
    minutes once in a hundred), so the mean is the tail's and would park sessions
-   that are back before their KV is. On production-shaped agents at 96 sessions per
-   worker with a 1x host tier (`benchmarks/sim_production.py`) the mean made SAGA
-   1.11x slower than its `oracle`; the median, level with it. If no such set makes
-   the head fit, nobody is parked and the head waits: it is never overtaken
-   (head-of-line), so the first-ranked session is admitted as soon as capacity allows.
+   that are back before their KV is (both measured: docs/RESEARCH.md, "What closed
+   SAGA's gap to its `oracle`"). If no such set makes the head fit, nobody is parked
+   and the head waits: it is never overtaken (head-of-line), so the first-ranked
+   session is admitted as soon as capacity allows.
 3. *Overflow.* Working sets grow as contexts grow; when W exceeds `overflow`/`target`
    x L (before and after admitting), idle active sessions are parked the same way
    (without the payback test: the pool would otherwise evict at random) until W <= L.

@@ -16,9 +16,10 @@ byte: bytes per token are fixed within one engine) per second of expected wait,
 the quantity we want to keep the most of; with no prediction (p = w = 1 and T =
 time since last use) it reduces exactly to LRU, so keys of both kinds compare.
 At one instant the order is "farthest expected next use first", the lever on
-agent traces (docs/ARCHITECTURE.md; `benchmarks/core_evict_replay.py`: at 300k tokens for
-16 SWE sessions LRU recomputes 1.97x Belady's share, this key 1.30x). Keys are computed when an entry changes (request finished, tool
-started/ended); a key that is not refreshed ages like an LRU timestamp.
+agent traces (docs/ARCHITECTURE.md; `benchmarks/core_evict_replay.py` holds it against
+LRU and Belady, docs/RESEARCH.md, "The workflow core"). Keys are computed when an entry
+changes (request finished, tool started/ended); a key that is not refreshed ages like
+an LRU timestamp.
 
 Within a session the ledger releases the tail first (an evicted head block makes
 every later block useless to the prefix cache).

@@ -31,12 +31,11 @@ Within that bound urgency orders work: a task that will miss its deadline at its
 current pace goes ahead of one with slack (the "both tenants meet deadlines that
 FCFS misses" case). A task already past its deadline has no urgency left: serving
 it first can no longer bring it in time and would make others late in turn (under
-overload, late-first is earliest-deadline-first's domino: on production-shaped
-agents with a deadline per user turn, `benchmarks/sim_turn_slo.py`, it cut the
-share of turns in time at 96 sessions per worker from 50% to 36%). It keeps its
-place by fair share and seniority, as a task without a deadline does. With unequal weights the gap stays bounded too, but the
+overload, late-first is earliest-deadline-first's domino: docs/RESEARCH.md, "A
+deadline per user turn"). It keeps its place by fair share and seniority, as a task
+without a deadline does. With unequal weights the gap stays bounded too, but the
 pairwise argument no longer gives B (unserved pairs drift apart at the weight
-difference); on random loads it stayed within 1.25 B.
+difference; what random loads gave: docs/RESEARCH.md, "The workflow core").
 
 Within a tenant. Requests with equal scores (one tenant, no deadline pressure)
 are ordered by their task's *seniority*: the time the task (session) started, so

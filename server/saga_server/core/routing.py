@@ -13,12 +13,11 @@ Rules.
   talking to each other; when a replica leaves, only its own sessions move.
   Opt-in alternative (`RoutingConfig(new_session="least_loaded")`): the least
   loaded candidate (by `replica_load`, then fewest sessions reported, then id).
-  It balances better than a hash (1,152 sessions on 64 replicas: the hash gives
-  the busiest ~1.6x the mean number of sessions, the idlest ~0.5x) but needs
-  fresh views at every decision and gives two routers different answers, so the
-  Ray router keeps the hash; the simulator, which rebuilds the views from its
-  workers for every decision and has one router, uses `least_loaded` (see
-  `engines/sim/saga_policy.py` for what each costs there).
+  It balances better than a hash but needs fresh views at every decision and
+  gives two routers different answers, so the Ray router keeps the hash; the
+  simulator, which rebuilds the views from its workers for every decision and has
+  one router, uses `least_loaded` (what each costs there: docs/RESEARCH.md, "SAGA
+  routing in that simulator").
 - **A subagent's home**: a new session that names its parent (`route(...,
   parent_id=)`) starts on its parent's replica when that is a candidate: a child
   usually shares its parent's system prompt and tool definitions, which that

