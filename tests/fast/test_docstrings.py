@@ -16,7 +16,8 @@ reporting one:
   or a bound (`default`, `assume`/`assumed`/`assumes`, `bound`/`bounds`/`bounded`,
   `at most`, `at least` on the same line), e.g. "at most 2x the estimate".
 Anything else goes to docs/RESEARCH.md, in the section it belongs to, and the docstring keeps
-the rule it supported (or names that section).
+the rule it supported (or names that section). A section named as `docs/RESEARCH.md,
+"<title>"` must begin a heading or a bold paragraph lead there, so a pointer cannot go stale.
 """
 
 from __future__ import annotations
@@ -105,6 +106,44 @@ def test_no_measured_figures_in_docstrings_or_comments():
     assert offending == [], (
         "measured figures in docstrings or comments (move them to docs/RESEARCH.md, keep the rule here;"
         " see this test's docstring for what may stay):\n" + "\n".join(offending))
+
+
+RESEARCH = ROOT / "docs" / "RESEARCH.md"
+SECTION_REFERENCE = re.compile(r'RESEARCH\.md, "([^"]+)"')
+
+
+def research_titles(markdown: str) -> list[str]:
+    """Headings and bold paragraph leads of docs/RESEARCH.md, whitespace collapsed."""
+    titles = re.findall(r"^#+\s+(.+)$", markdown, re.MULTILINE) + re.findall(r"\*\*([^*]+)\*\*", markdown)
+    return [" ".join(t.split()) for t in titles]
+
+
+def section_references(source: str) -> list[tuple[int, str]]:
+    """(line, name) of every `docs/RESEARCH.md, "<section>"` in a docstring or a comment
+    block (its lines joined, so a name may wrap)."""
+    texts: list[tuple[int, str]] = [
+        (node.lineno, node.value.value) for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)]
+    blocks: list[tuple[int, int, str]] = []  # comment blocks: first line, last line, text
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type != tokenize.COMMENT:
+            continue
+        line, text = tok.start[0], tok.string.lstrip("#")
+        if blocks and blocks[-1][1] == line - 1:
+            blocks[-1] = (blocks[-1][0], line, blocks[-1][2] + " " + text)
+        else:
+            blocks.append((line, line, text))
+    texts += [(first, text) for first, _, text in blocks]
+    return [(line, " ".join(m.split())) for line, text in texts for m in SECTION_REFERENCE.findall(" ".join(text.split()))]
+
+
+def test_every_section_a_docstring_names_is_in_research():
+    titles = research_titles(RESEARCH.read_text(encoding="utf-8"))
+    missing = [f"{path.relative_to(ROOT).as_posix()}:{line}: {name}"
+               for root in SCANNED for path in sorted(root.rglob("*.py"))
+               for line, name in section_references(path.read_text(encoding="utf-8"))
+               if not any(title.startswith(name) for title in titles)]
+    assert missing == [], "sections named in docstrings or comments that docs/RESEARCH.md lacks:\n" + "\n".join(missing)
 
 
 def test_files_being_rewritten_still_exist():

@@ -31,7 +31,7 @@ Sources for the constants (public datasheets and model configs):
   with two one-token requests (the source's `do_remote_decode`, the target's pull),
   each an engine iteration, plus `move_latency_s` of request handling and transfer
   set-up. On the CPU engine that fixed cost is most of what a move takes, with no
-  trend in the prefix's size (`benchmarks/kv_move.py`, docs/RESEARCH.md), so the
+  trend in the prefix's size (`benchmarks/kv_move.py`; docs/RESEARCH.md, "Measured"), so the
   preset's `move_latency_s` is the median move less its two one-token iterations:
   0.26 s. On GPUs it is not measured here; the presets assume 10 ms (two HTTP
   requests and a NIXL notification).

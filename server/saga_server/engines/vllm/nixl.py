@@ -16,7 +16,8 @@ keeps NIXL's choice.
 On CPU builds the worker's NIXL agent also runs without NIXL's progress thread.
 NIXL's Python API starts that thread with a zero poll delay, so it spins a whole
 core per engine even while the engine is idle (two co-hosted replicas then leave the
-model no core; what it cost a move: docs/RESEARCH.md). Transfers do not
+model no core; what it cost a move: docs/RESEARCH.md, "A session's prefix KV moved to
+another engine"). Transfers do not
 need it: vLLM's worker progresses them on every engine step (`get_finished` polls
 the target's reads and the source's notifications), and an engine keeps stepping
 while it holds blocks for a pull (the scheduler counts such finished requests as
