@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = (ROOT / "server" / "saga_server", ROOT / "sdk" / "saga_sdk")
+RESEARCH = ROOT / "docs" / "RESEARCH.md"
 
 # Files being restructured elsewhere right now: their figures move to docs/RESEARCH.md with
 # that change. Each entry must still exist, so the set cannot outlive the rewrite unnoticed.
@@ -42,6 +43,7 @@ _BEING_REWRITTEN = {
 
 FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?[x%](?!\w)")
 DEFINES = re.compile(r"\b(?:defaults?|assume[sd]?|bound(?:s|ed)?|at most|at least)\b", re.IGNORECASE)
+SECTION_REFERENCE = re.compile(r'RESEARCH\.md, "([^"]+)"')
 
 
 def measured_figures(source: str) -> list[tuple[int, str]]:
@@ -108,9 +110,6 @@ def test_no_measured_figures_in_docstrings_or_comments():
         " see this test's docstring for what may stay):\n" + "\n".join(offending))
 
 
-RESEARCH = ROOT / "docs" / "RESEARCH.md"
-SECTION_REFERENCE = re.compile(r'RESEARCH\.md, "([^"]+)"')
-
 
 def research_titles(markdown: str) -> list[str]:
     """Headings and bold paragraph leads of docs/RESEARCH.md, whitespace collapsed."""
@@ -134,7 +133,7 @@ def section_references(source: str) -> list[tuple[int, str]]:
         else:
             blocks.append((line, line, text))
     texts += [(first, text) for first, _, text in blocks]
-    return [(line, " ".join(m.split())) for line, text in texts for m in SECTION_REFERENCE.findall(" ".join(text.split()))]
+    return [(line, name) for line, text in texts for name in SECTION_REFERENCE.findall(" ".join(text.split()))]
 
 
 def test_every_section_a_docstring_names_is_in_research():
