@@ -32,15 +32,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SCANNED = (ROOT / "server" / "saga_server", ROOT / "sdk" / "saga_sdk")
 RESEARCH = ROOT / "docs" / "RESEARCH.md"
 
-# Files being restructured elsewhere right now: their figures move to docs/RESEARCH.md with
-# that change. Each entry must still exist, so the set cannot outlive the rewrite unnoticed.
-_BEING_REWRITTEN = {
-    "server/saga_server/engines/vllm/plugin.py",
-    "server/saga_server/engines/sim/cluster.py",
-    "server/saga_server/engines/sim/saga_policy.py",
-    "server/saga_server/engines/sim/worker.py",
-}
-
 FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?[x%](?!\w)")
 DEFINES = re.compile(r"\b(?:defaults?|assume[sd]?|bound(?:s|ed)?|at most|at least)\b", re.IGNORECASE)
 SECTION_REFERENCE = re.compile(r'RESEARCH\.md, "([^"]+)"')
@@ -102,8 +93,6 @@ def test_no_measured_figures_in_docstrings_or_comments():
     for root in SCANNED:
         for path in sorted(root.rglob("*.py")):
             name = path.relative_to(ROOT).as_posix()
-            if name in _BEING_REWRITTEN:
-                continue
             offending += [f"{name}:{n}: {text}" for n, text in measured_figures(path.read_text(encoding="utf-8"))]
     assert offending == [], (
         "measured figures in docstrings or comments (move them to docs/RESEARCH.md, keep the rule here;"
@@ -143,10 +132,6 @@ def test_every_section_a_docstring_names_is_in_research():
                for line, name in section_references(path.read_text(encoding="utf-8"))
                if not any(title.startswith(name) for title in titles)]
     assert missing == [], "sections named in docstrings or comments that docs/RESEARCH.md lacks:\n" + "\n".join(missing)
-
-
-def test_files_being_rewritten_still_exist():
-    assert [name for name in sorted(_BEING_REWRITTEN) if not (ROOT / name).is_file()] == []
 
 
 def test_the_scanner_tells_a_measurement_from_a_definition():

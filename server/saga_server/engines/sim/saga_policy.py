@@ -34,13 +34,9 @@ the Ray Serve router (`saga_server.router`) runs, on simulated time and the run'
 seed: it places new sessions and plans one steal per `steal_period_s`, and the
 simulator moves the stolen session's KV over the inter-node link (the Ray router
 re-prefills it on the target instead). Its `RoutingConfig` is the Ray router's
-default except `new_session="least_loaded"`. With 64 workers and 18 sessions each,
-rendezvous hashing leaves the busiest worker ~1.6x the mean number of sessions and
-the idlest ~0.5x; on the SWE traces that alone costs 5% mean TCT against the stock
-fewest-sessions placement (`saga-hash-no-steal` vs `saga-no-steal` in
-`benchmarks/sim_routing.py`; placing by load without steals is within 0.1% of the
-stock placement). One steal per second undoes it (`saga-hash`, hash homes plus
-steals, ends within 0.3% of `saga`), but placing by load does not depend on it.
+default except `new_session="least_loaded"`: rendezvous hashing leaves workers
+unevenly loaded, which steals then have to undo, while placing by load needs no
+steal to stay balanced (docs/RESEARCH.md, "SAGA routing in that simulator").
 The Ray router keeps the hash because it has no fresh view of every replica at
 each new session and several routers must agree; the simulator has one router and
 fresh views.
