@@ -41,8 +41,10 @@ __all__ = ["HintClient", "ClientStats"]
 
 log = logging.getLogger("saga_sdk")
 
-_TOOL_OUTCOMES = {"ok": 1, "error": 2, "cancelled": 3}
-_SESSION_OUTCOMES = {"completed": 1, "failed": 2, "cancelled": 3}
+# The outcomes a caller names; each is the wire enum's value of that name
+# (`"ok"` is `TOOL_OUTCOME_OK`), any other name the unspecified one.
+_TOOL_OUTCOMES = ("ok", "error", "cancelled")
+_SESSION_OUTCOMES = ("completed", "failed", "cancelled")
 # gRPC codes after which resending the same batch cannot succeed.
 _PERMANENT = {"INVALID_ARGUMENT", "UNAUTHENTICATED", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
               "UNIMPLEMENTED", "FAILED_PRECONDITION"}
@@ -414,11 +416,17 @@ def _encode_event(pb, ev, kind: str, payload) -> None:
                                                      expected_duration_s=expected or 0.0))
     elif kind == "tool_call_end":
         tool, call_id, outcome = payload
-        ev.tool_call_end.CopyFrom(pb.ToolCallEnd(tool=tool, call_id=call_id,
-                                                 outcome=_TOOL_OUTCOMES.get(outcome, 0)))
+        wire = _wire_enum(pb.ToolOutcome, "TOOL_OUTCOME", outcome, _TOOL_OUTCOMES)
+        ev.tool_call_end.CopyFrom(pb.ToolCallEnd(tool=tool, call_id=call_id, outcome=wire))
     elif kind == "session_end":
         (outcome,) = payload
-        ev.session_end.CopyFrom(pb.SessionEnd(outcome=_SESSION_OUTCOMES.get(outcome, 0)))
+        ev.session_end.CopyFrom(pb.SessionEnd(
+            outcome=_wire_enum(pb.SessionOutcome, "SESSION_OUTCOME", outcome, _SESSION_OUTCOMES)))
+
+
+def _wire_enum(enum, prefix: str, name: str, known: tuple[str, ...]) -> int:
+    """The generated `enum`'s value `<prefix>_<NAME>` for a `known` name, else `<prefix>_UNSPECIFIED`."""
+    return enum.Value(f"{prefix}_{name.upper() if name in known else 'UNSPECIFIED'}")
 
 
 def _shutdown_all_at_exit() -> None:

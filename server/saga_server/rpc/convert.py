@@ -46,9 +46,12 @@ class Limits:
 
 
 _NODE_KINDS = {"", "llm", "tool", "end"}
-_TOOL_OUTCOMES = {0: ToolOutcome.OK, 1: ToolOutcome.OK, 2: ToolOutcome.ERROR, 3: ToolOutcome.CANCELLED}
-_SESSION_OUTCOMES = {0: SessionOutcome.COMPLETED, 1: SessionOutcome.COMPLETED,
-                     2: SessionOutcome.FAILED, 3: SessionOutcome.CANCELLED}
+# Each wire outcome is the core's of the same name (`TOOL_OUTCOME_OK` is `ToolOutcome.OK`);
+# an unspecified one is the default.
+_TOOL_OUTCOMES = {pb.TOOL_OUTCOME_UNSPECIFIED: ToolOutcome.OK,
+                  **{pb.ToolOutcome.Value(f"TOOL_OUTCOME_{o.name}"): o for o in ToolOutcome}}
+_SESSION_OUTCOMES = {pb.SESSION_OUTCOME_UNSPECIFIED: SessionOutcome.COMPLETED,
+                     **{pb.SessionOutcome.Value(f"SESSION_OUTCOME_{o.name}"): o for o in SessionOutcome}}
 
 
 def from_wire(event: "pb.HintEvent", now: float) -> HintEvent:
