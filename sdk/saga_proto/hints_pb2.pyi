@@ -269,33 +269,73 @@ class AdmissionStats(_message.Message):
     wait_s: float
     def __init__(self, active: _Optional[int] = ..., parked: _Optional[int] = ..., waiting: _Optional[int] = ..., limit_tokens: _Optional[float] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
-class EngineStats(_message.Message):
-    __slots__ = ("held_sessions", "held_blocks", "pinned_blocks", "kv_blocks", "hints_dropped", "admission", "counters")
-    class CountersEntry(_message.Message):
+class MetricCounts(_message.Message):
+    __slots__ = ("by_label",)
+    class ByLabelEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    BY_LABEL_FIELD_NUMBER: _ClassVar[int]
+    by_label: _containers.ScalarMap[str, float]
+    def __init__(self, by_label: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class EngineStats(_message.Message):
+    __slots__ = ("held_sessions", "held_blocks", "pinned_blocks", "kv_blocks", "hints_dropped", "admission", "counts", "tables")
+    class CountsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: MetricCounts
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[MetricCounts, _Mapping]] = ...) -> None: ...
+    class TablesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     HELD_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     HELD_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     PINNED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     HINTS_DROPPED_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
-    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
     held_sessions: int
     held_blocks: int
     pinned_blocks: int
     kv_blocks: int
     hints_dropped: int
     admission: AdmissionStats
-    counters: _containers.ScalarMap[str, float]
-    def __init__(self, held_sessions: _Optional[int] = ..., held_blocks: _Optional[int] = ..., pinned_blocks: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., hints_dropped: _Optional[int] = ..., admission: _Optional[_Union[AdmissionStats, _Mapping]] = ..., counters: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    counts: _containers.MessageMap[str, MetricCounts]
+    tables: _containers.ScalarMap[str, int]
+    def __init__(self, held_sessions: _Optional[int] = ..., held_blocks: _Optional[int] = ..., pinned_blocks: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., hints_dropped: _Optional[int] = ..., admission: _Optional[_Union[AdmissionStats, _Mapping]] = ..., counts: _Optional[_Mapping[str, MetricCounts]] = ..., tables: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class DeadlineOutcomes(_message.Message):
+    __slots__ = ("met", "missed", "slack_used_sum")
+    MET_FIELD_NUMBER: _ClassVar[int]
+    MISSED_FIELD_NUMBER: _ClassVar[int]
+    SLACK_USED_SUM_FIELD_NUMBER: _ClassVar[int]
+    met: int
+    missed: int
+    slack_used_sum: float
+    def __init__(self, met: _Optional[int] = ..., missed: _Optional[int] = ..., slack_used_sum: _Optional[float] = ...) -> None: ...
+
+class TenantOutcomes(_message.Message):
+    __slots__ = ("deadlines", "turns")
+    DEADLINES_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    deadlines: DeadlineOutcomes
+    turns: DeadlineOutcomes
+    def __init__(self, deadlines: _Optional[_Union[DeadlineOutcomes, _Mapping]] = ..., turns: _Optional[_Union[DeadlineOutcomes, _Mapping]] = ...) -> None: ...
 
 class ServerStats(_message.Message):
-    __slots__ = ("stats", "served_tokens_by_tenant", "engine", "engine_by_replica")
+    __slots__ = ("stats", "served_tokens_by_tenant", "engine", "engine_by_replica", "tenant_outcomes")
     class StatsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -317,15 +357,24 @@ class ServerStats(_message.Message):
         key: str
         value: EngineStats
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[EngineStats, _Mapping]] = ...) -> None: ...
+    class TenantOutcomesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: TenantOutcomes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[TenantOutcomes, _Mapping]] = ...) -> None: ...
     STATS_FIELD_NUMBER: _ClassVar[int]
     SERVED_TOKENS_BY_TENANT_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     ENGINE_BY_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    TENANT_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     stats: _containers.ScalarMap[str, float]
     served_tokens_by_tenant: _containers.ScalarMap[str, float]
     engine: EngineStats
     engine_by_replica: _containers.MessageMap[str, EngineStats]
-    def __init__(self, stats: _Optional[_Mapping[str, float]] = ..., served_tokens_by_tenant: _Optional[_Mapping[str, float]] = ..., engine: _Optional[_Union[EngineStats, _Mapping]] = ..., engine_by_replica: _Optional[_Mapping[str, EngineStats]] = ...) -> None: ...
+    tenant_outcomes: _containers.MessageMap[str, TenantOutcomes]
+    def __init__(self, stats: _Optional[_Mapping[str, float]] = ..., served_tokens_by_tenant: _Optional[_Mapping[str, float]] = ..., engine: _Optional[_Union[EngineStats, _Mapping]] = ..., engine_by_replica: _Optional[_Mapping[str, EngineStats]] = ..., tenant_outcomes: _Optional[_Mapping[str, TenantOutcomes]] = ...) -> None: ...
 
 class PeerService(_message.Message):
     __slots__ = ("tenant_tokens", "source")

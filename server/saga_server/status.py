@@ -18,6 +18,8 @@ import time
 
 from saga_sdk import HintReader, SagaUnavailable
 
+from .metrics_schema import status_lines
+
 __all__ = ["main", "render"]
 
 _MAX_FETCHED = 2000  # sessions in one listing request, ended ones included
@@ -192,24 +194,39 @@ def _engine_lines(engine) -> list[str]:
         adm = engine.admission
         lines.append(f"admission: {adm.active} active, {adm.parked} parked, {adm.waiting} waiting sessions; "
                      f"limit {_num(adm.limit_tokens)} tokens, {_num(adm.wait_s)} s waited in all")
-    counters = dict(engine.counters)
-    if "kv_pulls_ok" in counters or "kv_pulls_failed" in counters:
-        lines.append(f"kv pulled in: {int(counters.get('kv_pulls_ok', 0))} pulls, "
-                     f"{_num(counters.get('kv_pulled_tokens', 0))} tokens in "
-                     f"{_num(counters.get('kv_pull_seconds', 0))} s; "
-                     f"{int(counters.get('kv_pulls_failed', 0))} failed (recomputed)")
-    if "kv_tier_chunks" in counters:
-        lines.append(f"host kv tier: {int(counters.get('kv_tier_used_chunks', 0))} of "
-                     f"{int(counters['kv_tier_chunks'])} chunks used; "
-                     f"{_num(counters.get('kv_tier_blocks_stored', 0))} blocks stored, "
-                     f"{_num(counters.get('kv_tier_blocks_loaded', 0))} loaded in "
-                     f"{int(counters.get('kv_tier_loads_ok', 0))} loads "
-                     f"({_num(counters.get('kv_tier_load_seconds', 0))} s); "
-                     f"{_num(counters.get('kv_tier_hit_tokens', 0))} prompt tokens from the tier")
-    other = {k: v for k, v in sorted(counters.items()) if not k.startswith(("kv_pull", "kv_tier"))}
+    counts = {name: dict(figures.by_label) for name, figures in engine.counts.items()}
+    pulls, tier = counts.get("kv_pulls", {}), counts.get("kv_tier_blocks", {})
+    if pulls:
+        lines.append(f"kv pulled in: {int(pulls.get('ok', 0))} pulls, "
+                     f"{_num(_one(counts, 'kv_pulled_tokens'))} tokens in {_num(_one(counts, 'kv_pull_seconds'))} s; "
+                     f"{int(pulls.get('failed', 0))} failed (recomputed)")
+    if "kv_tier_chunks" in counts:
+        lines.append(f"host kv tier: {int(_one(counts, 'kv_tier_used_chunks'))} of "
+                     f"{int(_one(counts, 'kv_tier_chunks'))} chunks used; "
+                     f"{_num(tier.get('stored', 0))} blocks stored, {_num(tier.get('loaded', 0))} loaded in "
+                     f"{int(counts.get('kv_tier_loads', {}).get('ok', 0))} loads "
+                     f"({_num(_one(counts, 'kv_tier_load_seconds'))} s); "
+                     f"{_num(_one(counts, 'kv_tier_hit_tokens'))} prompt tokens from the tier")
+    summed = {**(_PULLS if pulls else {}), **(_TIER if "kv_tier_chunks" in counts else {})}
+    other = status_lines(counts, frozenset(name for name, labels in summed.items()
+                                           if set(counts.get(name, ())) <= labels))
     if other:
-        lines.append("  engine counters: " + "  ".join(f"{k}={_num(v)}" for k, v in other.items()))
+        lines += ["engine counts:"] + other
+    if engine.tables:
+        lines.append("engine tables: " + "  ".join(f"{k}={v}" for k, v in sorted(engine.tables.items())))
     return lines
+
+
+# The metrics (and their labels) the pull and host tier lines show; every other one,
+# or one with another label, has its schema line.
+_PULLS = {"kv_pulls": {"ok", "failed"}, "kv_pulled_tokens": {""}, "kv_pull_seconds": {""}}
+_TIER = {"kv_tier_blocks": {"stored", "loaded"}, "kv_tier_loads": {"ok"}, "kv_tier_load_seconds": {""},
+         "kv_tier_hit_tokens": {""}, "kv_tier_used_chunks": {""}, "kv_tier_chunks": {""}}
+
+
+def _one(counts, name: str) -> float:
+    """The figure of a metric without a label (0 where it never happened)."""
+    return counts.get(name, {}).get("", 0.0)
 
 
 def _kv_held(engine) -> str:

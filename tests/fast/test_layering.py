@@ -58,7 +58,7 @@ ROOMS: dict[str, Room] = {
         "SAGA inside vLLM's scheduler: the core's rules over vLLM's blocks, its own hint service and recorder; "
         "on a CPU engine the host tier's copies (torch, numpy: vLLM's own)",
         saga=("saga_server.core", "saga_server.record", "saga_server.rpc", "saga_server.settings",
-              "saga_server.state_file"),
+              "saga_server.state_file", "saga_server.metrics_schema"),
         third_party=("vllm", "prometheus_client", "torch", "numpy"),
         never=("saga_server.engines.sim", "saga_server.router", "saga_server.serve", "saga_server.proxy",
                "saga_server.bench", "ray", "httpx") + FRAMEWORKS),
@@ -112,10 +112,16 @@ ROOMS: dict[str, Room] = {
         never=("saga_server.engines", "saga_server.core", "saga_server.rpc", "saga_server.router",
                "saga_server.serve", "saga_server.proxy", "saga_server.bench", "saga_server.record", "grpc")
         + HEAVY + FRAMEWORKS),
+    "saga_server.metrics_schema": Room(
+        "every metric an engine reports, declared once (pure data): the engine's Prometheus objects, its "
+        "GetStats counts and `saga status`'s lines are made from it; standard library only",
+        never=("saga_server.engines", "saga_server.core", "saga_server.rpc", "saga_server.router",
+               "saga_server.serve", "saga_server.proxy", "saga_server.bench", "saga_server.record",
+               "prometheus_client", "grpc") + HEAVY + FRAMEWORKS),
     "saga_server": Room(
         "`saga` and `saga status`: subcommands imported by name only when used, so `saga status` never "
         "pays for vLLM",
-        saga=("saga_server.serve.status", "saga_sdk"),
+        saga=("saga_server.serve.status", "saga_server.metrics_schema", "saga_sdk"),
         never=("saga_server.engines", "saga_server.core", "grpc") + HEAVY + FRAMEWORKS),
     "saga_sdk": Room(
         "agents install the SDK alone (grpcio and protobuf); it never imports the server; "

@@ -262,8 +262,8 @@ class AdmissionStats:
 class EngineStats:
     """What an engine reports of its own KV, besides the core's stats: GetStats'
     `ServerStats.engine` (`proto/saga/v1/hints.proto`), and what the cluster router
-    reads of each replica. Gauges are at the read; `hints_dropped` and `counters`
-    are cumulative since the engine started.
+    reads of each replica. Gauges are at the read; `hints_dropped` is cumulative
+    since the engine started.
 
     - `held_sessions`: sessions whose KV the engine holds (soft, protected or pinned);
     - `held_blocks`: KV blocks held for them, `pinned_blocks` of which are pinned for
@@ -271,15 +271,12 @@ class EngineStats:
       is the pool's share held for sessions);
     - `hints_dropped`: engine-bound hints the full intake queue dropped;
     - `admission`: None where admission is off;
-    - `counters`: the counted event families, `<family>_<label>` (`pins_*`,
-      `released_*`, `prefetch_*`, `kv_pulls_*`, `plugin_errors_*`, `plugin_seconds_*`,
-      `forgotten_*`, `kv_tier_blocks_*`, `kv_tier_loads_*`) and plain counts
-      (`kv_pulled_tokens`, `kv_pull_seconds`, `kv_tier_hit_tokens`,
-      `kv_tier_load_seconds`, `session_hit_tokens`, `session_prompt_tokens`,
-      `afs_reorders`); with a host tier, also its occupancy at the read
-      (`kv_tier_used_chunks` of `kv_tier_chunks`); and the sizes of its per-session
-      and per-request tables at the read (`table_<name>`: what a soak watches stay
-      flat). A count that never happened is absent, not 0.
+    - `counts`: the engine's counted metrics (those `in_stats` of the metrics
+      schema, `saga_server.metrics_schema`): metric -> its label's value -> figure
+      ("" for a metric without a label); counters are cumulative, gauges at their
+      last update; a count that never happened is absent, not 0;
+    - `tables`: the entries of each per-session and per-request table the engine
+      keeps, at the read (what a soak watches stay flat).
     """
 
     held_sessions: int = 0
@@ -288,7 +285,8 @@ class EngineStats:
     kv_blocks: int = 0
     hints_dropped: int = 0
     admission: AdmissionStats | None = None
-    counters: Mapping[str, float] = field(default_factory=dict)
+    counts: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    tables: Mapping[str, int] = field(default_factory=dict)
 
 
 class EngineStatsSink(Protocol):

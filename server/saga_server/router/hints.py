@@ -189,9 +189,11 @@ class FanOutHints(hints_pb2_grpc.WorkflowHintsServicer):
         for ep, reply in replies.items():
             _add(out.stats, reply.stats)
             _add(out.served_tokens_by_tenant, reply.served_tokens_by_tenant)
+            for tenant, outcomes in reply.tenant_outcomes.items():
+                _add_message(out.tenant_outcomes[tenant], outcomes)
             if reply.HasField("engine"):
                 out.engine.SetInParent()
-                _add_engine(out.engine, reply.engine)
+                _add_message(out.engine, reply.engine)
                 out.engine_by_replica[ep].CopyFrom(reply.engine)
             for k in _PER_REPLICA:  # per-replica view for `saga status`
                 if k in reply.stats:
@@ -213,18 +215,23 @@ def _add(into, values: Mapping[str, float]) -> None:
         into[k] = into[k] + v if k in into else v
 
 
-def _add_engine(into: "pb.EngineStats", more: "pb.EngineStats") -> None:
-    """Sum `more` into `into`: every figure of an engine's is a count or a total, so
-    the cluster's is the sum (maps by key, `admission` where engines report it)."""
+def _add_message(into, more) -> None:
+    """Sum the message `more` into `into`: every figure of an engine's (`EngineStats`,
+    `TenantOutcomes`) is a count or a total, so the cluster's is the sum (maps by
+    key, messages field by field, a message reported even where all of it is 0)."""
     for field, value in more.ListFields():
         if field.message_type is None:
             setattr(into, field.name, getattr(into, field.name) + value)
         elif field.message_type.GetOptions().map_entry:
-            _add(getattr(into, field.name), value)
+            if field.message_type.fields_by_name["value"].message_type is None:
+                _add(getattr(into, field.name), value)
+            else:
+                for key, sub in value.items():
+                    _add_message(getattr(into, field.name)[key], sub)
         else:
             sub = getattr(into, field.name)
-            sub.SetInParent()  # reported, even where all of it is 0
-            _add_engine(sub, value)
+            sub.SetInParent()
+            _add_message(sub, value)
 
 
 def start_fanout(discover: Callable[[], Sequence[str]], address: str,

@@ -123,7 +123,10 @@ def snapshot_to_wire(snap: SessionSnapshot, now: float) -> "pb.SessionState":
 def engine_stats_to_wire(stats: EngineStats) -> "pb.EngineStats":
     out = pb.EngineStats(held_sessions=stats.held_sessions, held_blocks=stats.held_blocks,
                          pinned_blocks=stats.pinned_blocks, kv_blocks=stats.kv_blocks,
-                         hints_dropped=stats.hints_dropped, counters=dict(stats.counters))
+                         hints_dropped=stats.hints_dropped,
+                         counts={name: pb.MetricCounts(by_label=dict(by_label))
+                                 for name, by_label in stats.counts.items()},
+                         tables={name: max(int(n), 0) for name, n in stats.tables.items()})
     adm = stats.admission
     if adm is not None:
         out.admission.CopyFrom(pb.AdmissionStats(active=adm.active, parked=adm.parked, waiting=adm.waiting,

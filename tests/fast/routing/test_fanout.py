@@ -138,9 +138,9 @@ def test_the_cluster_stats_sum_the_engines_kv_figures_and_keep_each_engines_own(
 
     figures = [EngineStats(held_sessions=3, held_blocks=12, pinned_blocks=8, kv_blocks=47,
                            admission=AdmissionStats(active=2, parked=1, waiting=0, limit_tokens=600.0, wait_s=1.5),
-                           counters={"pins_created": 2.0, "released_moved": 1.0}),
+                           counts={"pins": {"created": 2.0}, "released": {"moved": 1.0}}, tables={"holds": 3}),
                EngineStats(held_sessions=1, held_blocks=5, pinned_blocks=0, kv_blocks=23,
-                           counters={"pins_created": 1.0})]  # admission off there
+                           counts={"pins": {"created": 1.0, "used": 1.0}}, tables={"holds": 1})]  # admission off
     sinks = [EngineHintSink(WorkflowCore(), engine_stats=lambda f=f: f) for f in figures]
     servers = [HintServer(sink, "127.0.0.1:0").start() for sink in sinks]
     endpoints = [s.endpoint for s in servers]
@@ -152,7 +152,9 @@ def test_the_cluster_stats_sum_the_engines_kv_figures_and_keep_each_engines_own(
         assert (total.held_sessions, total.held_blocks, total.pinned_blocks, total.kv_blocks) == (4, 17, 8, 70)
         assert (total.admission.active, total.admission.parked, total.admission.waiting) == (2, 1, 0)
         assert (total.admission.limit_tokens, total.admission.wait_s) == (600.0, 1.5)
-        assert dict(total.counters) == {"pins_created": 3.0, "released_moved": 1.0}
+        assert {name: dict(c.by_label) for name, c in total.counts.items()} == {
+            "pins": {"created": 3.0, "used": 1.0}, "released": {"moved": 1.0}}
+        assert dict(total.tables) == {"holds": 4}
         by_replica = reply.engine_by_replica
         assert sorted(by_replica) == sorted(endpoints)
         assert by_replica[endpoints[0]].held_blocks == 12 and by_replica[endpoints[0]].HasField("admission")

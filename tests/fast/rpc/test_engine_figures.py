@@ -18,12 +18,16 @@ def server_stats(sink):
 def test_every_engine_figure_arrives_in_its_typed_field():
     figures = EngineStats(held_sessions=3, held_blocks=12, pinned_blocks=8, kv_blocks=47,
                           admission=AdmissionStats(active=2, parked=1, waiting=4, limit_tokens=331.2, wait_s=2.5),
-                          counters={"pins_created": 2.0, "plugin_seconds_finish": 0.125})
+                          counts={"pins": {"created": 2.0}, "plugin_seconds": {"finish": 0.125},
+                                  "kv_pulled_tokens": {"": 96.0}},
+                          tables={"live_requests": 2})
     engine = server_stats(EngineHintSink(WorkflowCore(), engine_stats=lambda: figures)).engine
     assert (engine.held_sessions, engine.held_blocks, engine.pinned_blocks, engine.kv_blocks) == (3, 12, 8, 47)
     adm = engine.admission
     assert (adm.active, adm.parked, adm.waiting, adm.limit_tokens, adm.wait_s) == (2, 1, 4, 331.2, 2.5)
-    assert dict(engine.counters) == {"pins_created": 2.0, "plugin_seconds_finish": 0.125}
+    assert {name: dict(c.by_label) for name, c in engine.counts.items()} == {
+        "pins": {"created": 2.0}, "plugin_seconds": {"finish": 0.125}, "kv_pulled_tokens": {"": 96.0}}
+    assert dict(engine.tables) == {"live_requests": 2}
 
 
 def test_admission_off_leaves_its_message_unset():

@@ -52,12 +52,12 @@ def run(root: Path, fail: bool) -> dict:
             break
         s.update_from_output(out, model_output(s, out))
     finished_as = str(req.status)
-    counts = s.saga.counters.counts
+    counts = s.saga.counters
     return {"status_while_pulling": waiting_for_kv,
             "scheduled_computed": new[0].num_computed_tokens if new else None, "finally": finished_as,
-            "pulls_ok": counts["kv_pulls_ok"], "pulls_failed": counts["kv_pulls_failed"],
-            "pulled_tokens": counts["kv_pulled_tokens"], "hit_tokens": counts["session_hit_tokens"],
-            "prompt_tokens": counts["session_prompt_tokens"], "counters": dict(s.saga.engine_stats().counters)}
+            "pulls_ok": counts["kv_pulls", "ok"], "pulls_failed": counts["kv_pulls", "failed"],
+            "pulled_tokens": counts["kv_pulled_tokens"], "hit_tokens": counts["prefix_hit_tokens"],
+            "prompt_tokens": counts["session_prompt_tokens"], "counts": s.saga.engine_stats().counts}
 
 
 if __name__ == "__main__":

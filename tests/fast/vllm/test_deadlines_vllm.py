@@ -60,7 +60,7 @@ def test_a_slack_rich_request_gives_way_to_a_waiting_at_risk_one(tiny_model):
     assert new_ids(step(s)) == {tight.request_id}
     rest = run_until_idle(s)
     assert loose.request_id in set().union(*(new_ids(o) for o in rest))
-    assert s.saga.counters["deadline_held"] > 0
+    assert s.saga.counters["deadline", "held"] > 0
 
 
 def test_without_shaping_fair_share_order_decides(tiny_model, monkeypatch):
@@ -81,7 +81,7 @@ def test_an_at_risk_decode_gets_steps_with_a_block_of_other_prefill(tiny_model):
     assert out.num_scheduled_tokens[tight.request_id] == 1
     assert out.num_scheduled_tokens[plain.request_id] == BS  # thin: one block beside the decode
     run_until_idle(s)
-    assert s.saga.counters["deadline_thin_step"] >= 5
+    assert s.saga.counters["deadline", "thin_step"] >= 5
     later = R.make(tokens(20_000, 1000), session_id="plain", max_tokens=1)
     s.add_request(later)
     assert step(s).num_scheduled_tokens[later.request_id] == 256  # nobody at risk: the whole budget

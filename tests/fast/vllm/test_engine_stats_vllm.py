@@ -50,7 +50,8 @@ def test_held_and_pinned_blocks_and_counted_pins_reach_get_stats(tiny_model):
     engine = engine_figures(s)
     assert (engine.held_sessions, engine.held_blocks, engine.pinned_blocks, engine.kv_blocks) == (3, 12, 8, 47)
     assert engine.hints_dropped == 0
-    assert engine.counters["pins_created"] == 2 and engine.counters["pins_over_tenant_cap"] == 1
+    pins = engine.counts["pins"].by_label
+    assert pins["created"] == 2 and pins["over_tenant_cap"] == 1
     assert (engine.admission.active, engine.admission.parked, engine.admission.waiting) == (3, 0, 0)
 
 

@@ -54,11 +54,12 @@ def test_ended_pulls_nobody_takes_are_forgotten_oldest_first():
 
 
 def test_saga_status_shows_pulled_tokens_and_failed_pulls():
-    engine = pb.EngineStats(counters={"kv_pulls_ok": 3, "kv_pulled_tokens": 2976, "kv_pull_seconds": 0.84,
-                                      "kv_pulls_failed": 1, "pins_created": 2})
+    counts = {"kv_pulls": {"ok": 3, "failed": 1}, "kv_pulled_tokens": {"": 2976}, "kv_pull_seconds": {"": 0.84},
+              "pins": {"created": 2}}
+    engine = pb.EngineStats(counts={k: pb.MetricCounts(by_label=v) for k, v in counts.items()})
     out = render({"sessions_live": 1}, [], engine=engine)
     assert "kv pulled in: 3 pulls, 2976 tokens in 0.84 s; 1 failed (recomputed)" in out
-    assert "kv_pulled_tokens=" not in out and "pins_created=2" in out  # shown once, on its own line
+    assert "kv_pulled_tokens" not in out and "pins{event}: created 2" in out  # shown once, on its own line
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def test_a_pulled_prefix_is_counted_as_pulled_and_not_as_a_prefix_hit(scenario):
     assert run["scheduled_computed"] == 99  # the whole prompt arrived; the last token is computed
     assert (run["pulls_ok"], run["pulls_failed"], run["pulled_tokens"]) == (1, 0, 100)
     assert run["hit_tokens"] == 0 and run["prompt_tokens"] == 100
-    assert run["counters"]["kv_pulled_tokens"] == 100 and run["counters"]["kv_pull_seconds"] > 0
+    assert run["counts"]["kv_pulled_tokens"][""] == 100 and run["counts"]["kv_pull_seconds"][""] > 0
 
 
 def test_a_failed_pull_is_counted_and_recomputed_by_the_same_request(scenario):

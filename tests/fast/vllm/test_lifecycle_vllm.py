@@ -49,9 +49,9 @@ def test_sessions_that_never_end_are_forgotten_everywhere_past_the_cap_and_the_i
     assert after == dict.fromkeys(after, 0), after
     assert plugin.ledger.held_blocks == 0 and s.kv_cache_manager.block_pool.get_num_free_blocks() == 63
     counts = plugin.counters.counts
-    assert counts["forgotten_evicted"] == n - cap and counts["forgotten_expired"] == cap  # both ways out
+    assert counts["forgotten", "evicted"] == n - cap and counts["forgotten", "expired"] == cap  # both ways out
     print(f"tables after {n:,} sessions:", tables, "after the idle time:", after,
-          {k: v for k, v in counts.items() if k.startswith(("released_", "forgotten_"))})
+          {k: v for k, v in counts.items() if k[0] in ("released", "forgotten")})
 
 
 def test_a_session_the_core_forgets_leaves_its_kv_first_and_an_end_hint_forgets_it_at_once(tiny_model):

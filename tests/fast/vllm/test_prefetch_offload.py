@@ -63,7 +63,7 @@ def _reclaim_a_paused_session(tiny_model, offload_gib: float | None):
     s, worker, R, hist, first = _paused_session(tiny_model, offload_gib)
     s.add_request(R.make(tokens(50000, 15 * BS)))  # every usable block: none of A's stays
     outs = worker.drain(s)
-    assert s.saga.counters["prefetch_issued"] == 1
+    assert s.saga.counters["prefetch", "issued"] == 1
     return s, worker, R, hist, first, outs
 
 
@@ -100,12 +100,12 @@ def test_prefetch_of_an_evicted_session_loads_its_kv_from_the_cpu_tier(tiny_mode
 
     nxt = R.make(hist + [7, 8, 9], session_id="A")
     s.add_request(nxt)
-    assert s.saga.counters["prefetch_used"] == 0
+    assert s.saga.counters["prefetch", "used"] == 0
     outs = worker.drain(s)
     assert hit_tokens(outs, nxt.request_id) == HIST
     # The hit is on the GPU: A's own request waits for no load.
     assert not [j for o in outs for j in o.kv_connector_metadata.load_jobs.values()]
-    assert s.saga.counters["prefetch_used"] == 1
+    assert s.saga.counters["prefetch", "used"] == 1
 
 
 def test_the_prefetch_waits_in_waiting_for_remote_kvs_until_the_worker_reports_the_load(tiny_model):
@@ -125,10 +125,10 @@ def test_the_prefetch_waits_in_waiting_for_remote_kvs_until_the_worker_reports_t
         assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS and req.num_computed_tokens == HIST
         out = worker.step(s, loads_done=False)
         assert pid not in out.num_scheduled_tokens and not out.kv_connector_metadata.load_jobs
-    assert s.saga.counters["prefetch_issued"] == 1
+    assert s.saga.counters["prefetch", "issued"] == 1
     outs = worker.drain(s)  # the load is reported; the prefetch computes its last token
     assert _scheduled(outs, pid) == 1
-    assert pid not in s.requests and s.saga.counters["prefetch_issued"] == 1
+    assert pid not in s.requests and s.saga.counters["prefetch", "issued"] == 1
     assert len(s.saga.ledger.get("A").blocks) == HIST // BS  # the prefetched KV, held for A
 
 

@@ -52,7 +52,7 @@ def test_a_resumed_history_loads_from_the_tier_and_computes_only_its_new_tokens(
     s, worker, R, hist = evicted_history(tiny_model, fail_loads=False)
     rid, computed = resume(s, worker, R, hist)
     assert worker.load_jobs == [rid] and computed == 3
-    assert s.saga.counters["kv_tier_loads_ok"] == 1
+    assert s.saga.counters["kv_tier_loads", "ok"] == 1
 
 
 def test_a_failed_load_is_recomputed_once_without_asking_the_tier_again(tiny_model):
@@ -60,5 +60,5 @@ def test_a_failed_load_is_recomputed_once_without_asking_the_tier_again(tiny_mod
     rid, computed = resume(s, worker, R, hist)
     assert worker.load_jobs == [rid]  # asked once: a retry would fail the same way, forever
     assert computed == HIST + 3  # the whole history recomputed
-    assert s.saga.counters["kv_tier_loads_failed"] == 1 and s.saga.counters["kv_tier_loads_ok"] == 0
+    assert s.saga.counters["kv_tier_loads", "failed"] == 1 and s.saga.counters["kv_tier_loads", "ok"] == 0
     assert not s.connector._loading and not s.connector._load_failed  # nothing kept once it ended

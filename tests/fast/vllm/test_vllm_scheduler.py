@@ -78,7 +78,7 @@ def test_paused_session_keeps_its_prefix_through_a_flood_stock_loses_it(tiny_mod
         results[name] = hit_tokens(run_until_idle(s), nxt.request_id)
         pool_is_consistent(s)
         if name == "saga":
-            assert s.saga.counters["pins_used"] == 1  # released because A came back
+            assert s.saga.counters["pins", "used"] == 1  # released because A came back
     assert results["stock"] == 0
     assert results["saga"] == 96  # the whole history (6 full blocks)
 
@@ -93,7 +93,7 @@ def test_next_request_releases_the_hold_and_nothing_leaks(tiny_model):
     s.add_request(R.make(hist + [7] + tokens(500, 40), session_id="A"))
     run_until_idle(s)
     # the old hold was released on scheduling; the new request's blocks are held now
-    assert s.saga.ledger.get("A").blocks and s.saga.counters["released_arrival"] >= 1
+    assert s.saga.ledger.get("A").blocks and s.saga.counters["released", "arrival"] >= 1
     s.saga.ledger.release_all("test")
     pool_is_consistent(s)
     assert s.reset_prefix_cache()  # no stray reference anywhere
@@ -115,7 +115,7 @@ def test_pins_never_block_forward_progress(tiny_model):
     s.add_request(big)
     outs = run_until_idle(s)
     assert any(big.request_id in o.num_scheduled_tokens for o in outs)
-    assert s.saga.counters["released_wa_lru"] + s.saga.counters["released_pressure"] > 0
+    assert s.saga.counters["released", "wa_lru"] + s.saga.counters["released", "pressure"] > 0
     pool_is_consistent(s)
 
 
@@ -171,7 +171,7 @@ def test_under_pressure_soft_holds_go_before_pins_whatever_their_keys(tiny_model
     run_until_idle(s)
     assert len(s.saga.ledger.get("pinned").blocks) == 4
     assert s.saga.ledger.get("soft") is None
-    assert s.saga.counters["released_wa_lru"] == 4 and s.saga.counters["released_pressure"] == 0
+    assert s.saga.counters["released", "wa_lru"] == 4 and s.saga.counters["released", "pressure"] == 0
 
 
 def test_pin_ttl_expiry_turns_a_pin_into_a_soft_hold(tiny_model):
@@ -186,7 +186,7 @@ def test_pin_ttl_expiry_turns_a_pin_into_a_soft_hold(tiny_model):
     clock.t = hold.expires_at + 0.01
     s.schedule()  # an empty step applies expiries
     assert not s.saga.ledger.get("A").pinned and s.saga.ledger.pinned_blocks == 0
-    assert s.saga.counters["pins_expired"] == 1
+    assert s.saga.counters["pins", "expired"] == 1
 
 
 def _session_holding_kv(tiny_model):
@@ -324,11 +324,11 @@ def test_prefetch_recomputes_a_reclaimed_session_while_idle_and_hides_its_output
                 pooler_output=[]))
             for o in eco.values():
                 assert not [x for x in o.outputs if x.request_id.startswith("saga-prefetch-")]
-    assert s.saga.counters["prefetch_issued"] == 1
+    assert s.saga.counters["prefetch", "issued"] == 1
     nxt = R.make(hist + [7, 8, 9], session_id="A")
     s.add_request(nxt)
     assert hit_tokens(run_until_idle(s), nxt.request_id) == 64
-    assert s.saga.counters["prefetch_used"] == 1
+    assert s.saga.counters["prefetch", "used"] == 1
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -404,7 +404,7 @@ def test_a_queued_sessions_kv_is_reclaimed_last(tiny_model):
     nxt = R.make(hist["A"] + [7, 8, 9], session_id="A")
     s.add_request(nxt)  # waits: the only slot is x's
     outs = run_until_idle(s)
-    assert s.saga.counters["released_wa_lru"] + s.saga.counters["released_pressure"] > 0
+    assert s.saga.counters["released", "wa_lru"] + s.saga.counters["released", "pressure"] > 0
     assert hit_tokens(outs, nxt.request_id) == 64
     assert s.saga.ledger.get("B") is None or len(s.saga.ledger.get("B").blocks) < 4
 
@@ -429,7 +429,7 @@ def test_a_session_moved_away_releases_its_kv_but_keeps_its_workflow_state(tiny_
     assert s.saga.sink.release_session("A") and s.saga.sink.release_session("never-seen")
     s.schedule()
     assert "A" not in s.saga.ledger
-    assert s.saga.counters["released_moved"] == held
+    assert s.saga.counters["released", "moved"] == held
     assert s.saga.core.session("A").state != "ended"  # it may come back
     pool_is_consistent(s)
     assert s.reset_prefix_cache()  # nothing left referenced
@@ -444,10 +444,10 @@ def test_an_idle_engine_prefetches_at_once_instead_of_just_before_the_predicted_
     assert plan and plan[0].start_at > clock()  # the plan alone would wait
     assert s.has_requests()  # vLLM still has the flood's finish to report
     step(s)  # that step, at the same instant
-    assert s.saga.counters["prefetch_issued"] == 1
+    assert s.saga.counters["prefetch", "issued"] == 1
     run_until_idle(s)
     step(s)  # reports the prefetch's finish; A is warm, nothing else is due
-    assert not s.has_requests() and s.saga.counters["prefetch_issued"] == 1  # the EngineCore may sleep
+    assert not s.has_requests() and s.saga.counters["prefetch", "issued"] == 1  # the EngineCore may sleep
     nxt = R.make(hist + [7, 8, 9], session_id="A")
     s.add_request(nxt)
     assert hit_tokens(run_until_idle(s), nxt.request_id) == 64
@@ -467,8 +467,8 @@ def test_a_tenants_pins_stay_under_its_cap_and_other_tenants_still_pin(tiny_mode
     ledger = s.saga.ledger
     assert [ledger.get(sid).pinned for sid in ("A1", "A2", "B1")] == [True, False, True]
     assert ledger.pinned_of("a") == 4 and ledger.pinned_of("b") == 4 and "A2" in ledger  # A2 still held, soft
-    assert s.saga.counters["pins_over_tenant_cap"] == 1 and s.saga.counters["pins_refused"] == 1
-    assert s.saga.engine_stats().counters["pins_over_tenant_cap"] == 1
+    assert s.saga.counters["pins", "over_tenant_cap"] == 1 and s.saga.counters["pins", "refused"] == 1
+    assert s.saga.engine_stats().counts["pins"]["over_tenant_cap"] == 1
     caps["a"] = None  # the cap is asked at every pin: lifted, A2's next tool start pins it
     s.saga.sink.accept(ToolCallStart("A2", s.saga.clock(), "bash", call_id="x"))
     s.saga.before_schedule()  # the engine loop takes the hint
@@ -481,6 +481,6 @@ def test_the_plugins_time_on_the_engine_thread_is_counted_per_hook(tiny_model):
     R = Requests(BS)
     s.add_request(R.make(tokens(100, 64), session_id="A"))
     run_until_idle(s)
-    spent = {hook: s.saga.counters[f"plugin_seconds_{hook}"] for hook in
+    spent = {hook: s.saga.counters["plugin_seconds", hook] for hook in
              ("arrival", "before_schedule", "after_schedule", "finish")}
     assert all(seconds > 0 for seconds in spent.values()), spent

@@ -204,7 +204,8 @@ def test_overloaded_replica_sheds_a_session_in_a_tool_call_it_resumes_warm_and_a
         from saga_sdk import HintReader
 
         with HintReader(ray_cluster.replica_hints()[replicas[0]], timeout=5) as reader:
-            assert reader.server_stats().engine.counters.get("released_moved", 0) > 0
+            released = reader.server_stats().engine.counts["released"].by_label
+            assert released.get("moved", 0) > 0
         if ray_cluster.metrics_url:  # operators see the move and both replicas on /metrics
             with urllib.request.urlopen(ray_cluster.metrics_url, timeout=30) as resp:
                 text = resp.read().decode()

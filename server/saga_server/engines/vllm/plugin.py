@@ -324,7 +324,7 @@ class SagaPlugin:
 
     @_guarded("after_schedule")
     def after_schedule(self, output) -> None:
-        metrics, counts = self.metrics, self.counters.counts
+        metrics, count = self.metrics, self.counters.count
         sched = self.scheduler
         now = self.clock()
         for new in output.scheduled_new_reqs:
@@ -335,8 +335,7 @@ class SagaPlugin:
                 from_tier = self.tier_loads.take(new.req_id)
                 pulled += from_tier
                 if from_tier:
-                    counts["kv_tier_hit_tokens"] += from_tier
-                    metrics.kv_tier_hit_tokens.inc(from_tier)
+                    count("kv_tier_hit_tokens", n=from_tier)
             live = self.engine.requests.get(new.req_id)
             prefill = max(prompt - new.num_computed_tokens, 0)
             if live is None or live.session_id is None:
@@ -351,12 +350,10 @@ class SagaPlugin:
                 self.recording.scheduled(new.req_id, hit)
             self.engine.scheduled(new.req_id, min(had, prompt) // self.block_size * self.block_size, hit,
                                   prefill, now)
-            metrics.prefix_hit_tokens.inc(hit)
-            metrics.session_prompt_tokens.inc(prompt)
+            count("prefix_hit_tokens", n=hit)
+            count("session_prompt_tokens", n=prompt)
             if prompt:
                 metrics.session_hit_ratio.observe(hit / prompt)
-            counts["session_hit_tokens"] += hit
-            counts["session_prompt_tokens"] += prompt
             self.prefetcher.on_scheduled(sid, hit)
         for rid, n in output.num_scheduled_tokens.items():
             live = self.engine.requests.get(rid)
@@ -389,9 +386,6 @@ class SagaPlugin:
 
     def engine_stats(self) -> EngineStats:
         """This engine's figures for GetStats (the hint sink adds `hints_dropped`)."""
-        counts = dict(self.counters.counts)  # copied at once: the engine thread counts on
-        if self.tier_loads is not None:
-            counts["kv_tier_used_chunks"], counts["kv_tier_chunks"] = tier_occupancy()
         ledger, adm = self.ledger, self.admission
         admission = None
         if adm is not None:
@@ -399,12 +393,9 @@ class SagaPlugin:
             admission = AdmissionStats(active=states.get(ACTIVE, 0), parked=states.get(PARKED, 0),
                                        waiting=states.get(WAITING, 0), limit_tokens=float(adm.limit),
                                        wait_s=float(adm.counts.wait_s))
-        for name, size in self.table_sizes().items():
-            counts[f"table_{name}"] = size
         return EngineStats(held_sessions=len(ledger), held_blocks=ledger.held_blocks,
                            pinned_blocks=ledger.pinned_blocks, kv_blocks=ledger.capacity_blocks,
-                           admission=admission,
-                           counters={k: float(v) for k, v in counts.items()})
+                           admission=admission, counts=self.counters.snapshot(), tables=self.table_sizes())
 
     def table_sizes(self) -> dict[str, int]:
         """Entries of every per-session or per-request table the plugin keeps (what a
@@ -485,7 +476,7 @@ class SagaPlugin:
             return key
 
         if waiting.rerank(rank):
-            self.counters.counts["afs_reorders"] += 1
+            self.counters.count("afs_reorders")
         for tenant, prio in tenant_prio.items():
             self.metrics.set_afs(tenant, prio)
 
@@ -498,17 +489,14 @@ class SagaPlugin:
     @_guarded("pulled")
     def _pulled(self, ok: bool, tokens: int, seconds: float) -> None:
         self.counters.count("kv_pulls", "ok" if ok else "failed")
-        self.counters.counts["kv_pull_seconds"] += seconds
-        self.metrics.kv_pull_seconds.inc(seconds)
+        self.counters.count("kv_pull_seconds", n=seconds)
         if ok:
-            self.counters.counts["kv_pulled_tokens"] += tokens
-            self.metrics.kv_pulled_tokens.inc(tokens)
+            self.counters.count("kv_pulled_tokens", n=tokens)
 
     @_guarded("loaded_from_tier")
     def _loaded_from_tier(self, ok: bool, tokens: int, seconds: float) -> None:
         self.counters.count("kv_tier_loads", "ok" if ok else "failed")
-        self.counters.counts["kv_tier_load_seconds"] += seconds
-        self.metrics.kv_tier_load_seconds.inc(seconds)
+        self.counters.count("kv_tier_load_seconds", n=seconds)
 
     def _cached_blocks(self, request_id: str) -> list:
         return cached_prefix_blocks(self.scheduler.kv_cache_manager, request_id)
@@ -524,8 +512,8 @@ class SagaPlugin:
                 m.admission_sessions.labels(state).set(states.get(state, 0))
         if self.tier_loads is not None:
             used, capacity = tier_occupancy()
-            m.kv_tier_used_chunks.set(used)
-            m.kv_tier_chunks.set(capacity)
+            self.counters.set("kv_tier_used_chunks", used)
+            self.counters.set("kv_tier_chunks", capacity)
         self._core_gauges()
 
     def _core_gauges(self, min_interval_s: float = 0.5) -> None:
