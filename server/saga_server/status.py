@@ -81,20 +81,19 @@ def _view(args) -> str | None:
                 print(f"(metrics from {args.url} unavailable: {exc})", file=sys.stderr)
     return render(dict(reply.stats), sessions, metrics, served=dict(reply.served_tokens_by_tenant),
                   limit=args.sessions, engine=reply.engine if reply.HasField("engine") else None,
-                  engine_by_replica=dict(reply.engine_by_replica))
+                  engine_by_replica=dict(reply.engine_by_replica), tenant_outcomes=dict(reply.tenant_outcomes))
 
 
-def _deadlines(stats, what: str = "tasks", met_key: str = "deadlines_met", missed_key: str = "deadlines_missed",
-               used_key: str = "deadline_slack_used") -> str:
-    """Per tenant, tasks (or user turns) ended within their deadline out of those
-    with one, and the mean share of the deadline they used ("" when none had one)."""
+def _deadlines(tenant_outcomes, what: str, pick) -> str:
+    """Per tenant, tasks (or user turns: `pick` chooses) ended within their deadline
+    out of those with one, and the mean share of the deadline they used ("" when none had one)."""
     parts = []
-    for key in sorted(k for k in stats if k.startswith(f"{met_key}:")):
-        tenant = key.partition(":")[2]
-        met, missed = int(stats[key]), int(stats.get(f"{missed_key}:{tenant}", 0))
-        if met + missed:
-            parts.append(f"{tenant or '(no tenant)'} {met}/{met + missed} ({met / (met + missed):.1%}), "
-                         f"slack used {stats.get(f'{used_key}:{tenant}', 0.0):.2f}")
+    for tenant, outcomes in sorted(tenant_outcomes.items()):
+        o = pick(outcomes)
+        ended = o.met + o.missed
+        if ended:
+            parts.append(f"{tenant or '(no tenant)'} {o.met}/{ended} ({o.met / ended:.1%}), "
+                         f"slack used {o.slack_used_sum / ended:.2f}")
     return f"  {what} within deadline: " + "; ".join(parts) if parts else ""
 
 
@@ -106,12 +105,12 @@ def _listing_limit(stats, wanted: int) -> int:
 
 
 def render(stats, sessions, metrics=None, served=None, limit: int | None = None, engine=None,
-           engine_by_replica=None) -> str:
+           engine_by_replica=None, tenant_outcomes=None) -> str:
     """`sessions`: most recently active first (ended ones are left out: the header
     counts live sessions); at most `limit` listed. `served`: tenant -> tokens served
     (the hint service's per-tenant service). `engine`: GetStats' `ServerStats.engine`
     (None: no engine's figures); `engine_by_replica`: endpoint -> an engine's own
-    (a cluster's fan-out)."""
+    (a cluster's fan-out); `tenant_outcomes`: tenant -> its `TenantOutcomes` (wire)."""
     live = int(stats.get("sessions_live", 0))
     listed = [s for s in sessions if s.state != "ended"][:limit]
     lines = [f"hint service: {live} live sessions, "
@@ -123,13 +122,11 @@ def render(stats, sessions, metrics=None, served=None, limit: int | None = None,
     tenancy = _tenancy(stats)
     if tenancy:
         lines.append(tenancy)
-    for deadlines in (_deadlines(stats), _deadlines(stats, "user turns", "turns_met", "turns_missed",
-                                                    "turn_slack_used")):
+    for deadlines in (_deadlines(tenant_outcomes or {}, "tasks", lambda o: o.deadlines),
+                      _deadlines(tenant_outcomes or {}, "user turns", lambda o: o.turns)):
         if deadlines:
             lines.append(deadlines)
-    other = {k: v for k, v in sorted(stats.items())
-             if not k.startswith(("hints_", "deadlines_", "deadline_", "turns_", "turn_slack_used:"))
-             and k not in _TENANCY}
+    other = {k: v for k, v in sorted(stats.items()) if not k.startswith("hints_") and k not in _TENANCY}
     if other:
         lines.append("  " + "  ".join(f"{k}={_num(v)}" for k, v in other.items()))
     for replica, figures in sorted((engine_by_replica or {}).items()):

@@ -89,15 +89,19 @@ def test_status_has_engine_and_admission_lines_when_the_engine_reports_them():
 def test_status_has_a_line_of_each_tenants_tasks_within_deadline():
     from saga_server.status import render
 
-    stats = {"deadlines_met:web": 97, "deadlines_missed:web": 3, "deadline_slack_used:web": 0.81,
-             "deadlines_met:swe": 10, "deadlines_missed:swe": 0, "deadline_slack_used:swe": 0.4}
-    out = render(stats, [])
+    from saga_proto import hints_pb2 as pb
+
+    tasks = {"web": pb.TenantOutcomes(deadlines=pb.DeadlineOutcomes(met=97, missed=3, slack_used_sum=81.0)),
+             "swe": pb.TenantOutcomes(deadlines=pb.DeadlineOutcomes(met=10, slack_used_sum=4.0)),
+             "idle": pb.TenantOutcomes()}  # served tokens only: no line
+    out = render({"sessions_live": 1}, [], tenant_outcomes=tasks)
     assert "tasks within deadline: swe 10/10 (100.0%), slack used 0.40; web 97/100 (97.0%), slack used 0.81" in out
-    assert "deadlines_met" not in out  # not repeated in the raw stats line
     assert "within deadline" not in render({"sessions_live": 1}, [])
-    turns = render({"turns_met:chat": 45, "turns_missed:chat": 5, "turn_slack_used:chat": 0.6}, [])
-    assert "user turns within deadline: chat 45/50 (90.0%), slack used 0.60" in turns
-    assert "turns_met" not in turns
+    assert "user turns" not in out and "idle" not in out
+    turns = {"chat": pb.TenantOutcomes(turns=pb.DeadlineOutcomes(met=45, missed=5, slack_used_sum=30.0))}
+    out = render({"sessions_live": 1}, [], tenant_outcomes=turns)
+    assert "user turns within deadline: chat 45/50 (90.0%), slack used 0.60" in out
+    assert "tasks within" not in out
 
 
 def test_status_has_a_tenancy_line_of_what_callers_were_refused():

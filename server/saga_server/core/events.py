@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence, Union
+from typing import Mapping, Protocol, Sequence, Union, runtime_checkable
 
 
 class ToolOutcome(enum.Enum):
@@ -207,16 +207,51 @@ class HintSink(Protocol):
     def stats(self) -> Mapping[str, float]: ...
 
 
+@runtime_checkable
 class PeerServiceSink(Protocol):
     """A sink that also ranks tenants across a cluster (Agent Fair Share): it takes
     the service other engines delivered per tenant since the last report, applies
-    all of it or raises ValueError and applies none (see `core.cluster_share`), and
-    reports the service it delivered itself: tenant -> tokens, cumulative (peer
-    service never counts there)."""
+    all of it or raises ValueError and applies none (see `core.cluster_share`). The
+    service it delivered itself is each tenant's `TenantOutcomes.served_tokens`."""
 
     def record_peer_service(self, tokens: Mapping[str, float]) -> int: ...
 
-    def served_by_tenant(self) -> Mapping[str, float]: ...
+
+@dataclass(frozen=True, slots=True)
+class DeadlineOutcomes:
+    """Of one tenant's tasks (or user turns) that ended with a deadline: how many
+    ended within it, how many past it, and the share of its deadline each used
+    (time taken over time given), summed over them."""
+
+    met: int = 0
+    missed: int = 0
+    slack_used_sum: float = 0.0
+
+    @property
+    def mean_slack_used(self) -> float:
+        ended = self.met + self.missed
+        return self.slack_used_sum / ended if ended else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TenantOutcomes:
+    """What one tenant got from this engine, cumulative: its tasks' deadlines and
+    its user turns' (None: none ended with one; a subagent counts as part of its
+    root's task), and the tokens served to it (prefill + decode: what Agent Fair
+    Share compares across a cluster's engines)."""
+
+    tenant: str
+    deadlines: DeadlineOutcomes | None = None
+    turns: DeadlineOutcomes | None = None
+    served_tokens: float = 0.0
+
+
+@runtime_checkable
+class TenantOutcomesSink(Protocol):
+    """A sink that knows what each tenant got (`TenantOutcomes`, by tenant). The
+    hint service shows an agent's key its own tenant's only."""
+
+    def tenant_outcomes(self) -> Mapping[str, TenantOutcomes]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +263,7 @@ class ResidentSession:
     kv_tokens: int = 0  # KV it holds on the engine's pool, tokens (0: not known)
 
 
+@runtime_checkable
 class KvResidencySink(Protocol):
     """A sink in front of an engine that holds KV for sessions: `resident_sessions`
     lists up to `limit` of them, most recently active first: those it served a
@@ -237,6 +273,7 @@ class KvResidencySink(Protocol):
     def resident_sessions(self, limit: int) -> Sequence[ResidentSession]: ...
 
 
+@runtime_checkable
 class KvReleaseSink(Protocol):
     """A sink in front of an engine that holds KV for sessions: `release_session`
     makes the engine drop its holds and pins for the session (it moved to another
@@ -289,6 +326,7 @@ class EngineStats:
     tables: Mapping[str, int] = field(default_factory=dict)
 
 
+@runtime_checkable
 class EngineStatsSink(Protocol):
     """A sink in front of an engine: `engine_stats` is the engine's own figures, or
     None when they could not be read this time (the rest of GetStats still answers)."""

@@ -21,7 +21,7 @@ the session ended) is no turn.
 Turn boundaries also teach the AEG how many LLM calls a turn takes, so urgency
 compares the time left *in the turn* with the time left to its deadline
 (`graph.WorkflowGraphs.remaining_in_turn`). A turn that ends counts, per tenant,
-as within or past its deadline (`WorkflowCore.turn_outcomes`).
+as within or past its deadline (`WorkflowCore.tenant_outcomes`).
 """
 
 from __future__ import annotations

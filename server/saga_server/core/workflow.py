@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 from .aeg import AEG
 from .deadlines import ShapingConfig, deadline_class
 from .eviction import EvictionConfig, wa_lru_key
-from .events import Caller, HintEvent, SessionSnapshot, SessionStart
+from .events import Caller, DeadlineOutcomes, HintEvent, SessionSnapshot, SessionStart, TenantOutcomes
 from .fairshare import FairShare, FairShareConfig, seniority, urgency
 from .graph import Prediction
 from .pinning import PinConfig, PinDecision, decide_pin
@@ -98,7 +98,7 @@ class WorkflowCore:
                           "pins_refused": 0, "prefetch_planned": 0}
         self._peer_tokens = 0.0
         # tenant -> [tasks (user turns) within deadline, past it, summed slack used]:
-        # what `saga status` shows (`deadline_outcomes`, `turn_outcomes`); bounded.
+        # what `saga status` shows (`tenant_outcomes`); bounded.
         self._deadlines: dict[str, list[float]] = {}
         self._turns: dict[str, list[float]] = {}
         self.table.subscribe(self._task_ended)
@@ -145,28 +145,16 @@ class WorkflowCore:
             out["aeg_workflows"] = float(len(self.aeg.workflows()))
             out["afs_tenants_active"] = float(len(self.fair.active(self._clock())))
             out["afs_peer_tokens"] = self._peer_tokens
-            for tenant, (met, missed, used) in self.deadline_outcomes().items():
-                out[f"deadlines_met:{tenant}"] = float(met)
-                out[f"deadlines_missed:{tenant}"] = float(missed)
-                out[f"deadline_slack_used:{tenant}"] = used
-            for tenant, (met, missed, used) in self.turn_outcomes().items():
-                out[f"turns_met:{tenant}"] = float(met)
-                out[f"turns_missed:{tenant}"] = float(missed)
-                out[f"turn_slack_used:{tenant}"] = used
             return out
 
-    def deadline_outcomes(self) -> dict[str, tuple[int, int, float]]:
-        """Per tenant, of its tasks that ended with a deadline: (within it, past it,
-        mean slack used: time taken over the time the deadline gave). A subagent
-        counts as part of its root's task, not on its own."""
+    def tenant_outcomes(self) -> dict[str, TenantOutcomes]:
+        """Per tenant that had a task or a user turn end with a deadline, or was
+        served tokens here: its `TenantOutcomes` (`TenantOutcomesSink`)."""
         with self._lock:
-            return _outcomes(self._deadlines)
-
-    def turn_outcomes(self) -> dict[str, tuple[int, int, float]]:
-        """Per tenant, of the user turns that ended in sessions with a turn deadline
-        (`turns`): (within it, past it, mean slack used), as `deadline_outcomes`."""
-        with self._lock:
-            return _outcomes(self._turns)
+            served = self.fair.served
+            return {t: TenantOutcomes(t, deadlines=_outcomes(self._deadlines, t), turns=_outcomes(self._turns, t),
+                                      served_tokens=float(served.get(t, 0.0)))
+                    for t in sorted(set(self._deadlines) | set(self._turns) | set(served))}
 
     def subscribe(self, listener: SessionGone) -> None:
         """`listener(session_id, how)` whenever a session stops being live: its end,
@@ -198,12 +186,6 @@ class WorkflowCore:
         with every event); an engine calls this each step, so a quiet one forgets too."""
         with self._lock:
             return self.table.expire(self._clock())
-
-    def served_by_tenant(self) -> dict[str, float]:
-        """Tokens served per tenant here, cumulative (`FairShare.served`): what the
-        cluster router compares across engines (`PeerServiceSink`)."""
-        with self._lock:
-            return dict(self.fair.served)
 
     # -- engine events (no hints needed) ---------------------------------------------
 
@@ -484,8 +466,9 @@ def _count(ledger: dict[str, list[float]], tenant: str, used: float) -> None:
     outcome[2] += used
 
 
-def _outcomes(ledger: dict[str, list[float]]) -> dict[str, tuple[int, int, float]]:
-    return {t: (int(met), int(missed), used / (met + missed)) for t, (met, missed, used) in ledger.items()}
+def _outcomes(ledger: dict[str, list[float]], tenant: str) -> DeadlineOutcomes | None:
+    found = ledger.get(tenant)
+    return None if found is None else DeadlineOutcomes(int(found[0]), int(found[1]), found[2])
 
 
 def _zero(q: float) -> float:

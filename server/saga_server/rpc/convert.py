@@ -12,6 +12,7 @@ from typing import Iterable
 from saga_proto import hints_pb2 as pb
 
 from ..core.events import (
+    DeadlineOutcomes,
     EngineStats,
     HintEvent,
     LlmCallEnd,
@@ -20,6 +21,7 @@ from ..core.events import (
     SessionOutcome,
     SessionSnapshot,
     SessionStart,
+    TenantOutcomes,
     ToolCallEnd,
     ToolCallStart,
     ToolOutcome,
@@ -27,7 +29,8 @@ from ..core.events import (
     WorkflowStructure,
 )
 
-__all__ = ["InvalidHint", "Limits", "engine_stats_to_wire", "from_wire", "session_list", "snapshot_to_wire"]
+__all__ = ["InvalidHint", "Limits", "engine_stats_to_wire", "from_wire", "session_list", "snapshot_to_wire",
+           "tenant_outcomes_to_wire"]
 
 
 class InvalidHint(ValueError):
@@ -181,3 +184,17 @@ def _structure(m: "pb.WorkflowStructure") -> WorkflowStructure:
     edges = tuple((_text(e.src, "edge src", Limits.max_name_chars, required=True),
                    _text(e.dst, "edge dst", Limits.max_name_chars, required=True)) for e in m.edges)
     return WorkflowStructure(tuple(nodes), edges)
+
+
+def tenant_outcomes_to_wire(outcomes: TenantOutcomes) -> "pb.TenantOutcomes":
+    """Its deadlines' and turns' outcomes (served tokens travel in `ServerStats.served_tokens_by_tenant`)."""
+    out = pb.TenantOutcomes()
+    if outcomes.deadlines is not None:
+        out.deadlines.CopyFrom(_deadline_outcomes(outcomes.deadlines))
+    if outcomes.turns is not None:
+        out.turns.CopyFrom(_deadline_outcomes(outcomes.turns))
+    return out
+
+
+def _deadline_outcomes(found: DeadlineOutcomes) -> "pb.DeadlineOutcomes":
+    return pb.DeadlineOutcomes(met=found.met, missed=found.missed, slack_used_sum=found.slack_used_sum)

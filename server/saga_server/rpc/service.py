@@ -12,7 +12,9 @@ ownership rule (`HintSink`). The service itself applies what is not about a
 session: a key's hint rate (events over it are refused in the ack, counted
 `rate_dropped`), and admin-only calls (`ReportPeerService`, `ListResident`: an
 agent gets PERMISSION_DENIED, counted `denied_admin_only`). An agent's `GetStats`
-shows the service per tenant of its own tenant only. Without keys every call is
+shows its own tenant's outcomes only (`TenantOutcomes`: deadlines, turns, tokens
+served). A sink's optional parts are its Protocols (`core.events`): a call the
+sink does not implement answers UNIMPLEMENTED, a figure it lacks is left out. Without keys every call is
 open, as it always was. With `scope_agent_ids` (the engine's HTTP port guarded by
 the same keys, `saga serve --api-keys`) an agent's session ids are its tenant's
 scoped ids (`session_id_of`), the ids its requests reach the engine under.
@@ -33,10 +35,29 @@ import grpc
 from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
 
-from ..core.events import AccessDenied, Caller, HintRejected, HintSink, SessionStart
+from ..core.events import (
+    AccessDenied,
+    Caller,
+    EngineStatsSink,
+    HintRejected,
+    HintSink,
+    KvReleaseSink,
+    KvResidencySink,
+    PeerServiceSink,
+    SessionStart,
+    TenantOutcomesSink,
+)
 from ..core.scopes import scoped
 from .access import Authenticator, Credentials
-from .convert import InvalidHint, Limits, engine_stats_to_wire, from_wire, session_list, snapshot_to_wire
+from .convert import (
+    InvalidHint,
+    Limits,
+    engine_stats_to_wire,
+    from_wire,
+    session_list,
+    snapshot_to_wire,
+    tenant_outcomes_to_wire,
+)
 from .keys import KeyRing
 
 __all__ = ["HintServer", "WorkflowHintsService", "credentials_of", "reject_over_rate"]
@@ -198,29 +219,26 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
             for key, value in self.counters.items():
                 stats.stats[f"hints_{key}"] = float(value)
         for key, value in self.sink.stats().items():
-            tenant = _tenant_of_stat(key)
-            if tenant is None or caller is None or caller.is_admin or tenant == caller.tenant:
-                stats.stats[key] = float(value)
-        engine_stats = getattr(self.sink, "engine_stats", None)  # EngineStatsSink
-        figures = engine_stats() if engine_stats is not None else None
-        if figures is not None:
-            stats.engine.CopyFrom(engine_stats_to_wire(figures))
-        served = getattr(self.sink, "served_by_tenant", None)  # PeerServiceSink
-        if served is not None:
-            for tenant, tokens in served().items():
+            stats.stats[key] = float(value)
+        if isinstance(self.sink, EngineStatsSink):
+            figures = self.sink.engine_stats()
+            if figures is not None:
+                stats.engine.CopyFrom(engine_stats_to_wire(figures))
+        if isinstance(self.sink, TenantOutcomesSink):
+            for tenant, outcomes in self.sink.tenant_outcomes().items():
                 if caller is None or caller.is_admin or tenant == caller.tenant:
-                    stats.served_tokens_by_tenant[tenant] = float(tokens)
+                    stats.served_tokens_by_tenant[tenant] = float(outcomes.served_tokens)
+                    stats.tenant_outcomes[tenant].CopyFrom(tenant_outcomes_to_wire(outcomes))
         return stats
 
     def ReportPeerService(self, request, context):
         self._admin_only(context, "ReportPeerService")
-        apply = getattr(self.sink, "record_peer_service", None)  # PeerServiceSink
-        if apply is None:
+        if not isinstance(self.sink, PeerServiceSink):
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this hint service does no fair share")
         if len(request.tenant_tokens) > _MAX_PEER_TENANTS:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"more than {_MAX_PEER_TENANTS} tenants")
         try:
-            n = apply(dict(request.tenant_tokens))
+            n = self.sink.record_peer_service(dict(request.tenant_tokens))
         except ValueError as exc:
             self.count("peer_reports_invalid")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -230,17 +248,15 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
 
     def ListResident(self, request, context):
         self._admin_only(context, "ListResident")
-        resident = getattr(self.sink, "resident_sessions", None)  # KvResidencySink
-        if resident is None:
+        if not isinstance(self.sink, KvResidencySink):
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this hint service holds no KV")
         limit = min(request.limit or _DEFAULT_RESIDENT, _MAX_LISTED)
         return pb.ResidentSessions(sessions=[pb.ResidentSession(session_id=r.session_id, in_tool=r.in_tool,
                                                                 kv_tokens=max(int(r.kv_tokens), 0))
-                                             for r in resident(limit)])
+                                             for r in self.sink.resident_sessions(limit)])
 
     def ReleaseSession(self, request, context):
-        release = getattr(self.sink, "release_session", None)  # KvReleaseSink
-        if release is None:
+        if not isinstance(self.sink, KvReleaseSink):
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this hint service holds no KV")
         sid = request.session_id
         if not sid or len(sid) > Limits.max_id_chars:
@@ -248,7 +264,7 @@ class WorkflowHintsService(hints_pb2_grpc.WorkflowHintsServicer):
                           f"session_id must be 1..{Limits.max_id_chars} characters")
         try:
             caller = self.caller(context)
-            queued = bool(release(self.session_id_of(sid, caller), caller=caller))
+            queued = bool(self.sink.release_session(self.session_id_of(sid, caller), caller=caller))
         except AccessDenied as exc:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         self.count("releases")
@@ -377,13 +393,3 @@ class HintServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-_PER_TENANT_STATS = ("deadlines_met:", "deadlines_missed:", "deadline_slack_used:", "turns_met:", "turns_missed:",
-                     "turn_slack_used:")
-
-
-def _tenant_of_stat(key: str) -> str | None:
-    """The tenant a per-tenant figure of the core's stats is about (None: not one);
-    an agent's key reads only its own tenant's."""
-    return key.partition(":")[2] if key.startswith(_PER_TENANT_STATS) else None

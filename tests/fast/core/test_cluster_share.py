@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from saga_server.core import CoreConfig, FairShareConfig, ManualClock, PeerServiceLedger, WorkflowCore
+from saga_server.core import CoreConfig, FairShareConfig, ManualClock, PeerServiceLedger, TenantOutcomes, WorkflowCore
 
 
 def test_growth_on_one_engine_is_owed_to_every_other_engine_once():
@@ -58,9 +58,9 @@ def test_peer_service_is_validated_all_or_nothing_and_never_reported_as_local():
     assert core.record_peer_service({"x": 5.0, "y": 3.0}) == 2
     stats = core.stats()
     assert stats["afs_peer_tokens"] == 8.0
-    assert core.served_by_tenant() == {}  # peer service is not local service: no feedback loop
+    assert core.tenant_outcomes() == {}  # peer service is not local service: no feedback loop
     core.record_service("x", 40)
-    assert core.served_by_tenant() == {"x": 40.0}
+    assert core.tenant_outcomes() == {"x": TenantOutcomes("x", served_tokens=40.0)}
 
 
 def _serve_cluster(rounds: int, share: bool) -> float:

@@ -131,8 +131,8 @@ def test_the_core_counts_each_tenants_tasks_within_their_deadline():
     for sid, t in (("fast", 5.0), ("child", 14.0), ("slow", 15.0), ("free", 15.0)):
         clock.t = t
         core.accept(SessionEnd(sid, t))
-    assert core.deadline_outcomes() == {"a": (1, 1, pytest.approx((0.5 + 1.5) / 2))}
-    stats = core.stats()
-    assert stats["deadlines_met:a"] == 1 and stats["deadlines_missed:a"] == 1
-    assert stats["deadline_slack_used:a"] == pytest.approx(1.0)
+    outcomes = core.tenant_outcomes()
+    assert sorted(outcomes) == ["a"] and outcomes["a"].turns is None
+    assert (outcomes["a"].deadlines.met, outcomes["a"].deadlines.missed) == (1, 1)
+    assert outcomes["a"].deadlines.mean_slack_used == pytest.approx((0.5 + 1.5) / 2)
 

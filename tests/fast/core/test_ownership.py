@@ -180,7 +180,7 @@ def test_a_request_cannot_move_an_owned_sessions_work_to_another_tenants_share()
     core.on_request_arrival("anonymous", 10)
     core.record_service("b", 500, session_id="owned")
     core.record_service("b", 70, session_id="anonymous")
-    assert core.served_by_tenant() == {"a": 500.0, "b": 70.0}
+    assert {t: o.served_tokens for t, o in core.tenant_outcomes().items()} == {"a": 500.0, "b": 70.0}
     assert core.request_rank("owned", "b", 0.0)[0] == core.request_rank("owned", "", 0.0)[0] \
         == core.request_priority("", "a")
 

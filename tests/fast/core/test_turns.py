@@ -66,10 +66,10 @@ def test_the_core_counts_each_tenants_turns_within_their_deadline():
     clock.t = 408.0
     core.accept(SessionEnd("s", 408.0))  # the last turn ends with the session: 8 s
     core.accept(SessionEnd("plain", 408.0))
-    assert core.turn_outcomes() == {"a": (2, 1, pytest.approx((0.5 + 1.5 + 0.8) / 3))}
-    assert core.deadline_outcomes() == {}  # no task deadline was declared
-    stats = core.stats()
-    assert stats["turns_met:a"] == 2 and stats["turns_missed:a"] == 1
+    outcomes = core.tenant_outcomes()
+    assert sorted(outcomes) == ["a"] and outcomes["a"].deadlines is None  # no task deadline was declared
+    assert (outcomes["a"].turns.met, outcomes["a"].turns.missed) == (2, 1)
+    assert outcomes["a"].turns.mean_slack_used == pytest.approx((0.5 + 1.5 + 0.8) / 3)
 
 
 def test_a_reply_without_the_human_calls_end_still_starts_the_next_turn():
@@ -197,7 +197,8 @@ def test_a_turn_is_learnt_and_counted_once_however_the_user_leaves_it():
     core.accept(ToolCallStart("t", 103.0, tool="human", call_id="h", category="human"))
     core.accept(SessionEnd("t", 110.0))  # its user never came back: the turn ended at the hand-back
     assert _turn_samples(core, "w") == 2
-    assert core.turn_outcomes() == {"a": (1, 0, pytest.approx(0.2))}  # 2 s of 10
+    turns = core.tenant_outcomes()["a"].turns
+    assert (turns.met, turns.missed, turns.mean_slack_used) == (1, 0, pytest.approx(0.2))  # 2 s of 10
 
 
 def test_a_session_first_seen_through_the_engine_ranks_by_its_start_once_hinted():

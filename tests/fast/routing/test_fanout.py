@@ -165,6 +165,31 @@ def test_the_cluster_stats_sum_the_engines_kv_figures_and_keep_each_engines_own(
             s.close(grace=None)
 
 
+def test_the_cluster_stats_sum_each_tenants_outcomes_over_the_engines():
+    from saga_server.core import ManualClock, SessionEnd, SessionStart, WorkflowCore
+
+    clocks = [ManualClock(0.0), ManualClock(0.0)]
+    cores = [WorkflowCore(clock=clock) for clock in clocks]
+    for core, clock, took in zip(cores, clocks, (5.0, 15.0)):  # within its 10 s on one engine, past on the other
+        core.accept(SessionStart("s", 0.0, tenant="a", deadline_s=10.0))
+        clock.t = took
+        core.accept(SessionEnd("s", took))
+        core.record_service("a", 100)
+    servers = [HintServer(core, "127.0.0.1:0").start() for core in cores]
+    server, _, port = start_fanout(lambda: [s.endpoint for s in servers], "127.0.0.1:0")
+    try:
+        with HintReader(f"127.0.0.1:{port}") as reader:
+            reply = reader.server_stats()
+        deadlines = reply.tenant_outcomes["a"].deadlines
+        assert (deadlines.met, deadlines.missed, deadlines.slack_used_sum) == (1, 1, 2.0)
+        assert not reply.tenant_outcomes["a"].HasField("turns")
+        assert dict(reply.served_tokens_by_tenant) == {"a": 200.0}
+    finally:
+        server.close(None)
+        for s in servers:
+            s.close(grace=None)
+
+
 def test_router_figures_join_the_cluster_stats(engines):
     _, servers = engines
     server, _, port = start_fanout(lambda: [s.endpoint for s in servers], "127.0.0.1:0",

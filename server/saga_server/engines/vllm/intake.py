@@ -45,6 +45,7 @@ from saga_server.core import (
     HintEvent,
     ResidentSession,
     SessionSnapshot,
+    TenantOutcomes,
     ToolCallEnd,
     ToolCallStart,
 )
@@ -126,8 +127,8 @@ class EngineHintSink:
     def record_peer_service(self, tokens: Mapping[str, float]) -> int:
         return self.core.record_peer_service(tokens)  # AFS only: nothing for the engine loop
 
-    def served_by_tenant(self) -> Mapping[str, float]:
-        return self.core.served_by_tenant()
+    def tenant_outcomes(self) -> Mapping[str, TenantOutcomes]:
+        return self.core.tenant_outcomes()
 
     def session(self, session_id: str, caller: Caller | None = None) -> SessionSnapshot | None:
         snap = self.core.session(session_id, caller)
