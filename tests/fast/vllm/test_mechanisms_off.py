@@ -94,7 +94,7 @@ def a_paused_session_is_prefilled_again_while_idle(model, settings) -> bool:
     for _ in range(20):  # idle steps: the core plans a prefetch for A
         clock.t += 0.5
         step(s)
-    return s.saga.counters["prefetch_issued"] == 1
+    return s.saga.counters["prefetch", "issued"] == 1
 
 
 def the_at_risk_request_passes_the_slack_rich_one(model, settings, monkeypatch) -> bool:
