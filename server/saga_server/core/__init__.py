@@ -35,6 +35,7 @@ from .events import (
     SessionOutcome,
     SessionSnapshot,
     SessionStart,
+    SessionPhase,
     TenantLimits,
     TenantOutcomes,
     TenantOutcomesSink,
@@ -59,7 +60,7 @@ __all__ = [
     # hint contract
     "HintEvent", "HintRejected", "HintSink", "PeerServiceSink", "KvReleaseSink", "KvResidencySink",
     "EngineStatsSink", "EngineStats", "AdmissionStats", "TenantOutcomesSink", "TenantOutcomes", "DeadlineOutcomes",
-    "ResidentSession", "SessionSnapshot", "SessionStart", "SessionEnd",
+    "ResidentSession", "SessionSnapshot", "SessionPhase", "SessionStart", "SessionEnd",
     "LlmCallStart", "LlmCallEnd", "ToolCallStart", "ToolCallEnd", "ToolOutcome", "SessionOutcome",
     "WorkflowNode", "WorkflowStructure", "SessionTable",
     # who sends hints (tenancy)

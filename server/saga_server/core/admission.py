@@ -71,13 +71,20 @@ engine loop; the `WorkflowCore` it asks is thread-safe.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["AdmissionConfig", "AdmissionPlan", "SessionAdmission", "ACTIVE", "PARKED", "WAITING"]
+__all__ = ["AdmissionConfig", "AdmissionPlan", "SessionAdmission", "AdmissionState"]
 
-ACTIVE, PARKED, WAITING = "active", "parked", "waiting"
+
+class AdmissionState(enum.StrEnum):
+    """Where a session stands at an engine's admission (values: the metrics' labels)."""
+
+    ACTIVE = "active"  # its working set counts against the limit; its requests run
+    PARKED = "parked"  # left the active set while away; its KV goes first
+    WAITING = "waiting"  # a request waits to be admitted
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +108,7 @@ class AdmissionPlan:
 class _Entry:
     session_id: str
     tenant: str
-    state: str
+    state: AdmissionState
     ws: int  # working-set tokens
     pending: int = 0  # its requests waiting or running at the engine
     waiting_since: float = 0.0  # when its current request arrived (core clock)
@@ -145,10 +152,10 @@ class SessionAdmission:
         True: it may run now (the session is active); False: it waits for `plan`."""
         e = self._entries.get(session_id)
         if e is None:
-            e = self._entries[session_id] = _Entry(session_id, tenant, WAITING, tokens)
+            e = self._entries[session_id] = _Entry(session_id, tenant, AdmissionState.WAITING, tokens)
         e.pending += 1
         e.waiting_since = self.core.now()
-        if e.state == ACTIVE:
+        if e.state == AdmissionState.ACTIVE:
             self._resize(e, tokens)
             return True
         e.ws = tokens
@@ -164,7 +171,7 @@ class SessionAdmission:
         if e.pending:
             return
         outlook = self.core.kv_outlook(session_id)
-        if outlook is not None and e.state == ACTIVE:
+        if outlook is not None and e.state == AdmissionState.ACTIVE:
             self._resize(e, outlook.next_tokens)
 
     def served(self, session_id: str, held_tokens: int, recomputed_tokens: int) -> None:
@@ -173,7 +180,7 @@ class SessionAdmission:
         evidence either way), `recomputed_tokens`: how much of that it had to
         recompute. Adapts the limit (module docstring)."""
         e = self._entries.get(session_id)
-        if e is None or e.state != ACTIVE:
+        if e is None or e.state != AdmissionState.ACTIVE:
             return
         if e.returning:  # back from parking: a miss is the price of parking, not overload
             e.returning = False
@@ -190,19 +197,19 @@ class SessionAdmission:
         e = self._entries.pop(session_id, None)
         if e is None:
             return
-        if e.state == ACTIVE:
+        if e.state == AdmissionState.ACTIVE:
             self.active_tokens -= e.ws
 
-    def state(self, session_id: str) -> str | None:
+    def state(self, session_id: str) -> AdmissionState | None:
         e = self._entries.get(session_id)
         return None if e is None else e.state
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def states(self) -> dict[str, int]:
-        """Sessions per state (ACTIVE, PARKED, WAITING)."""
-        out: dict[str, int] = {}
+    def states(self) -> dict[AdmissionState, int]:
+        """Sessions per state (states nobody is in are left out)."""
+        out: dict[AdmissionState, int] = {}
         for e in self._entries.values():
             out[e.state] = out.get(e.state, 0) + 1
         return out
@@ -216,7 +223,8 @@ class SessionAdmission:
         admit: list[str] = []
         park: list[str] = []
         park += self._relieve_overflow()
-        queue = sorted((e for e in self._entries.values() if e.pending and e.state != ACTIVE), key=self._rank)
+        queue = sorted((e for e in self._entries.values() if e.pending and e.state != AdmissionState.ACTIVE),
+                       key=self._rank)
         now = self.core.now()
         for e in queue:
             short = e.ws - (self.limit - self.active_tokens)
@@ -239,16 +247,16 @@ class SessionAdmission:
         return self.core.request_rank(e.session_id, e.tenant, e.waiting_since)
 
     def _someone_waits(self) -> bool:
-        return any(x.pending and x.state != ACTIVE for x in self._entries.values())
+        return any(x.pending and x.state != AdmissionState.ACTIVE for x in self._entries.values())
 
     def _busy(self) -> bool:
-        return any(x.pending for x in self._entries.values() if x.state == ACTIVE)
+        return any(x.pending for x in self._entries.values() if x.state == AdmissionState.ACTIVE)
 
     def _activate(self, e: _Entry, now: float) -> None:
         self.counts.admitted += 1
         self.counts.wait_s += max(0.0, now - e.waiting_since)
-        e.returning = e.state == PARKED
-        e.state = ACTIVE
+        e.returning = e.state == AdmissionState.PARKED
+        e.state = AdmissionState.ACTIVE
         self.active_tokens += e.ws
 
     def _resize(self, e: _Entry, ws: int) -> None:
@@ -268,7 +276,7 @@ class SessionAdmission:
         now = self.core.now()
         cands = []
         for e in self._entries.values():
-            if e.state != ACTIVE or e.pending or not self._parkable(e.session_id):
+            if e.state != AdmissionState.ACTIVE or e.pending or not self._parkable(e.session_id):
                 continue
             if payback:
                 outlook = self.core.kv_outlook(e.session_id)
@@ -287,6 +295,6 @@ class SessionAdmission:
             return []
         for e in chosen:
             self.active_tokens -= e.ws
-            e.state = PARKED
+            e.state = AdmissionState.PARKED
             self.counts.parked += 1
         return [e.session_id for e in chosen]

@@ -29,6 +29,16 @@ class SessionOutcome(enum.Enum):
     CANCELLED = "cancelled"
 
 
+class SessionPhase(enum.StrEnum):
+    """What a session of the core's table is doing now (`SessionSnapshot.state`;
+    the values are the wire's strings)."""
+
+    LLM = "llm"  # an LLM call runs
+    TOOL = "tool"  # an announced tool call is open
+    IDLE = "idle"  # neither
+    ENDED = "ended"
+
+
 @dataclass(frozen=True, slots=True)
 class WorkflowNode:
     name: str
@@ -164,7 +174,7 @@ class SessionSnapshot:
     session_id: str
     tenant: str
     workflow: str
-    state: str  # "idle", "llm", "tool" or "ended"
+    state: SessionPhase
     started_at: float
     last_event_at: float
     steps: int

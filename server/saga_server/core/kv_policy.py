@@ -48,16 +48,17 @@ import collections
 import math
 from typing import Callable, Protocol, Sequence
 
-from .admission import ACTIVE, AdmissionPlan
+from .admission import AdmissionPlan, AdmissionState
 from .holds import PINNED, PROTECTED, SOFT, Hold, HoldLedger, Release
 from .pinning import PinDecision
-from .sessions import ENDED
+from .sessions import Departure
 
 __all__ = ["SessionKvPolicy", "KvRules", "WorkflowRules", "AdmissionControl", "NO_PIN", "FORGET_REASON"]
 
 NO_PIN = PinDecision(False, 0.0, "off")
 # What the ledger calls a release for each way a session stops being live.
-FORGET_REASON = {ENDED: "session_end", "expired": "expired", "evicted": "evicted"}
+FORGET_REASON = {Departure.ENDED: "session_end", Departure.EXPIRED: "expired", Departure.EVICTED: "evicted",
+                 Departure.MOVED: "moved"}
 
 
 class KvRules(Protocol):
@@ -80,7 +81,7 @@ class AdmissionControl(Protocol):
     def finished(self, session_id: str) -> None: ...
     def served(self, session_id: str, held_tokens: int, recomputed_tokens: int) -> None: ...
     def ended(self, session_id: str) -> None: ...
-    def state(self, session_id: str) -> str | None: ...
+    def state(self, session_id: str) -> AdmissionState | None: ...
     def plan(self) -> AdmissionPlan: ...
 
 
@@ -118,7 +119,7 @@ class SessionKvPolicy:
         (False: keep it until evicted, as stock vLLM's free queue does).
         `count(name, label)`: told of pin events ("pins": "used", "created",
         "refused", "over_tenant_cap", "unpinned", "expired") and of each session it
-        forgets ("forgotten": ENDED, "expired", "evicted", "moved")."""
+        forgets ("forgotten", by its `Departure`)."""
         self.ledger = ledger
         self.rules = rules
         self.block_tokens = block_tokens
@@ -129,9 +130,9 @@ class SessionKvPolicy:
         self._core = core
         self._requests: dict[str, set] = {}  # session -> its requests admission counts in flight
         self._queued_at: dict[str, float] = {}  # session -> latest arrival of a request not yet scheduled
-        self._gone: collections.deque[tuple[str, str]] = collections.deque()  # (session, how), any thread
+        self._gone: collections.deque[tuple[str, Departure]] = collections.deque()  # (session, how), any thread
         self._parents: collections.deque[tuple[str, bool]] = collections.deque()  # (parent, started), any thread
-        self._listeners: list[Callable[[str, str], None]] = []
+        self._listeners: list[Callable[[str, Departure], None]] = []
         if core is not None:
             core.subscribe(self._published)
             core.subscribe_parents(self._parent_changed)
@@ -143,7 +144,7 @@ class SessionKvPolicy:
         or admission always; else once admission has admitted the session."""
         if self.admission is None or session_id is None:
             return True
-        return self.admission.state(session_id) in (None, ACTIVE)
+        return self.admission.state(session_id) in (None, AdmissionState.ACTIVE)
 
     def parkable(self, session_id: str) -> bool:
         """Admission may park a session unless the engine promised to keep its KV (a pin)."""
@@ -336,24 +337,24 @@ class SessionKvPolicy:
     def moved(self, session_id: str) -> None:
         """The session's KV left for another engine: released, admission forgets it
         (the target decides afresh); its workflow state stays."""
-        self.ledger.release(session_id, "moved")
+        self.ledger.release(session_id, FORGET_REASON[Departure.MOVED])
         self._drop(session_id)
-        self._count("forgotten", "moved")
+        self._count("forgotten", Departure.MOVED)
         for listener in self._listeners:
-            listener(session_id, "moved")
+            listener(session_id, Departure.MOVED)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def on_forget(self, listener: Callable[[str, str], None]) -> None:
+    def on_forget(self, listener: Callable[[str, Departure], None]) -> None:
         """`listener(session_id, how)` on the engine loop whenever the policy forgets a
-        session: ENDED, "expired", "evicted", or "moved" (its KV left this engine)."""
+        session, `how` being its `Departure` (`MOVED`: its KV left this engine)."""
         self._listeners.append(listener)
 
     def session_ended(self, session_id: str) -> None:
         """The session ended. With a core its table publishes that (forgotten at the
         next `forget_gone`); an engine without one calls this."""
         if self._core is None:
-            self._gone.append((session_id, ENDED))
+            self._gone.append((session_id, Departure.ENDED))
         self.forget_gone()
 
     def forget_gone(self) -> list[str]:
@@ -363,7 +364,7 @@ class SessionKvPolicy:
         gone = self._gone
         while gone:
             sid, how = gone.popleft()
-            self.ledger.release(sid, FORGET_REASON.get(how, how))
+            self.ledger.release(sid, FORGET_REASON[how])
             self._drop(sid)
             self._count("forgotten", how)
             for listener in self._listeners:
@@ -373,7 +374,7 @@ class SessionKvPolicy:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _published(self, session_id: str, how: str) -> None:
+    def _published(self, session_id: str, how: Departure) -> None:
         self._gone.append((session_id, how))  # from the core's lock, any thread: act on the engine loop
 
     def _parent_changed(self, parent_id: str, started: bool) -> None:

@@ -64,8 +64,8 @@ starting is its parent's wait starting, as a tool call is, so an engine decides
 the parent's hold again (`kv_policy`). Same rules as the lifecycle listeners below.
 
 Lifecycle: the table publishes, once per run of an id, how a session stopped being
-live: `ENDED` (its end hint), `EXPIRED` (idle past `idle_ttl_s`) or `EVICTED` (its
-place taken in a full table). A session only the engine has seen that a
+live (`Departure`): `ENDED` (its end hint), `EXPIRED` (idle past `idle_ttl_s`) or
+`EVICTED` (its place taken in a full table). A session only the engine has seen that a
 `SessionStart` replaces is the same agent going on: not published. Every
 per-session table outside this one (an engine's holds, admission, prefetcher,
 request maps) subscribes (`subscribe`) instead of being told by hand, so a session
@@ -79,6 +79,7 @@ the id and acts on its own thread).
 
 from __future__ import annotations
 
+import enum
 import re
 import threading
 import time
@@ -99,6 +100,7 @@ from .events import (
     SessionEnd,
     SessionSnapshot,
     SessionStart,
+    SessionPhase,
     ToolCallEnd,
     ToolCallStart,
 )
@@ -106,11 +108,21 @@ from .categories import HUMAN, guess_category
 from .scopes import owns_scope, tag
 from .turns import begin_turn, end_turn, sooner, turn_open
 
-__all__ = ["Session", "SessionTable", "Tracker", "SessionGone", "ParentChanged", "TurnEnded",
-           "ENDED", "EXPIRED", "EVICTED"]
+__all__ = ["Session", "SessionTable", "Tracker", "SessionGone", "ParentChanged", "TurnEnded", "Departure"]
 
-ENDED, EXPIRED, EVICTED = "ended", "expired", "evicted"
-SessionGone = Callable[[str, str], None]  # (session id, how: ENDED / EXPIRED / EVICTED)
+
+class Departure(enum.StrEnum):
+    """How a session stopped being live somewhere: the table publishes the first
+    three ("Lifecycle" above); an engine's KV policy adds `MOVED`. The values are
+    the metrics' labels and the traces' end reasons."""
+
+    ENDED = "ended"  # its end hint
+    EXPIRED = "expired"  # idle past its TTL
+    EVICTED = "evicted"  # its place taken in a full table
+    MOVED = "moved"  # its KV left this engine for another (`kv_policy`)
+
+
+SessionGone = Callable[[str, Departure], None]  # (session id, how: ENDED / EXPIRED / EVICTED)
 ParentChanged = Callable[[str, bool], None]  # (parent id, a child started (True) or stopped (False))
 TurnEnded = Callable[["Session", float], None]  # (the session's record, the turn's span in seconds)
 
@@ -168,13 +180,12 @@ class Session:
     spawn_site: tuple[str, str] | None = None  # a subagent: (parent's graph, node) it started at
 
     @property
-    def state(self) -> str:
-        """"ended", "llm" (a call runs), "tool" (an announced tool call is open) or "idle"."""
+    def state(self) -> SessionPhase:
         if self.ended:
-            return "ended"
+            return SessionPhase.ENDED
         if self.in_llm:
-            return "llm"
-        return "tool" if self.open_tools else "idle"
+            return SessionPhase.LLM
+        return SessionPhase.TOOL if self.open_tools else SessionPhase.IDLE
 
     def snapshot(self, metrics: Mapping[str, float] | None = None) -> SessionSnapshot:
         # A session only the engine has seen shows what was inferred of it.
@@ -335,9 +346,9 @@ class SessionTable:
             states = [s.state for s in self.by_id.values()]
             return {
                 **self.counters,
-                "sessions_live": len(states) - states.count("ended"),
-                "sessions_in_tool": states.count("tool"),
-                "sessions_in_llm": states.count("llm"),
+                "sessions_live": len(states) - states.count(SessionPhase.ENDED),
+                "sessions_in_tool": states.count(SessionPhase.TOOL),
+                "sessions_in_llm": states.count(SessionPhase.LLM),
                 "open_tool_calls": sum(len(s.open_tools) for s in self.by_id.values()),
             }
 
@@ -399,7 +410,7 @@ class SessionTable:
         if not session.ended:
             self._disown(session)
             self._unlink(session)
-            self._publish(session.session_id, ENDED)
+            self._publish(session.session_id, Departure.ENDED)
         session.ended = True
         session.in_llm = False
         session.open_tools.clear()
@@ -416,7 +427,7 @@ class SessionTable:
                 sid = next(iter(self._ended))
                 if now - self.by_id[sid].last_event_at < self.ended_ttl_s:
                     break
-                self._drop(self.by_id[sid], now, EXPIRED)
+                self._drop(self.by_id[sid], now, Departure.EXPIRED)
                 gone.append(sid)
             waiting: set[str] = set()  # passed over once: waiting on a person or its LLM call
             while self.by_id and len(gone) < limit:
@@ -433,7 +444,7 @@ class SessionTable:
                     waiting.add(session.session_id)  # kept: look behind it for the expired
                     self.by_id.move_to_end(session.session_id)
                     continue
-                self._drop(session, now, EXPIRED)
+                self._drop(session, now, Departure.EXPIRED)
                 gone.append(session.session_id)
             return gone
 
@@ -591,17 +602,17 @@ class SessionTable:
     def _make_room(self, t: float, evict: bool) -> None:
         self.expire(t)
         if len(self.by_id) >= self.max_sessions and self._ended:
-            self._drop(self.by_id[next(iter(self._ended))], t, EVICTED)
+            self._drop(self.by_id[next(iter(self._ended))], t, Departure.EVICTED)
         if len(self.by_id) >= self.max_sessions:
             if not evict:
                 raise HintRejected(f"too many sessions (limit {self.max_sessions})")
-            self._drop(next(iter(self.by_id.values())), t, EVICTED)
+            self._drop(next(iter(self.by_id.values())), t, Departure.EVICTED)
 
-    def _drop(self, session: Session, now: float, how: str) -> None:
+    def _drop(self, session: Session, now: float, how: Departure) -> None:
         self._remove(session, now, how)
         self.counters["sessions_expired"] += 1
 
-    def _remove(self, session: Session, now: float, how: str | None) -> None:
+    def _remove(self, session: Session, now: float, how: Departure | None) -> None:
         """`how`: what to publish (None: a replacement, the same agent going on)."""
         if not session.ended:
             self._disown(session)
@@ -612,7 +623,7 @@ class SessionTable:
         del self.by_id[session.session_id]
         self._ended.pop(session.session_id, None)
 
-    def _publish(self, session_id: str, how: str) -> None:
+    def _publish(self, session_id: str, how: Departure) -> None:
         for listener in self._listeners:
             listener(session_id, how)
 

@@ -29,7 +29,7 @@ from .fairshare import FairShare, FairShareConfig, seniority, urgency
 from .graph import Prediction
 from .pinning import PinConfig, PinDecision, decide_pin
 from .prefetch import PrefetchAction, PrefetchCandidate, PrefetchConfig, plan_prefetch
-from .sessions import ENDED, ParentChanged, Session, SessionGone, SessionTable
+from .sessions import Departure, ParentChanged, Session, SessionGone, SessionTable
 
 __all__ = ["CoreConfig", "WorkflowCore", "KvOutlook"]
 
@@ -359,11 +359,11 @@ class WorkflowCore:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _task_ended(self, session_id: str, how: str) -> None:
+    def _task_ended(self, session_id: str, how: Departure) -> None:
         """The table's lifecycle listener (lock held): a task that ended with a
         deadline counts for its tenant (one that expired or was evicted did not end)."""
         s = self._sessions.get(session_id)
-        if how != ENDED or s is None or s.task_deadline_at is None or s.parent:
+        if how != Departure.ENDED or s is None or s.task_deadline_at is None or s.parent:
             return
         span = s.task_deadline_at - s.task_started_at
         if span > 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from saga_server.bench.policies import make_policy
+from saga_server.core import SessionPhase
 from saga_server.engines.sim import PrefixCache, SimConfig, Simulator, TaskInstance, make_cost_model
 
 from .helpers import chain_task, random_instances
@@ -147,7 +148,7 @@ def test_saga_feeds_the_workflow_core_every_call_and_tool():
     res = Simulator(cost, pol, insts, SimConfig(workers=2)).run()
     stats = pol.core.stats()
     assert stats["requests_arrived"] == stats["requests_finished"] == res.llm_calls
-    assert all(pol.core.session(i.session_id).state == "ended" for i in insts)
+    assert all(pol.core.session(i.session_id).state == SessionPhase.ENDED for i in insts)
 
 
 def test_open_loop_tasks_start_at_their_arrival_times():

@@ -18,7 +18,7 @@ import pytest
 
 from saga_proto import hints_pb2 as pb
 from saga_sdk import HintClient, HintReader, SagaUnavailable, UnknownSession
-from saga_server.core import WorkflowCore
+from saga_server.core import SessionPhase, WorkflowCore
 from saga_server.proxy.server import BackgroundServer
 from saga_server.rpc import HintServer
 from tests.fast.proxy.scripted_upstream import build_app
@@ -198,7 +198,7 @@ def test_a_flood_is_accepted_whole_and_its_sessions_end():
         result = flood_hints(server.endpoint, stop, name="flood-a", sessions=8)
         assert result.offered == result.accepted > 8 * 4 * 2 and result.rejected == result.shed == 0
         assert result.seconds >= result.offer_s > 0 and result.accepted_rate > 0
-        assert {core.session(f"flood-a-{i}").state for i in range(8)} == {"ended"}
+        assert {core.session(f"flood-a-{i}").state for i in range(8)} == {SessionPhase.ENDED}
         assert core.session("flood-a-0").workflow == "chaos-flood"
         assert core.session("flood-a-0").steps == (result.accepted - 2 * 8) // (4 * 8)  # one step per cycle
 
@@ -239,7 +239,7 @@ def test_a_client_flood_never_waits_and_counts_what_it_shed():
         result = flood_with_client(server.endpoint, stop, name="flood-c", sessions=4)
         assert result.offered > 0 and result.accepted > 0 and result.rejected == 0
         assert result.shed == result.offered - result.accepted >= 0
-        assert {core.session(f"flood-c-{i}").state for i in range(4)} == {"ended"}
+        assert {core.session(f"flood-c-{i}").state for i in range(4)} == {SessionPhase.ENDED}
 
         stop = threading.Event()
         threading.Timer(0.5, stop.set).start()
@@ -261,8 +261,8 @@ def test_a_process_flood_runs_its_clients_apart_and_collects_each_result():
         # each result is its own client's: cycles of 512 and 128 starts and ends; bursts of 512 and 64 ends
         assert [r.offered % 512 for r in flood.results] == [256, 256, 64]
         assert core.stats()["events_accepted"] == sum(r.accepted for r in flood.results)
-        assert {core.session(f"flood-m-{i}-0").state for i in range(2)} == {"ended"}
-        assert core.session("flood-m-c0-0").state == "ended"
+        assert {core.session(f"flood-m-{i}-0").state for i in range(2)} == {SessionPhase.ENDED}
+        assert core.session("flood-m-c0-0").state == SessionPhase.ENDED
 
 
 def test_a_process_flood_that_fails_says_why():

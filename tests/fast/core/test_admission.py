@@ -21,7 +21,7 @@ from saga_server.core import (
     ToolCallStart,
     WorkflowCore,
 )
-from saga_server.core.admission import ACTIVE, PARKED, WAITING, AdmissionConfig, SessionAdmission
+from saga_server.core.admission import AdmissionConfig, AdmissionState, SessionAdmission
 
 TOOLS = {"grep": ("search", 0.2), "pytest": ("test", 60.0)}
 
@@ -98,7 +98,7 @@ def test_an_oversubscribed_pool_admits_only_what_fits_and_the_head_goes_first():
     clock.t += 1
     assert not b.request(600) and not c.request(300)
     assert adm.plan().admit == ()  # b (senior) does not fit, and c may not overtake it
-    assert {adm.state("b"), adm.state("c")} == {WAITING}
+    assert {adm.state("b"), adm.state("c")} == {AdmissionState.WAITING}
     a.finish(600, tool=None)
     a.end()
     assert adm.plan().admit == ("b", "c")
@@ -126,7 +126,7 @@ def test_a_session_in_a_long_tool_is_parked_for_the_head_one_in_a_short_tool_is_
     assert not head.request(500)
     plan = adm.plan()
     assert plan.park == ("long",) and plan.admit == ("head",)
-    assert adm.state("long") == PARKED and adm.state("short") == ACTIVE
+    assert adm.state("long") == AdmissionState.PARKED and adm.state("short") == AdmissionState.ACTIVE
     assert adm.active_tokens <= 1000
 
 
@@ -149,7 +149,7 @@ def test_when_only_short_tools_could_make_room_the_head_waits():
     core, clock, adm = setup(capacity=1000, target=1.0)
     plan = head_behind(core, clock, adm, "grep")
     assert (plan.admit, plan.park) == ((), ())
-    assert adm.state("head") == WAITING
+    assert adm.state("head") == AdmissionState.WAITING
 
 
 def test_a_tool_usually_back_at_once_is_not_parked_for_its_rare_long_runs(monkeypatch):
@@ -166,7 +166,7 @@ def test_a_tool_usually_back_at_once_is_not_parked_for_its_rare_long_runs(monkey
         core.accept(SessionEnd(sid, clock.t + d + 1))
     monkeypatch.setitem(TOOLS, "bash", ("run", 0.2))
     assert head_behind(core, clock, adm, "bash").park == ()
-    assert adm.state("bash") == ACTIVE and adm.state("head") == WAITING
+    assert adm.state("bash") == AdmissionState.ACTIVE and adm.state("head") == AdmissionState.WAITING
 
 
 def test_the_limit_grows_past_the_tiers_while_kv_is_found_and_someone_waits():
@@ -231,7 +231,7 @@ def test_overflow_parks_idle_sessions_down_to_the_target():
     for a in agents:
         a.request(300)
         adm.plan()
-    assert adm.states()[ACTIVE] == 3 and adm.active_tokens == 900
+    assert adm.states()[AdmissionState.ACTIVE] == 3 and adm.active_tokens == 900
     for a in agents:
         a.finish(300, tool="pytest")
     agents[0].request(500)  # its context grew: W = 1100 > 1000
@@ -298,7 +298,7 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @invariant()
     def within_bounds(self):
-        active = [e for e in self.adm._entries.values() if e.state == ACTIVE]
+        active = [e for e in self.adm._entries.values() if e.state == AdmissionState.ACTIVE]
         assert self.adm.active_tokens == sum(e.ws for e in active)
         if self.adm.active_tokens > 1000:  # over the pool: only what cannot be parked is left
             assert all(e.pending for e in active)
@@ -314,7 +314,7 @@ class AdmissionMachine(RuleBasedStateMachine):
             self.agents[sid].finish(300, tool=None)
             self.agents.pop(sid).end()
             self._plan()
-        waiting = [s for s, e in self.adm._entries.items() if e.pending and e.state != ACTIVE]
+        waiting = [s for s, e in self.adm._entries.items() if e.pending and e.state != AdmissionState.ACTIVE]
         assert waiting == [], waiting
 
 

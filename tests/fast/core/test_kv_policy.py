@@ -8,6 +8,7 @@ import math
 from saga_server.core import (CoreConfig, LlmCallEnd, LlmCallStart, ManualClock, SessionEnd, SessionStart,
                               ToolCallStart, WorkflowCore)
 from saga_server.core.admission import SessionAdmission
+from saga_server.core.sessions import Departure
 from saga_server.core.holds import PINNED, PROTECTED, SOFT, HoldLedger
 from saga_server.core.host_tier import HostTierOrder
 from saga_server.core.kv_policy import SessionKvPolicy, WorkflowRules
@@ -139,10 +140,10 @@ def test_an_end_expiry_or_eviction_published_by_the_core_forgets_the_session_on_
     core.accept(SessionEnd("ends", clock()))
     assert "ends" in kv.ledger  # queued for the engine loop, not acted on from the hint thread
     kv.tick(clock())
-    assert "ends" not in kv.ledger and kv.admission.state("ends") is None and gone == [("ends", "ended")]
+    assert "ends" not in kv.ledger and kv.admission.state("ends") is None and gone == [("ends", Departure.ENDED)]
     clock.t += 51.0
     kv.tick(clock())  # "quiet" never ended: it idled out of the core, and out of every table
-    assert gone[-1] == ("quiet", "expired") and kv.table_sizes() == {"holds": 0, "requests": 0, "queued": 0,
+    assert gone[-1] == ("quiet", Departure.EXPIRED) and kv.table_sizes() == {"holds": 0, "requests": 0, "queued": 0,
                                                                       "admission": 0}
 
 

@@ -13,6 +13,7 @@ from saga_server.core import (
     LlmCallStart,
     ManualClock,
     SessionEnd,
+    SessionPhase,
     SessionStart,
     SessionTable,
     TenantLimits,
@@ -83,7 +84,7 @@ def test_an_admin_names_any_tenant_and_acts_on_any_session():
     assert (table.by_id["s"].owner, table.by_id["s"].tenant) == ("a", "a")  # it is a's session
     table.accept(ToolCallStart("s", 1.0, "pytest"), A)
     table.accept(LlmCallStart("s", 2.0), OPS)
-    assert table.session("s", OPS).state == "llm"
+    assert table.session("s", OPS).state == SessionPhase.LLM
     table.releasable("s", OPS)
     assert not any(v for k, v in table.counters.items() if k.startswith("denied_"))
 

@@ -6,7 +6,7 @@ import pytest
 
 from saga_server.core.events import (HintRejected, LlmCallEnd, LlmCallStart, SessionEnd, SessionStart,
                                      ToolCallEnd, ToolCallStart)
-from saga_server.core import ManualClock
+from saga_server.core import ManualClock, SessionPhase
 from saga_server.core import SessionTable
 
 
@@ -19,9 +19,9 @@ def test_parallel_tool_calls_are_tracked_by_call_id():
     reg.accept(ToolCallStart("s", 2.0, tool="search", call_id="b"))
     reg.accept(ToolCallEnd("s", 3.0, call_id="a"))
     snap = reg.session("s")
-    assert (snap.state, [t.call_id for t in snap.open_tools], snap.tool_calls) == ("tool", ["b"], 2)
+    assert (snap.state, [t.call_id for t in snap.open_tools], snap.tool_calls) == (SessionPhase.TOOL, ["b"], 2)
     reg.accept(ToolCallEnd("s", 4.0, call_id="b"))
-    assert reg.session("s").state == "idle"
+    assert reg.session("s").state == SessionPhase.IDLE
     with pytest.raises(HintRejected, match="already open"):
         reg.accept(ToolCallStart("s", 5.0, tool="x", call_id="c"))
         reg.accept(ToolCallStart("s", 5.0, tool="x", call_id="c"))
@@ -55,7 +55,7 @@ def test_ended_sessions_can_restart_and_expire_sooner():
     assert reg.expire() == ["done"]
     assert reg.session("idle") is not None
     reg.accept(SessionStart("done", 11.0))  # a new run under an old id starts afresh
-    assert reg.session("done").state == "idle"
+    assert reg.session("done").state == SessionPhase.IDLE
 
 
 def test_full_registry_makes_room_from_ended_sessions_first():

@@ -17,6 +17,7 @@ from saga_server.core import (
     ManualClock,
     PrefetchCandidate,
     SessionEnd,
+    SessionPhase,
     SessionStart,
     ToolCallEnd,
     ToolCallStart,
@@ -55,7 +56,7 @@ def test_snapshots_carry_predictions() -> None:
     core.accept(LlmCallEnd("s", 1.0, prompt_tokens=500, output_tokens=20))
     core.accept(ToolCallStart("s", 1.0, "grep", call_id="1", category="search"))
     snap = core.session("s")
-    assert snap.state == "tool" and snap.current_node == "plan" and snap.deadline_at == 60.0
+    assert snap.state == SessionPhase.TOOL and snap.current_node == "plan" and snap.deadline_at == 60.0
     assert snap.metrics["context_tokens"] == 520.0
     assert 0.0 < snap.metrics["p_continue"] <= 1.0 and snap.metrics["resume_p90_s"] > 0
     assert [s.session_id for s in core.sessions(10)] == ["s"]
@@ -175,7 +176,7 @@ def test_engine_only_sessions_are_visible() -> None:
     clock.t = 1.0
     core.on_request_arrival("engine", 900, tenant="acme")
     snap = core.session("engine")
-    assert snap.state == "llm" and snap.tenant == "acme" and snap.steps == 1
+    assert snap.state == SessionPhase.LLM and snap.tenant == "acme" and snap.steps == 1
     assert snap.metrics["context_tokens"] == 900.0
     assert [s.session_id for s in core.sessions(10)] == ["engine", "hinted"]
     assert [s.session_id for s in core.sessions(1)] == ["engine"]
@@ -231,7 +232,7 @@ def test_one_table_bounds_hinted_and_engine_only_sessions_together() -> None:
         listed = core.sessions(100)
         assert len(core.table) <= n and len(listed) <= n and core.stats()["aeg_sessions"] <= n
         assert len({s.session_id for s in listed}) == len(listed)
-    assert core.session(f"s{3 * n - 1}").state == "llm"  # the newest engine-only session is in
+    assert core.session(f"s{3 * n - 1}").state == SessionPhase.LLM  # the newest engine-only session is in
     assert refused  # a full table of live sessions refuses new hinted ones
     assert core.stats()["sessions_expired"] >= 3 * n - n - len(refused)
 
@@ -247,7 +248,7 @@ def test_a_hinted_session_shows_history_and_predictions_from_one_record() -> Non
     core.accept(ToolCallStart("s", 1.0, "pytest", call_id="1", category="test"))
     snap = core.session("s")
     assert [h.kind for h in snap.history] == ["session_start", "llm_call_start", "llm_call_end", "tool_call_start"]
-    assert (snap.state, snap.workflow, snap.current_node, snap.steps) == ("tool", "w", "plan", 1)
+    assert (snap.state, snap.workflow, snap.current_node, snap.steps) == (SessionPhase.TOOL, "w", "plan", 1)
     assert snap.metrics["context_tokens"] == 840.0 and snap.metrics["p_continue"] == core.predict("s").p_continue
     assert core.aeg.track("s") is core.table.by_id["s"]  # what the AEG tracks is the listed record
     assert core.stats()["sessions_live"] == core.stats()["aeg_sessions"] == 1

@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from saga_sdk.integrations.langchain import SagaCallbackHandler
+from saga_server.core import SessionPhase
 
 from tests.support import chat_server as chat
 from tests.support.examples import load_example
@@ -58,4 +59,4 @@ def test_the_agent_is_forced_to_use_tools_and_terminates(example, tmp_path, make
     assert hints.flush(5)
     assert [(h.kind, h.detail) for h in registry.session("example").history if h.kind.startswith("tool_call_s")] \
         == [("tool_call_start", "read_file"), ("tool_call_start", "calculator"), ("tool_call_start", "final_answer")]
-    assert registry.session("example").state == "ended"
+    assert registry.session("example").state == SessionPhase.ENDED

@@ -24,7 +24,8 @@ from saga_sdk import HintClient, current_session, set_client
 from saga_sdk.integrations.langchain import SagaCallbackHandler, describe_graph, saga_tool_hint
 from saga_sdk.logs import LogOnce
 
-from saga_server.core.events import LlmCallEnd, SessionOutcome, SessionStart, ToolCallEnd, ToolCallStart, ToolOutcome
+from saga_server.core.events import (LlmCallEnd, SessionOutcome, SessionPhase, SessionStart, ToolCallEnd, ToolCallStart,
+                                      ToolOutcome)
 
 from tests.support import chat_server as chat
 
@@ -113,7 +114,7 @@ def test_session_id_from_metadata_wins_and_root_run_id_is_the_default(make_chat_
     run_id = uuid.uuid4()
     agent.invoke(USER, config={"callbacks": [handler], "run_id": run_id})
     assert hints.flush(5)
-    assert registry.session("mine").state == "ended"
+    assert registry.session("mine").state == SessionPhase.ENDED
     assert registry.session("thread-x") is None
     assert registry.session(str(run_id)).steps == 2
     assert {r.headers["x-session-id"] for r in server.chat_requests()} == {"mine", str(run_id)}
@@ -256,7 +257,7 @@ def test_an_unhandled_tool_error_fails_the_session_and_reaches_the_user_unchange
     (end,) = [e for e in events if isinstance(e, ToolCallEnd)]
     assert end.outcome is ToolOutcome.ERROR
     assert events[-1].outcome is SessionOutcome.FAILED
-    assert registry.session("unhandled").state == "ended"
+    assert registry.session("unhandled").state == SessionPhase.ENDED
 
 
 # -- nesting -----------------------------------------------------------------------------------

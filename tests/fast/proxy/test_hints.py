@@ -22,6 +22,7 @@ from saga_server.core.events import (
     LlmCallStart,
     SessionEnd,
     SessionOutcome,
+    SessionPhase,
     SessionStart,
     ToolCallEnd,
     ToolCallStart,
@@ -165,7 +166,7 @@ def test_a_tracked_session_reaches_the_hint_service_as_the_tracker_saw_it(hint_s
     sent = [replace(h.event, time=0.0) for h in hints]
     assert {type(e) for e in sent} == set(get_args(HintEvent))
     assert [replace(e, time=0.0) for e in registry.events] == sent
-    assert registry.session("oslo").state == "ended"
+    assert registry.session("oslo").state == SessionPhase.ENDED
 
 
 def test_sending_to_a_hint_service_that_is_down_never_waits(dead_address):

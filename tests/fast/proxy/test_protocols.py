@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from saga_server.core import SessionPhase
 from tests.fast.proxy.agents import (INSTRUCTIONS, MESSAGES_TOOLS, RESPONSES_TOOLS, SECRET, kinds,
                                      run_messages_agent, run_responses_agent, run_text_agent, session_ids,
                                      tool_events)
@@ -216,7 +217,7 @@ def test_a_client_gone_mid_stream_ends_its_session(upstream, hint_server, regist
     try:  # the upstream holds its answer until the end: the client left before it was whole
         for _ in range(200):
             server.app.hints.flush(5)
-            if registry.session(sid).state == "ended":
+            if registry.session(sid).state == SessionPhase.ENDED:
                 break
             threading.Event().wait(0.05)
     finally:
@@ -239,7 +240,7 @@ def test_text_action_agent_gets_a_tool_per_block_and_ends_at_its_submit_marker(p
                        ("llm_call_start", "llm"), ("llm_call_end", "llm"), ("tool_call_start", "pytest"),
                        ("tool_call_end", "pytest"),
                        ("llm_call_start", "llm"), ("llm_call_end", "llm"), ("session_end", "completed")]
-    assert registry.session(sid).state == "ended"
+    assert registry.session(sid).state == SessionPhase.ENDED
     assert proxy.app.tracker.session_ids() == []
 
 
@@ -247,7 +248,7 @@ def test_text_actions_can_be_switched_off(upstream, hint_server, registry, make_
     server = make_proxy(upstream.url + "/v1", hint_server.endpoint, text_actions=None)
     run_text_agent(openai_sdk(server), "act ls | act echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")
     sid = one_session(server, upstream, registry)
-    assert tool_events(registry, sid) == [] and registry.session(sid).state != "ended"
+    assert tool_events(registry, sid) == [] and registry.session(sid).state != SessionPhase.ENDED
 
 
 def test_saga_proxy_says_which_text_action_setting_is_wrong(capsys):

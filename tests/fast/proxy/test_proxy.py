@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from saga_sdk import HintClient
+from saga_server.core import SessionPhase
 from saga_server.proxy import ProxyConfig, SagaProxy, SessionTracker, send_hint
 from tests.fast.proxy.agents import SECRET, kinds, session_ids, tool_events
 
@@ -246,7 +247,7 @@ def test_idle_sessions_end_with_their_open_tools_cancelled(upstream, hint_server
     sid = session_ids(upstream)[0]
     for _ in range(200):  # the proxy's expiry sweep runs every idle_ttl_s / 4
         server.app.hints.flush(5)
-        if registry.session(sid).state == "ended":
+        if registry.session(sid).state == SessionPhase.ENDED:
             break
         threading.Event().wait(0.05)
     assert kinds(registry, sid)[-2:] == ["tool_call_end", "session_end"]
@@ -437,7 +438,7 @@ def test_leaving_an_async_with_block_ends_the_proxys_sessions(upstream, hint_ser
     assert hints.flush(5)
     hints.close()
     assert tracker.session_ids() == []
-    assert registry.session("direct").state == "ended"
+    assert registry.session("direct").state == SessionPhase.ENDED
 
 
 def test_a_last_request_marker_reaches_the_upstream_in_the_header_it_reads_with_x_session_id(proxy, upstream):

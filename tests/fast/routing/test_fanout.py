@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from saga_sdk import HintClient, HintReader, SagaUnavailable, UnknownSession
-from saga_server.core import SessionTable
+from saga_server.core import SessionPhase, SessionTable
 from saga_server.router.hints import start_fanout
 from saga_server.rpc import HintServer
 
@@ -39,7 +39,7 @@ def test_hints_reach_every_engine(engines, fanout):
     client.close()
     for reg in regs:
         snap = reg.session("s1")
-        assert snap is not None and snap.state == "tool"
+        assert snap is not None and snap.state == SessionPhase.TOOL
     assert servicer.counters["forwarded"] >= 2
 
 

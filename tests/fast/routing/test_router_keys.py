@@ -11,7 +11,7 @@ from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
 from saga_sdk import HintClient, HintReader, SagaUnavailable
 from saga_sdk.channel import hint_channel
-from saga_server.core import WorkflowCore
+from saga_server.core import SessionPhase, WorkflowCore
 from saga_server.engines.vllm.intake import EngineHintSink, ReleaseKv
 from saga_server.router import engine_calls
 from saga_server.router.engine_calls import release_session, send_peer_service
@@ -66,7 +66,7 @@ def test_the_fanout_forwards_as_the_agents_tenant_and_engines_apply_the_ownershi
     ack = send(addr, KEY_B, pb.HintEvent(session_id="a-1", tool_call_start=pb.ToolCallStart(tool="x")),
                pb.HintEvent(session_id="b-1", session_start=pb.SessionStart(tenant="team-a")))
     assert ack.accepted == 0 and all(r.reason.startswith("denied:") for r in ack.rejections)
-    assert all(s.session("a-1").state == "idle" and s.session("b-1") is None for s in sinks)
+    assert all(s.session("a-1").state == SessionPhase.IDLE and s.session("b-1") is None for s in sinks)
     with HintReader(addr, api_key=KEY_B) as reader:
         with pytest.raises(SagaUnavailable, match="PERMISSION_DENIED"):
             reader.session("a-1")

@@ -17,7 +17,7 @@ import pytest
 from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
 from saga_sdk.channel import hint_channel
-from saga_server.core import LlmCallStart, ManualClock, SessionEnd, SessionStart, WorkflowCore
+from saga_server.core import LlmCallStart, ManualClock, SessionEnd, SessionPhase, SessionStart, WorkflowCore
 from saga_server.engines.vllm.intake import EngineHintSink, ReleaseKv
 from saga_server.rpc import HintServer, KeyRing, KeysFileError, on_behalf_of
 
@@ -101,7 +101,7 @@ def claim_another_tenant(svc):
 def hint_another_tenants_session(svc):
     ack = svc.send(KEY_A, tool("b-1"))
     assert ack.rejected == 1 and "belongs to another tenant" in ack.rejections[0].reason
-    assert svc.sink.session("b-1").state == "idle" and svc.sink.drain() == []
+    assert svc.sink.session("b-1").state == SessionPhase.IDLE and svc.sink.drain() == []
 
 
 def read_another_tenants_session(svc):

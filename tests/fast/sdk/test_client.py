@@ -12,7 +12,7 @@ import time
 import pytest
 
 from saga_sdk import HintClient, HintReader, SagaConfig
-from saga_server.core import SessionTable
+from saga_server.core import SessionPhase, SessionTable
 from saga_server.rpc import HintServer
 
 
@@ -43,7 +43,7 @@ def test_events_arrive_in_order_per_session(hint_server, registry):
     assert kinds(registry, "b") == expected
     snap = registry.session("b")
     assert (snap.steps, snap.tool_calls, snap.current_node, snap.tenant) == (3, 3, "n3", "t1")
-    assert registry.session("a").state == "ended"
+    assert registry.session("a").state == SessionPhase.ENDED
     client.close()
 
 
@@ -120,7 +120,7 @@ def test_a_hint_the_wire_cannot_carry_is_dropped_alone_not_with_its_batch(hint_s
     assert client.flush(5)
     stats = client.stats()
     assert (stats.sent, stats.dropped_failed) == (4, 1)
-    assert registry.session("good").state == "ended" and registry.session("good").steps == 1
+    assert registry.session("good").state == SessionPhase.ENDED and registry.session("good").steps == 1
     client.close()
 
 

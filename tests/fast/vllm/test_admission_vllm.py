@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from saga_server.core import CoreConfig, ManualClock, SessionEnd, SessionStart, ToolCallStart, WorkflowCore
-from saga_server.core.admission import ACTIVE, PARKED, WAITING
+from saga_server.core.admission import AdmissionState
 from saga_server.core.holds import PROTECTED, SOFT
 from saga_server.core.pinning import PinConfig
 from saga_server.engines.vllm import SagaScheduler
@@ -42,7 +42,7 @@ def test_an_oversubscribed_pool_runs_only_the_sessions_that_fit(tiny_model):
         s.add_request(req)
     first = step(s)
     assert scheduled(first) == {reqs["A"].request_id, reqs["B"].request_id}
-    assert s.saga.admission.state("C") == WAITING and len(s.waiting) == 1 and not s.waiting  # held
+    assert s.saga.admission.state("C") == AdmissionState.WAITING and len(s.waiting) == 1 and not s.waiting  # held
     outs = run_until_idle(s)
     assert hit_tokens(outs, reqs["C"].request_id) == 0  # it ran, once the engine had nothing else
     assert s.saga.admission.counts.forced >= 1
@@ -66,7 +66,7 @@ def test_a_parked_session_resumes_and_hits_what_is_still_resident(tiny_model):
     b = R.make(tokens(5000, 300), session_id="B")  # does not fit beside A: A, idle for long, gives way
     s.add_request(b)
     out = step(s)
-    assert s.saga.admission.state("A") == PARKED and s.saga.admission.state("B") == ACTIVE
+    assert s.saga.admission.state("A") == AdmissionState.PARKED and s.saga.admission.state("B") == AdmissionState.ACTIVE
     assert b.request_id in scheduled(out)
     run_until_idle(s)
     held = s.saga.ledger.blocks_of("A") * BS  # B needed a little of A's room: its tail went first
@@ -74,7 +74,7 @@ def test_a_parked_session_resumes_and_hits_what_is_still_resident(tiny_model):
     nxt = R.make(hist + [7, 8, 9], session_id="A")  # A's tool is done: it comes back
     s.add_request(nxt)
     assert held <= hit_tokens(run_until_idle(s), nxt.request_id) < 256  # and what vLLM still cached
-    assert s.saga.admission.state("A") == ACTIVE
+    assert s.saga.admission.state("A") == AdmissionState.ACTIVE
 
 
 def test_one_slot_and_a_pool_for_one_session_still_finish_everything(tiny_model):
@@ -118,8 +118,8 @@ def test_any_arrival_sequence_drains_with_nothing_left_waiting(tiny_model, ops):
     run_until_idle(s, max_steps=2000)
     assert not s.waiting.gated and not s.has_unfinished_requests()
     assert s.saga.counters.total("plugin_errors") == 0
-    assert all(state in (ACTIVE, PARKED) for state in (s.saga.admission.state(x) for x in started)
-               if state is not None)
+    assert all(state in (AdmissionState.ACTIVE, AdmissionState.PARKED)
+               for state in (s.saga.admission.state(x) for x in started) if state is not None)
 
 
 def test_a_parked_session_s_next_request_at_the_gate_leaves_its_kv_first_to_go(tiny_model):
@@ -138,14 +138,14 @@ def test_a_parked_session_s_next_request_at_the_gate_leaves_its_kv_first_to_go(t
     step(s)
     s.add_request(R.make(tokens(5000, 300), session_id="B", max_tokens=20))
     step(s)
-    assert s.saga.admission.state("A") == PARKED
+    assert s.saga.admission.state("A") == AdmissionState.PARKED
     nxt = R.make(hist + [7, 8, 9], session_id="A")  # back while B still needs the room
     s.add_request(nxt)
     step(s)
-    assert s.saga.admission.state("A") != ACTIVE and s.waiting.gated  # held back, unscheduled
+    assert s.saga.admission.state("A") != AdmissionState.ACTIVE and s.waiting.gated  # held back, unscheduled
     assert s.saga.ledger.get("A").tier == SOFT  # not protected while it waits at the gate
     run_until_idle(s)
-    assert s.saga.admission.state("A") == ACTIVE and not s.waiting.gated  # admitted and served in the end
+    assert s.saga.admission.state("A") == AdmissionState.ACTIVE and not s.waiting.gated  # admitted, served in the end
 
 
 def test_a_session_admitted_while_its_request_waits_for_a_slot_has_its_kv_protected(tiny_model):
@@ -160,7 +160,7 @@ def test_a_session_admitted_while_its_request_waits_for_a_slot_has_its_kv_protec
     s.saga.core.accept(ToolCallStart("A", clock(), "pytest", call_id="t", category="test", expected_duration_s=600))
     s.add_request(R.make(tokens(5000, 352), session_id="B", max_tokens=20))  # A does not fit beside it
     step(s)
-    assert s.saga.admission.state("A") == PARKED
+    assert s.saga.admission.state("A") == AdmissionState.PARKED
     s.add_request(R.make(tokens(7000, 16), max_tokens=50))  # a request without a session, ahead of A's
     nxt = R.make(hist + [7, 8, 9], session_id="A")
     s.add_request(nxt)
@@ -169,7 +169,7 @@ def test_a_session_admitted_while_its_request_waits_for_a_slot_has_its_kv_protec
         out = step(s)
         if nxt.request_id in scheduled(out):
             break
-        if s.saga.admission.state("A") == ACTIVE:
+        if s.saga.admission.state("A") == AdmissionState.ACTIVE:
             admitted_waiting.append(s.saga.ledger.get("A").tier)
     assert admitted_waiting and set(admitted_waiting) == {PROTECTED}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from saga_server.core import CoreConfig, ManualClock, SessionEnd, SessionStart, WorkflowCore
+from saga_server.core import CoreConfig, ManualClock, SessionEnd, SessionPhase, SessionStart, WorkflowCore
 from saga_server.engines.vllm import SagaScheduler
 from vllm_builders import Requests, make_scheduler, run_until_idle, step
 
@@ -98,7 +98,7 @@ def test_a_request_marked_final_ends_its_session_when_it_finishes_and_nothing_of
     s.add_request(R.make([5, 6] * 32 + [9] * 16, session_id="lead:kid",
                          extra_args={"parent_session_id": "lead", "session_final": True}))
     run_until_idle(s)
-    assert core.session("lead:kid").state == "ended" and core.session("lead").live_children == 0
+    assert core.session("lead:kid").state == SessionPhase.ENDED and core.session("lead").live_children == 0
     assert plugin.ledger.blocks_of("lead:kid") == 0 and plugin.admission.state("lead:kid") is None
     assert plugin.ledger.blocks_of("lead") == 4  # the parent goes on
 

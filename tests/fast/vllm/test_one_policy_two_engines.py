@@ -29,6 +29,7 @@ from saga_server.core import (
     ToolCallStart,
     WorkflowCore,
 )
+from saga_server.core.admission import AdmissionState
 from saga_server.core.holds import PINNED, PROTECTED, SOFT
 from saga_server.core.mechanisms import ENGINE_MECHANISMS, Mechanism
 from saga_server.core.pinning import PinConfig
@@ -218,9 +219,9 @@ def test_the_decisions_are_the_rules_the_policy_documents(traces):
     assert at[(3.0, "step")]["order"][0] == "grepper"  # soft goes before pins
     pressed = at[(3.5, "start")]
     assert "grepper" not in pressed["held"] and pressed["held"]["tester"] == ("pinned", 2)  # soft, then a pin's tail
-    assert pressed["admission"]["grepper"] == "parked"
+    assert pressed["admission"]["grepper"] == AdmissionState.PARKED
     assert at[(3.8, "tool_end")]["held"]["reader"] == ("protected", 3)  # queued: its KV is used next
-    assert at[(4.1, "tool_end")]["admission"]["grepper"] == "parked"  # its request waits at the gate
-    assert at[(5.5, "step")]["admission"]["grepper"] == "active"  # admitted once there was room
+    assert at[(4.1, "tool_end")]["admission"]["grepper"] == AdmissionState.PARKED  # its request waits at the gate
+    assert at[(5.5, "step")]["admission"]["grepper"] == AdmissionState.ACTIVE  # admitted once there was room
     assert at[(62.0, "step")]["held"]["tester"] == ("soft", 2)  # its pin's TTL passed
     assert at[(66.0, "step")] == {"held": {}, "pin ttl": {}, "order": [], "admission": {}}  # all ended

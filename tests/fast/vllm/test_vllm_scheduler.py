@@ -19,6 +19,7 @@ from saga_server.core import (
     PinDecision,
     PrefetchCandidate,
     SessionEnd,
+    SessionPhase,
     SessionStart,
     TenantLimits,
     ToolCallStart,
@@ -430,7 +431,7 @@ def test_a_session_moved_away_releases_its_kv_but_keeps_its_workflow_state(tiny_
     s.schedule()
     assert "A" not in s.saga.ledger
     assert s.saga.counters["released", "moved"] == held
-    assert s.saga.core.session("A").state != "ended"  # it may come back
+    assert s.saga.core.session("A").state != SessionPhase.ENDED  # it may come back
     pool_is_consistent(s)
     assert s.reset_prefix_cache()  # nothing left referenced
 

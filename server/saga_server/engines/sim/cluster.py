@@ -47,6 +47,7 @@ from collections import deque
 from typing import Callable, Sequence
 
 from saga_server.core.engine_policy import EnginePolicy, LiveRequest
+from saga_server.core.sessions import Departure
 
 from .admission import AdmissionGate
 
@@ -256,7 +257,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         """The worker's policy forgot a session: its host-tier copy goes (unless its
         KV moved on, which `moves` carries), and a request of it still waiting at the
         gate (the core let it go while it waited) is no longer held back."""
-        if how == "moved":
+        if how == Departure.MOVED:
             return
         if w.host is not None:
             w.host.drop(sid)

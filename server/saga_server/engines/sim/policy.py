@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from saga_server.core.admission import AdmissionPlan
+from saga_server.core.admission import AdmissionPlan, AdmissionState
 from saga_server.core.kv_policy import KvRules
 from saga_server.core.pinning import PinDecision
 
@@ -285,10 +285,10 @@ class _BestFitAdmission:
     def finished(self, session_id: str) -> None:
         self._pending.discard(session_id)
 
-    def state(self, session_id: str) -> str | None:
+    def state(self, session_id: str) -> AdmissionState | None:
         if session_id not in self._kv:
             return None
-        return "active" if session_id in self._active else "waiting"
+        return AdmissionState.ACTIVE if session_id in self._active else AdmissionState.WAITING
 
     def served(self, session_id: str, held_tokens: int, recomputed_tokens: int) -> None:
         pass  # its limit is the pool, fixed

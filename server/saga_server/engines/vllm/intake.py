@@ -45,6 +45,7 @@ from saga_server.core import (
     HintEvent,
     ResidentSession,
     SessionSnapshot,
+    SessionPhase,
     TenantOutcomes,
     ToolCallEnd,
     ToolCallStart,
@@ -120,9 +121,10 @@ class EngineHintSink:
     def resident_sessions(self, limit: int) -> list[ResidentSession]:
         # Residency is the core's `kv_resident` (served here, not moved away since).
         # Its size lets the cluster router move the cheapest session (`core.routing`).
-        return [ResidentSession(s.session_id, in_tool=s.state == "tool",
+        return [ResidentSession(s.session_id, in_tool=s.state == SessionPhase.TOOL,
                                 kv_tokens=self._held_blocks(s.session_id) * self._block_tokens)
-                for s in self.core.sessions(limit) if s.state != "ended" and s.metrics.get("kv_resident", 0.0) > 0]
+                for s in self.core.sessions(limit)
+                if s.state != SessionPhase.ENDED and s.metrics.get("kv_resident", 0.0) > 0]
 
     def record_peer_service(self, tokens: Mapping[str, float]) -> int:
         return self.core.record_peer_service(tokens)  # AFS only: nothing for the engine loop

@@ -30,6 +30,7 @@ from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus, order_request_keys
 
 from saga_server.core.host_tier import HostTierOrder
+from saga_server.core.sessions import Departure
 
 __all__ = ["SagaCachePolicy", "attach", "tier_occupancy", "POLICY_CONFIG"]
 
@@ -56,7 +57,7 @@ def tier_occupancy() -> tuple[int, int]:
     return sum(len(p.chunks) for p in policies), sum(p.cache_capacity for p in policies)
 
 
-def _forgotten(session_id: str, how: str) -> None:
+def _forgotten(session_id: str, how: Departure) -> None:
     for policy in list(_policies):
         policy.forget(session_id)
 

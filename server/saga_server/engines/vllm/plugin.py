@@ -79,13 +79,13 @@ from saga_server.core import (
     ToolCallStart,
     WorkflowCore,
 )
-from saga_server.core.admission import ACTIVE, PARKED, WAITING, SessionAdmission
+from saga_server.core.admission import AdmissionState, SessionAdmission
 from saga_server.core.deadlines import DeadlineShaper
 from saga_server.core.holds import PINNED, HoldLedger, Release
 from saga_server.core.engine_policy import EnginePolicy, LiveRequest
 from saga_server.core.kv_policy import WorkflowRules
 from saga_server.core.mechanisms import ENGINE_MECHANISMS, Mechanism
-from saga_server.core.sessions import ENDED
+from saga_server.core.sessions import Departure
 from saga_server.settings import EngineSettings
 from saga_server.state_file import StateKeeper
 
@@ -186,7 +186,7 @@ class SagaPlugin:
         self.kv, self.admission = self.engine.kv, self.engine.admission
         self.prefetcher = Prefetcher(scheduler, self.core, self.kv, self.counters, self.clock)
         self._prefetching = self.enabled and settings.on(Mechanism.PREFETCH)
-        self.kv.on_forget(lambda sid, how: self.prefetcher.forget(sid, ended=how == ENDED))
+        self.kv.on_forget(lambda sid, how: self.prefetcher.forget(sid, ended=how == Departure.ENDED))
         self._pace = _StepPace()
         connector = getattr(scheduler, "connector", None)
         self.pulls = getattr(connector, "pulls", None)  # SAGA's NixlConnector
@@ -390,8 +390,9 @@ class SagaPlugin:
         admission = None
         if adm is not None:
             states = adm.states()
-            admission = AdmissionStats(active=states.get(ACTIVE, 0), parked=states.get(PARKED, 0),
-                                       waiting=states.get(WAITING, 0), limit_tokens=float(adm.limit),
+            admission = AdmissionStats(active=states.get(AdmissionState.ACTIVE, 0),
+                                       parked=states.get(AdmissionState.PARKED, 0),
+                                       waiting=states.get(AdmissionState.WAITING, 0), limit_tokens=float(adm.limit),
                                        wait_s=float(adm.counts.wait_s))
         return EngineStats(held_sessions=len(ledger), held_blocks=ledger.held_blocks,
                            pinned_blocks=ledger.pinned_blocks, kv_blocks=ledger.capacity_blocks,
@@ -508,7 +509,7 @@ class SagaPlugin:
         m.held_sessions.set(len(ledger))
         if self.admission is not None:
             states = self.admission.states()
-            for state in (ACTIVE, PARKED, WAITING):
+            for state in AdmissionState:
                 m.admission_sessions.labels(state).set(states.get(state, 0))
         if self.tier_loads is not None:
             used, capacity = tier_occupancy()

@@ -46,7 +46,7 @@ from typing import Any, NamedTuple, Sequence
 from vllm.v1.request import Request, RequestStatus
 
 from saga_server.core import HintEvent, SessionEnd, SessionStart, ToolCallEnd, ToolCallStart
-from saga_server.core.sessions import EVICTED, EXPIRED
+from saga_server.core.sessions import Departure
 from saga_server.record import Recorder, TokenBlocks, TraceBuilder, block_hashes
 from saga_server.record.options import config_from_env
 
@@ -81,7 +81,7 @@ class _Scheduled(NamedTuple):
 
 class _Forgotten(NamedTuple):
     session_id: str
-    how: str                # EXPIRED or EVICTED (the core's session table)
+    how: Departure          # EXPIRED or EVICTED (the core's session table)
 
 
 class _Finished(NamedTuple):
@@ -194,11 +194,11 @@ class EngineRecording:
         self.recorder.submit(_Finished(request.request_id, request.num_prompt_tokens, request.num_output_tokens,
                                        request.status in _FAILED, request.all_token_ids, request.block_hashes))
 
-    def forgotten(self, session_id: str, how: str) -> None:
+    def forgotten(self, session_id: str, how: Departure) -> None:
         """The engine forgot the session (`SessionKvPolicy.on_forget`): one that stopped
         without an end is written now. An ended one was written by its end hint; a
         moved one goes on at another engine."""
-        if how in (EXPIRED, EVICTED):
+        if how in (Departure.EXPIRED, Departure.EVICTED):
             self.recorder.submit(_Forgotten(session_id, how))
 
     # -- the hint thread ------------------------------------------------------------
