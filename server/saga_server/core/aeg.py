@@ -5,7 +5,7 @@ Model
 A *workflow* (agent program) is a directed graph of LLM steps. A node is named by
 the framework (hint `node`) when it gives one; otherwise by what led to it:
 ``"start"`` for a session's first call, ``"after:<tool key>"`` after a tool call
-(tool key = ``"<tool>|<category>"``), ``"after:none"`` after a call with no tool.
+(a `ToolKey`, named ``"<tool>|<category>"``), ``"after:none"`` after a call with no tool.
 Without any hints (the engine only sees requests), the step *shape* stands in:
 ``"o<k>"`` after a response of 2^(k-1)..2^k-1 output tokens, and the gap between
 a response and the next request is treated as a pseudo-tool ``"~gap:o<k>"``.
@@ -66,6 +66,7 @@ from typing import Any
 from .events import HintEvent, LlmCallEnd, LlmCallStart, SessionEnd, SessionStart, ToolCallEnd, ToolCallStart
 from .graph import Prediction, WorkflowGraphs
 from .sessions import Session, SessionTable
+from .tool_keys import NO_TOOL, gap_key
 
 __all__ = ["AEG"]
 
@@ -234,7 +235,7 @@ class AEG(WorkflowGraphs):
         # the hints drive its steps (the engine's view only fills in tokens).
         s.hinted = True
         s.gap_started = None
-        s.via, s.via_category = "", ""
+        s.via = NO_TOOL
 
     def _llm_start(self, s: Session, t: float, node: str, hinted: bool) -> None:
         if hinted and not s.hinted:
@@ -249,7 +250,7 @@ class AEG(WorkflowGraphs):
         elif node:
             name = node
         elif hinted:
-            name = f"after:{s.via}" if s.via else "after:none"
+            name = f"after:{s.via}" if s.via != NO_TOOL else "after:none"
         else:
             name = f"o{min(s.last_output, 1 << 20).bit_length()}"
         name = self.learn_step(s, t, name)
@@ -257,7 +258,7 @@ class AEG(WorkflowGraphs):
         s.running_tools.clear()
         s.entered_from = (s.node, s.via) if s.steps > 0 and s.node else None
         s.node = name
-        s.via, s.via_category = "", ""
+        s.via = NO_TOOL
         s.steps += 1
         s.in_llm = True
         s.last_llm_start = t
@@ -272,8 +273,7 @@ class AEG(WorkflowGraphs):
         if (not hinted and not s.hinted) or _without_tool_hints(s):
             # Without (tool) hints the pause until the next request is the only "tool".
             s.gap_started = t
-            s.via = f"~gap:o{min(s.last_output, 1 << 20).bit_length()}"
-            s.via_category = "~gap"
+            s.via = gap_key(s.last_output)
             self.learn_gap(s)
 
     def _tool_start(self, s: Session, t: float, tool: str, call_id: str, category: str,
@@ -282,21 +282,21 @@ class AEG(WorkflowGraphs):
             self._take_hints(s)
         elif s.gap_started is not None:  # the gap inferred after its last call was this tool
             self.forget_gap(s)
-        key, cat = self.learn_tool(s, tool, category)
+        key = self.learn_tool(s, tool, category)
         if not s.running_tools:
             # The first tool of a batch names the edge; the batch ends with its last tool.
-            s.via, s.via_category, s.tool_started = key, cat, t
+            s.via, s.tool_started = key, t
         if len(s.running_tools) >= _MAX_OPEN_TOOLS:  # ends that never came: forget the oldest
             del s.running_tools[next(iter(s.running_tools))]
-        s.running_tools[call_id or tool] = (key, cat, t, expected_s)
+        s.running_tools[call_id or tool] = (key, t, expected_s)
         s.in_llm = False
         s.gap_started = None
 
     def _tool_end(self, s: Session, t: float, tool: str, call_id: str) -> None:
         opened = s.running_tools.pop(call_id or tool, None)
         if opened is not None:
-            key, cat, t0, _ = opened
-            self.learn_duration(s, key, cat, t - t0)
+            key, t0, _ = opened
+            self.learn_duration(s, key, t - t0)
 
     def _stop(self, s: Session, t: float) -> None:
         """`s` ends: its edge led to END; it waits on nothing (the table marks it ended)."""

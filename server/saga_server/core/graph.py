@@ -6,7 +6,8 @@ session, and tool durations as `LogHistogram`s (per workflow, per category, and
 globally over a weak prior). It learns from what the live tracking (`aeg.AEG`)
 reports as sessions move, and answers a `Prediction` for one session's record.
 It never changes a record. The model (node names, what each prediction means,
-the bounds) is documented once, in `aeg`.
+the bounds) is documented once, in `aeg`. Tools are `ToolKey`s throughout; their
+names appear only in the learnt state (`learnt`, `restore_learnt`).
 """
 
 from __future__ import annotations
@@ -18,17 +19,13 @@ from dataclasses import dataclass, field
 from .categories import HUMAN, guess_category
 from .quantiles import LogHistogram
 from .sessions import Session
+from .tool_keys import GAP, NO_TOOL, ToolKey
 
-__all__ = ["WorkflowGraphs", "Prediction", "END", "tool_key"]
+__all__ = ["WorkflowGraphs", "Prediction", "END"]
 
 END = "$end"
-_NO_TOOL = ""
 _OVERFLOW = "~overflow"
 _EWMA = 0.2
-
-
-def tool_key(tool: str, category: str) -> str:
-    return f"{tool}|{category}" if category else tool
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +101,8 @@ class _Edge:
 class _Node:
     name: str
     visits: float = 0.0
-    tools: dict[str, float] = field(default_factory=dict)  # tool key -> times it followed
-    edges: dict[str, _Edge] = field(default_factory=dict)  # tool key -> outcome counts
+    tools: dict[ToolKey, float] = field(default_factory=dict)  # times each tool followed
+    edges: dict[ToolKey, _Edge] = field(default_factory=dict)  # outcome counts per tool that followed
     resumed: float = 0.0
     ended: float = 0.0
     growth_n: float = 0.0
@@ -118,9 +115,8 @@ class _Node:
 class _Graph:
     name: str
     nodes: dict[str, _Node] = field(default_factory=dict)
-    durations: dict[str, LogHistogram] = field(default_factory=dict)
-    categories: dict[str, str] = field(default_factory=dict)  # tool key -> category
-    tools: dict[str, float] = field(default_factory=dict)  # tool key -> count (fallback)
+    durations: dict[ToolKey, LogHistogram] = field(default_factory=dict)  # its timed tools
+    tools: dict[ToolKey, float] = field(default_factory=dict)  # times each tool ran (fallback)
     sessions_done: int = 0
     steps_mean: float = 0.0
     cycle_n: int = 0
@@ -187,11 +183,11 @@ class WorkflowGraphs:
         the graph (the overflow node past `max_nodes`)."""
         g = self._graph(s.graph)
         if s.gap_started is not None and s.steps > 0 and not s.running_tools:
-            self._add_duration(g, s.via, s.via_category, t - s.gap_started)
+            self._add_duration(g, s.via, t - s.gap_started)
         node = self._node(g, name)
         if s.steps > 0 and s.node:
             self._resolve(g, s.node, s.via, node.name)
-        if s.last_llm_start is not None and s.via_category != HUMAN:
+        if s.last_llm_start is not None and s.via.category != HUMAN:
             # The pace of work: a person's wait between turns is no part of it.
             g.cycle_n += 1
             g.cycle_mean += (t - s.last_llm_start - g.cycle_mean) * (1.0 / g.cycle_n if g.cycle_n < 5 else _EWMA)
@@ -216,25 +212,25 @@ class WorkflowGraphs:
             if node.tools[s.via] <= 0:
                 del node.tools[s.via]
 
-    def learn_tool(self, s: Session, tool: str, category: str) -> tuple[str, str]:
-        """`s` starts a tool call: returns its (tool key, category), past
-        `max_tools` names an overflow key per category. The first tool of a batch
-        (none running yet) counts as what followed the node."""
+    def learn_tool(self, s: Session, tool: str, category: str) -> ToolKey:
+        """`s` starts a tool call: returns its key (its category guessed when not
+        given); past `max_tools` an overflow key per category. The first tool of a
+        batch (none running yet) counts as what followed the node."""
         cat = category or guess_category(tool)
-        key = tool_key(tool, cat)
+        key = ToolKey(tool, cat)
         g = self._graph(s.graph)
         if key not in g.tools and len(g.tools) >= self.max_tools:
-            key = tool_key(_OVERFLOW, cat)
+            key = ToolKey(_OVERFLOW, cat)
         if not s.running_tools:
             node = g.nodes.get(s.node) if s.node else None
             if node is not None:
                 node.tools[key] = node.tools.get(key, 0.0) + 1
             g.tools[key] = g.tools.get(key, 0.0) + 1
-        return key, cat
+        return key
 
-    def learn_duration(self, s: Session, key: str, category: str, duration: float) -> None:
+    def learn_duration(self, s: Session, key: ToolKey, duration: float) -> None:
         """A tool call (or gap) of `s` lasted `duration` seconds."""
-        self._add_duration(self._graph(s.graph), key, category, duration)
+        self._add_duration(self._graph(s.graph), key, duration)
 
     def learn_growth(self, s: Session, prompt_tokens: int) -> None:
         """`s`'s prompt became known: the growth of the edge it came by (`entered_from`)."""
@@ -323,13 +319,13 @@ class WorkflowGraphs:
             nxt = END if kb == "end" else b
             if ka == "llm" and kb == "tool":
                 node = self._node(g, a)
-                node.tools[b] = node.tools.get(b, 0.0) + w
+                node.tools[ToolKey(b)] = node.tools.get(ToolKey(b), 0.0) + w
             elif ka == "llm":
-                e = self._node(g, a).edges.setdefault(_NO_TOOL, _Edge())
+                e = self._node(g, a).edges.setdefault(NO_TOOL, _Edge())
                 e.succ[nxt] = e.succ.get(nxt, 0.0) + w
             elif ka == "tool":
                 for src in tool_preds.get(a, ()):
-                    e = self._node(g, src).edges.setdefault(a, _Edge())
+                    e = self._node(g, src).edges.setdefault(ToolKey(a), _Edge())
                     e.succ[nxt] = e.succ.get(nxt, 0.0) + w
 
     # -- learnt state: what survives a restart (`saga_server.state_file`) ---------------
@@ -367,7 +363,7 @@ class WorkflowGraphs:
         mean, p50, p90 = self._resume(s, now)
         next_node = ""
         if node is not None:
-            e = node.edges.get(s.via) if s.via else None
+            e = node.edges.get(s.via) if s.via != NO_TOOL else None
             succ = e.succ if e is not None and e.succ else _merged_succ(node)
             next_node = _argmax(succ, skip=END)
         growth = self._growth(s, g, node)
@@ -383,7 +379,7 @@ class WorkflowGraphs:
 
     def _growth(self, s: Session, g: _Graph | None, node: _Node | None) -> float:
         if node is not None:
-            e = node.edges.get(s.via) if s.via else None
+            e = node.edges.get(s.via) if s.via != NO_TOOL else None
             if e is not None and e.growth_n:
                 return e.growth_mean
             if node.growth_n:
@@ -426,7 +422,7 @@ class WorkflowGraphs:
         p_node = self.prior_p_continue
         if node is not None:
             p_node = (node.resumed + a * self.prior_p_continue) / (node.resumed + node.ended + a)
-            if s.via:
+            if s.via != NO_TOOL:
                 e = node.edges.get(s.via)
                 if e is not None:
                     return (e.resumed + a * p_node) / (e.resumed + e.ended + a)
@@ -437,15 +433,15 @@ class WorkflowGraphs:
         g = self._graphs.get(s.graph)
         if s.running_tools:
             best, best_t0, best_m = None, 0.0, -1.0
-            for key, cat, t0, expected in s.running_tools.values():
-                d = self._dist(g, key, cat, expected)
+            for key, t0, expected in s.running_tools.values():
+                d = self._dist(g, key, key.category, expected)
                 m = d.mean_above(0.0) + t0
                 if m > best_m:
                     best, best_t0, best_m = d, t0, m
             return best, best_t0
         if s.gap_started is not None:
-            return self._dist(g, s.via, s.via_category, None), s.gap_started
-        if s.via and not s.in_llm:
+            return self._dist(g, s.via, s.via.category, None), s.gap_started
+        if s.via != NO_TOOL and not s.in_llm:
             return _NOW, s.last_event_at  # its tools are done: the next call is imminent
         return None, 0.0
 
@@ -457,8 +453,9 @@ class WorkflowGraphs:
             return self._global
         node = g.nodes.get(s.node)
         counts = node.tools if node is not None and node.tools else g.tools
-        key = _argmax(counts, skip="")
-        return self._dist(g, key, g.categories.get(key, ""), None)
+        key = _argmax(counts, skip=NO_TOOL, none=NO_TOOL)
+        # The category's durations stand in only for a tool this graph has timed.
+        return self._dist(g, key, key.category if key in g.durations else "", None)
 
     def next_tool_category(self, s: Session) -> str:
         g = self._graphs.get(s.graph)
@@ -466,8 +463,9 @@ class WorkflowGraphs:
             return ""
         node = g.nodes.get(s.node)
         counts = node.tools if node is not None and node.tools else g.tools
-        best = _argmax(counts, skip="")
-        return g.categories.get(best, best.partition("|")[2] if "|" in best else "")
+        best = _argmax(counts, skip=NO_TOOL, none=NO_TOOL)
+        # A gap is no tool: its pseudo-category shows only once the gap was timed.
+        return "" if best.category == GAP and best not in g.durations else best.category
 
     def remaining(self, s: Session) -> tuple[float, float]:
         """(expected further LLM steps, expected seconds until the session ends)."""
@@ -489,7 +487,7 @@ class WorkflowGraphs:
     def tool_distribution(self, workflow: str, tool: str, category: str = "",
                           expected_s: float | None = None):
         cat = category or guess_category(tool)
-        return self._dist(self._graphs.get(workflow), tool_key(tool, cat), cat, expected_s)
+        return self._dist(self._graphs.get(workflow), ToolKey(tool, cat), cat, expected_s)
 
     # -- internals --------------------------------------------------------------
 
@@ -524,7 +522,7 @@ class WorkflowGraphs:
         cycle = g.cycle_mean if g is not None and g.cycle_n else self.prior_cycle_s
         return steps, steps * cycle
 
-    def _dist(self, g: _Graph | None, key: str, cat: str, expected: float | None):
+    def _dist(self, g: _Graph | None, key: ToolKey, cat: str, expected: float | None):
         if self.exact_expected and expected is not None and expected >= 0:
             return _Exact(expected)
         ms = self.min_samples
@@ -539,14 +537,14 @@ class WorkflowGraphs:
             return h
         return self._global
 
-    def _add_duration(self, g: _Graph, key: str, cat: str, d: float) -> None:
+    def _add_duration(self, g: _Graph, key: ToolKey, d: float) -> None:
         if not d >= 0.0 or d == math.inf:
             return
         self.counters["tool_samples"] += 1
+        cat = key.category
         h = g.durations.get(key)
         if h is None and len(g.durations) < 2 * self.max_tools:
             h = g.durations[key] = LogHistogram()
-            g.categories[key] = cat
         if h is not None:
             h.add(d)
         if cat:
@@ -558,7 +556,7 @@ class WorkflowGraphs:
         if not cat.startswith("~"):  # gaps are not tools: keep the global prior about tools
             self._global.add(d)
 
-    def _resolve(self, g: _Graph, node_name: str, via: str, nxt: str) -> None:
+    def _resolve(self, g: _Graph, node_name: str, via: ToolKey, nxt: str) -> None:
         node = g.nodes.get(node_name)
         if node is None:
             return
@@ -603,33 +601,37 @@ def _merged_succ(node: _Node) -> dict[str, float]:
     return out
 
 
-def _argmax(counts: dict[str, float], skip: str = "") -> str:
-    best, best_v = "", -1.0
+def _argmax(counts: dict, skip, none=""):
+    """The key with the highest count but `skip` (`none` if there is none)."""
+    best, best_v = none, -1.0
     for k, v in counts.items():
         # Ties go to the lexicographically smaller name: deterministic across runs.
-        if k != skip and (v > best_v or (v == best_v and k < best)):
+        if k != skip and (v > best_v or (v == best_v and str(k) < str(best))):
             best, best_v = k, v
     return best
 
 
 # -- learnt state: (de)serialising a graph -----------------------------------------------
+# Tool keys are written by name (`str(key)`), with the categories of the timed ones
+# ("categories"), which is what reads their names back (`ToolKey.from_name`).
 
 _MAX_NAME = 1024
 
 
 def _graph_state(g: _Graph) -> dict:
     return {"name": g.name, "nodes": [_node_state(n) for n in g.nodes.values()],
-            "durations": {k: h.state() for k, h in g.durations.items()}, "categories": dict(g.categories),
-            "tools": dict(g.tools), "sessions_done": g.sessions_done, "steps_mean": g.steps_mean,
+            "durations": {str(k): h.state() for k, h in g.durations.items()},
+            "categories": {str(k): k.category for k in g.durations},
+            "tools": _named(g.tools), "sessions_done": g.sessions_done, "steps_mean": g.steps_mean,
             "cycle_n": g.cycle_n, "cycle_mean": g.cycle_mean, "growth_n": g.growth_n, "growth_mean": g.growth_mean,
             "lengths": g.lengths.state() if g.lengths is not None else None,
             "turns": g.turns.state() if g.turns is not None else None}
 
 
 def _node_state(n: _Node) -> dict:
-    return {"name": n.name, "visits": n.visits, "tools": dict(n.tools),
-            "edges": {via: {"resumed": e.resumed, "ended": e.ended, "succ": dict(e.succ),
-                            "growth_n": e.growth_n, "growth_mean": e.growth_mean} for via, e in n.edges.items()},
+    return {"name": n.name, "visits": n.visits, "tools": _named(n.tools),
+            "edges": {str(via): {"resumed": e.resumed, "ended": e.ended, "succ": dict(e.succ),
+                                 "growth_n": e.growth_n, "growth_mean": e.growth_mean} for via, e in n.edges.items()},
             "resumed": n.resumed, "ended": n.ended, "growth_n": n.growth_n, "growth_mean": n.growth_mean,
             "spawned": n.spawned,
             "child_durations": n.child_durations.state() if n.child_durations is not None else None}
@@ -641,13 +643,13 @@ def _graph_from(data, max_nodes: int, max_durations: int) -> _Graph:
     nodes = d.get("nodes")
     if not isinstance(nodes, list):
         raise ValueError("a graph's nodes must be a list")
+    categories = {_name(k): _name(v, empty=True) for k, v in _mapping(d.get("categories")).items()}
     for item in nodes[:max_nodes]:
-        node = _node_from(item)
+        node = _node_from(item, categories)
         g.nodes[node.name] = node
-    g.durations = {_name(k): LogHistogram.from_state(h)
+    g.durations = {ToolKey.from_name(_name(k), categories): LogHistogram.from_state(h)
                    for k, h in list(_mapping(d.get("durations")).items())[:max_durations]}
-    g.categories = {_name(k): _name(v, empty=True) for k, v in _mapping(d.get("categories")).items()}
-    g.tools = _counts(d.get("tools"))
+    g.tools = _tool_counts(d.get("tools"), categories)
     g.sessions_done, g.cycle_n = _count(d.get("sessions_done")), _count(d.get("cycle_n"))
     g.steps_mean, g.cycle_mean, g.growth_n, g.growth_mean = (
         _number(d.get(k)) for k in ("steps_mean", "cycle_mean", "growth_n", "growth_mean"))
@@ -658,17 +660,17 @@ def _graph_from(data, max_nodes: int, max_durations: int) -> _Graph:
     return g
 
 
-def _node_from(data) -> _Node:
+def _node_from(data, categories: dict[str, str]) -> _Node:
     d = _mapping(data)
     n = _Node(_name(d.get("name")))
     n.visits, n.resumed, n.ended, n.growth_n, n.growth_mean, n.spawned = (
         _number(d.get(k)) for k in ("visits", "resumed", "ended", "growth_n", "growth_mean", "spawned"))
-    n.tools = _counts(d.get("tools"))
+    n.tools = _tool_counts(d.get("tools"), categories)
     for via, e in _mapping(d.get("edges")).items():
         ed = _mapping(e)
         edge = _Edge(_number(ed.get("resumed")), _number(ed.get("ended")), _counts(ed.get("succ")),
                      _number(ed.get("growth_n")), _number(ed.get("growth_mean")))
-        n.edges[_name(via, empty=True)] = edge
+        n.edges[ToolKey.from_name(_name(via, empty=True), categories)] = edge
     cd = d.get("child_durations")
     n.child_durations = None if cd is None else LogHistogram.from_state(cd)
     return n
@@ -700,3 +702,11 @@ def _count(value) -> int:
 
 def _counts(value) -> dict[str, float]:
     return {_name(k, empty=True): _number(v) for k, v in _mapping(value).items()}
+
+
+def _tool_counts(value, categories: dict[str, str]) -> dict[ToolKey, float]:
+    return {ToolKey.from_name(k, categories): v for k, v in _counts(value).items()}
+
+
+def _named(counts: dict[ToolKey, float]) -> dict[str, float]:
+    return {str(k): v for k, v in counts.items()}

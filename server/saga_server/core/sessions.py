@@ -106,6 +106,7 @@ from .events import (
 )
 from .categories import HUMAN, guess_category
 from .scopes import owns_scope, tag
+from .tool_keys import NO_TOOL, ToolKey
 from .turns import begin_turn, end_turn, sooner, turn_open
 
 __all__ = ["Session", "SessionTable", "Tracker", "SessionGone", "ParentChanged", "TurnEnded", "Departure"]
@@ -163,18 +164,18 @@ class Session:
     open_tools: dict[str, OpenTool] = field(default_factory=dict)  # call key -> open call
     history: deque[HistoryEntry] = field(default_factory=deque)
     # What the AEG tracks (`aeg` documents the model): the edge the session is on
-    # (from `node`, via tool key `via`, "" = none), the tools it waits on, tokens.
+    # (from `node`, via `via`), the tools it waits on (call key -> (tool key, start,
+    # expected duration)), tokens.
     node: str = ""
-    via: str = ""
-    via_category: str = ""
-    running_tools: dict[str, tuple[str, str, float, float | None]] = field(default_factory=dict)
+    via: ToolKey = NO_TOOL
+    running_tools: dict[str, tuple[ToolKey, float, float | None]] = field(default_factory=dict)
     tool_started: float = 0.0
     gap_started: float | None = None  # without hints: when the last response finished
     last_prompt: int = 0
     last_output: int = 0
     context_tokens: int = 0  # KV the session holds now (prompt, plus answer once done)
     base_tokens: int = 0  # context at the end of the last finished call (growth baseline)
-    entered_from: tuple[str, str] | None = None  # (node, via) whose growth is pending
+    entered_from: tuple[str, ToolKey] | None = None  # (node, via) whose growth is pending
     last_llm_start: float | None = None
     cache_ttl_s: float = 0.0  # the cache TTL its latest request asked for (0: none; `pinning`)
     spawn_site: tuple[str, str] | None = None  # a subagent: (parent's graph, node) it started at
@@ -636,7 +637,7 @@ def _is_human(call: ToolCallStart | OpenTool) -> bool:
 
 def _waits_on_human(session: Session) -> bool:
     """Whether the session's open wait is its user's turn (category `human`)."""
-    return any(call[1] == HUMAN for call in session.running_tools.values())
+    return any(call[0].category == HUMAN for call in session.running_tools.values())
 
 
 def _kind(event: HintEvent) -> str:

@@ -21,6 +21,7 @@ from saga_server.core import (
     WorkflowNode,
     WorkflowStructure,
 )
+from saga_server.core.tool_keys import GAP
 
 # A workflow with named LLM nodes. At a node the agent picks a tool; after
 # (node, tool) it moves to the next node or ends. Tool durations: log-normal.
@@ -294,7 +295,7 @@ def test_llm_hints_without_tool_hints_keep_the_engine_inferred_gap() -> None:
     assert p.p_continue > 0.6
     node = core.aeg._graphs["llm-only"].nodes["llm"]
     # once per call (121 calls), though the engine and the hint both end each one
-    assert sum(n for key, n in node.tools.items() if key.startswith("~gap")) == 30 * 4 + 1
+    assert sum(n for key, n in node.tools.items() if key.category == GAP) == 30 * 4 + 1
 
 
 def test_a_tool_hint_takes_the_inferred_gap_back() -> None:
@@ -312,7 +313,7 @@ def test_a_tool_hint_takes_the_inferred_gap_back() -> None:
             core.accept(ToolCallEnd(sid, clock.t, "pytest", call_id=str(step)))
         core.accept(SessionEnd(sid, clock.t))
     g = core.aeg._graphs["tools"]
-    assert not [key for node in g.nodes.values() for key in node.tools if key.startswith("~gap")]
+    assert not [key for node in g.nodes.values() for key in node.tools if key.category == GAP]
     core.accept(SessionStart("probe", clock.t, workflow="tools"))
     _llm_only_step(core, clock, "probe", hint_first=True)
     assert core.predict("probe").next_tool_category == "test"

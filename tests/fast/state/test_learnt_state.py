@@ -21,6 +21,7 @@ from saga_server.core import (
     WorkflowCore,
 )
 from saga_server.core.quantiles import LogHistogram
+from saga_server.core.tool_keys import GAP, NO_TOOL, ToolKey
 from saga_server.proxy import SessionTracker
 from saga_server.proxy.pauses import WorkflowPauses
 from saga_server.state_file import FORMAT, StateFile, StateKeeper
@@ -104,6 +105,42 @@ def test_a_restored_core_predicts_exactly_what_the_one_that_learnt_did():
     assert waiting_on_its_subagent(restored) == waits and waits != waiting_on_its_subagent(cold)
     assert restored.aeg.spawns_per_visit("coder", "after:grep|search") == taught.aeg.spawns_per_visit(
         "coder", "after:grep|search") > 0
+
+
+def test_tools_are_written_by_name_and_read_back_as_the_same_keys():
+    """The file names a tool "<tool>|<category>", a gap "~gap:o<k>" and no tool "",
+    as files written before the core typed its keys do; a restore reads the names
+    back into the same keys, so the restored core writes the same file."""
+    clock = ManualClock()
+    core = WorkflowCore(clock=clock)
+    core.accept(SessionStart("h", clock(), workflow="w"))
+    core.accept(LlmCallStart("h", clock()))
+    core.accept(LlmCallEnd("h", clock(), prompt_tokens=100, output_tokens=10))
+    core.accept(ToolCallStart("h", clock(), "pytest", call_id="1", category="test"))
+    clock.t += 2.0
+    core.accept(ToolCallEnd("h", clock(), "pytest", call_id="1"))
+    core.accept(LlmCallStart("h", clock()))
+    core.accept(SessionEnd("h", clock()))
+    for _ in range(2):  # a session only the engine sees: the gaps between its requests
+        core.on_request_arrival("e", 100)
+        core.on_request_finished("e", 100, 5)
+        clock.t += 3.0
+    state = json.loads(json.dumps(core.learnt()))
+    w, default = sorted(state["graphs"]["graphs"], key=lambda g: g["name"] != "w")
+    assert (w["categories"], w["tools"]) == ({"pytest|test": "test"}, {"pytest|test": 1.0})
+    start, after = w["nodes"]
+    assert (start["tools"], list(start["edges"]), start["edges"]["pytest|test"]["succ"]) == (
+        {"pytest|test": 1.0}, ["pytest|test"], {"after:pytest|test": 1.0})
+    assert after["name"] == "after:pytest|test" and list(after["edges"]) == [""]
+    assert default["categories"] == {"~gap:o3": "~gap"} and default["nodes"][0]["tools"] == {"~gap:o3": 1.0}
+
+    restored = WorkflowCore(clock=ManualClock(clock()))
+    restored.restore_learnt(state)
+    assert restored.learnt() == state
+    graphs = restored.aeg._graphs
+    assert list(graphs["w"].nodes["start"].edges) == [ToolKey("pytest", "test")]
+    assert list(graphs["w"].nodes["after:pytest|test"].edges) == [NO_TOOL]
+    assert list(graphs["default"].durations) == [ToolKey("~gap:o3", GAP)]
 
 
 def test_a_restored_histogram_answers_as_the_original():
