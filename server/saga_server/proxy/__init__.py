@@ -1,7 +1,7 @@
 """Zero-code SAGA: a proxy that infers agent sessions from plain LLM requests.
 
 `SessionTracker` (pure, `sessions`) names the session of each stateless request,
-read into protocol-neutral turns (`turns`) by one adapter per API: Chat
+read into protocol-neutral exchanges (`exchanges`) by one adapter per API: Chat
 Completions (`chat`), Responses (`responses`) and Anthropic Messages
 (`messages`); `TextActions` (`actions`) sees tool calls written as text.
 `SagaProxy` (ASGI, `app`) forwards requests and sends the tracker's hints, core
@@ -14,11 +14,11 @@ when `SagaProxy` is used, so the tracker stays importable on its own.
 
 from .actions import TextActions
 from .hints import Hint, HintFacts, send_hint
-from .sessions import SessionTracker, TrackerStats, Turn
-from .turns import Message, Reply, Request, ToolCall, explicit_session_id
+from .exchanges import Message, Reply, Request, ToolCall, explicit_session_id
+from .sessions import Exchange, SessionTracker, TrackerStats
 
-__all__ = ["Hint", "HintFacts", "Message", "ProxyConfig", "Reply", "Request", "SagaProxy", "SessionTracker",
-           "TextActions", "ToolCall", "TrackerStats", "Turn", "explicit_session_id", "send_hint"]
+__all__ = ["Exchange", "Hint", "HintFacts", "Message", "ProxyConfig", "Reply", "Request", "SagaProxy",
+           "SessionTracker", "TextActions", "ToolCall", "TrackerStats", "explicit_session_id", "send_hint"]
 
 
 def __getattr__(name: str):

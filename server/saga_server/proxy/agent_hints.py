@@ -11,9 +11,9 @@ scheduler: `AgentHints`.
   counts a request's KV need as its prompt plus the smaller of `osl` and
   `max_tokens` (a client's `max_tokens` is often a ceiling far above what it
   writes, and admission would park sessions for room nobody uses).
-- `speculative_prefill` (Dynamo prefills the next turn's prompt after a response)
+- `speculative_prefill` (Dynamo prefills the next request's prompt after a response)
   is read and not acted on separately: the session's hold keeps the prefix the
-  next turn continues, prompt and answer, and SAGA's own prefetch brings it back
+  next request continues, prompt and answer, and SAGA's own prefetch brings it back
   before a predicted return.
 
 The engine port hands these to the engine as `vllm_xargs.priority_jump_s` and

@@ -3,7 +3,7 @@
 An answer reader is fed the raw bytes of one response: a stream chunk by chunk,
 each before it goes on to the client (the reader says when it has read the event
 that ends the answer: `done`), a JSON body once whole. `result()` then says what
-the answer was: a `turns.Reply`, or None when the upstream reported a failure
+the answer was: a `exchanges.Reply`, or None when the upstream reported a failure
 inside its answer. No reader raises on malformed input: an answer that cannot be
 read is simply not learnt from.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .turns import Reply
+from .exchanges import Reply
 
 __all__ = ["JsonAnswer", "SseAnswer"]
 

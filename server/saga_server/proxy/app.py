@@ -65,7 +65,7 @@ from .chat import CHAT
 from .messages import MESSAGES
 from .responses import RESPONSES
 from .hints import Hint, send_hint
-from .sessions import SessionTracker, Turn
+from .sessions import Exchange, SessionTracker
 from .tenants import Tenants
 
 __all__ = ["ProxyConfig", "SagaProxy", "tracker_for"]
@@ -227,9 +227,9 @@ class SagaProxy:
                          "request_too_large")(scope, receive, send)
             return
         headers = [(k, v) for k, v in scope["headers"] if k not in _REQUEST_DROP]
-        turn, api = None, _api(method, path)
+        exchange, api = None, _api(method, path)
         if api is not None:
-            body, headers, turn = self._observe_request(api, path, body, headers, tenant)
+            body, headers, exchange = self._observe_request(api, path, body, headers, tenant)
         target = self._base + scope.get("raw_path", path.encode()).decode("latin-1")
         if scope.get("query_string"):
             target += "?" + scope["query_string"].decode("latin-1")
@@ -237,23 +237,23 @@ class SagaProxy:
         try:
             upstream = await self._send(request)
         except httpx.TimeoutException as exc:
-            await self._upstream_failed(turn, "upstream_timeout", exc)
+            await self._upstream_failed(exchange, "upstream_timeout", exc)
             await _error(504, f"saga proxy: upstream {self._origin} timed out ({type(exc).__name__})",
                          "upstream_timeout")(scope, receive, send)
             return
         except httpx.HTTPError as exc:
-            await self._upstream_failed(turn, "upstream_unreachable", exc)
+            await self._upstream_failed(exchange, "upstream_unreachable", exc)
             await _error(502, f"saga proxy: upstream {self._origin} unreachable ({type(exc).__name__})",
                          "upstream_unreachable")(scope, receive, send)
             return
         response_headers = [(k, v) for k, v in upstream.headers.raw if k.lower() not in _RESPONSE_DROP]
         is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
         reader = None
-        if turn is not None and upstream.status_code < 400 and \
+        if exchange is not None and upstream.status_code < 400 and \
                 upstream.headers.get("content-encoding", "identity") == "identity":
             reader = api.reader(is_sse)
-        if is_sse or turn is None:
-            response = StreamingResponse(self._relay(upstream, turn, reader), status_code=upstream.status_code)
+        if is_sse or exchange is None:
+            response = StreamingResponse(self._relay(upstream, exchange, reader), status_code=upstream.status_code)
             response.raw_headers = response_headers
             await response(scope, receive, send)
             return
@@ -262,13 +262,13 @@ class SagaProxy:
             data = b"".join([chunk async for chunk in upstream.aiter_raw()])
         except httpx.HTTPError as exc:
             await upstream.aclose()
-            await self._upstream_failed(turn, "stream_broken", exc)
+            await self._upstream_failed(exchange, "stream_broken", exc)
             await _error(502, f"saga proxy: upstream {self._origin} broke off its response "
                               f"({type(exc).__name__})", "upstream_broken")(scope, receive, send)
             return
         await upstream.aclose()
         # Learn the answer before the agent can see it (and send its next request).
-        self._finish(turn, reader, data if reader is not None else None, upstream.status_code < 400)
+        self._finish(exchange, reader, data if reader is not None else None, upstream.status_code < 400)
         await send({"type": "http.response.start", "status": upstream.status_code, "headers": response_headers})
         await send({"type": "http.response.body", "body": data})
 
@@ -287,9 +287,9 @@ class SagaProxy:
         upstream.request = request
         return upstream
 
-    async def _relay(self, upstream: httpx.Response, turn: Turn | None, reader):
+    async def _relay(self, upstream: httpx.Response, exchange: Exchange | None, reader):
         """Pass the upstream body on chunk by chunk. Each chunk is read before it goes
-        out, and the turn is finished before the chunk carrying the answer's end does:
+        out, and the exchange is finished before the chunk carrying the answer's end does:
         an agent that sends its next request the moment it sees the end must find
         this answer already learnt. Runs to its `finally` however the client leaves."""
         completed = finished = broke = False
@@ -304,7 +304,7 @@ class SagaProxy:
                         reader = None
                     if reader is not None and reader.done:
                         finished = True
-                        self._finish(turn, reader, None, upstream.status_code < 400)
+                        self._finish(exchange, reader, None, upstream.status_code < 400)
                 yield chunk
             completed = True
         except httpx.HTTPError as exc:
@@ -316,77 +316,78 @@ class SagaProxy:
         finally:
             with anyio.CancelScope(shield=True):
                 await upstream.aclose()
-            if turn is not None and not finished:
+            if exchange is not None and not finished:
                 if completed and reader is not None and upstream.status_code < 400:
-                    self._finish(turn, reader, None, True)
+                    self._finish(exchange, reader, None, True)
                 else:  # cut short: by the upstream, or by a client that went away
-                    self._emit(self._safe(self.tracker.fail, turn, abandoned=not completed and not broke))
+                    self._emit(self._safe(self.tracker.fail, exchange, abandoned=not completed and not broke))
 
     # -- session inference around the request ------------------------------------------
 
     def _observe_request(self, api, path: str, body: bytes, headers: list,
-                         tenant: str) -> tuple[bytes, list, Turn | None]:
+                         tenant: str) -> tuple[bytes, list, Exchange | None]:
         try:
             parsed = json.loads(body) if body else None
         except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             return body, headers, None  # the upstream answers bad JSON with its own error
         if not isinstance(parsed, dict):
             return body, headers, None
-        turn = self._begin(api, path, parsed, headers, tenant)
-        if turn is not None:
+        exchange = self._begin(api, path, parsed, headers, tenant)
+        if exchange is not None:
             # The id may come from the body, where anything goes: put it in a header only
             # when it is a valid header value (else the caller's own header, if any, stays).
-            sid = turn.session_id.encode("latin-1", "replace")
+            sid = exchange.session_id.encode("latin-1", "replace")
             in_header = _FIELD_VALUE.fullmatch(sid) is not None
             dropped = (b"x-session-id", b"accept-encoding") if in_header else (b"accept-encoding",)
             headers = [(k, v) for k, v in headers if k.lower() not in dropped + (_FINAL_HEADER,)]
             headers += ([(b"x-session-id", sid)] if in_header else []) + [(b"accept-encoding", b"identity")]
-            if turn.final and in_header:  # the engine ends it as this request finishes, as the proxy does
+            if exchange.final and in_header:  # the engine ends it as this request finishes, as the proxy does
                 headers.append((_FINAL_HEADER, b"true"))
         elif tenant:  # no session: none of the caller's own ids may reach the upstream
             headers = [(k, v) for k, v in headers if k.lower() != b"x-session-id"]
         add_session_id = api.body_session_field and self.config.inject_body_session_id
         if tenant:
-            body = self.tenants.isolate(parsed, tenant, turn and turn.session_id, add_session_id=add_session_id)
-        elif turn is not None and add_session_id and "session_id" not in parsed:
-            body = _with_field(body, "session_id", turn.session_id)
-        return body, headers, turn
+            body = self.tenants.isolate(parsed, tenant, exchange and exchange.session_id,
+                                        add_session_id=add_session_id)
+        elif exchange is not None and add_session_id and "session_id" not in parsed:
+            body = _with_field(body, "session_id", exchange.session_id)
+        return body, headers, exchange
 
-    def _begin(self, api, path: str, parsed: dict, headers: list, tenant: str) -> Turn | None:
-        """The request's turn, its hints sent; None when it is not tracked."""
+    def _begin(self, api, path: str, parsed: dict, headers: list, tenant: str) -> Exchange | None:
+        """The request's exchange, its hints sent; None when it is not tracked."""
         try:
             lower = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers}
             request = api.read(parsed, lower)
             if path.endswith("/completions") and not path.endswith("chat/completions") and request.explicit is None:
                 return None
-            turn, events = self.tracker.begin(replace(request, tenant=tenant) if tenant else request)
+            exchange, events = self.tracker.begin(replace(request, tenant=tenant) if tenant else request)
         except Exception:
             self.errors["internal"] += 1
             self._log_once("begin", "session inference failed; forwarding without a session", exc_info=True)
             return None
         self._emit(events)
-        return turn
+        return exchange
 
-    def _finish(self, turn: Turn, reader, data: bytes | None, ok: bool) -> None:
+    def _finish(self, exchange: Exchange, reader, data: bytes | None, ok: bool) -> None:
         if not ok or reader is None:
-            self._emit(self._safe(self.tracker.fail, turn))
+            self._emit(self._safe(self.tracker.fail, exchange))
             return
         try:
             if data is not None:
                 reader.feed(data)
             reply = reader.result()
-            events = self.tracker.finish(turn, reply) if reply is not None else self.tracker.fail(turn)
+            events = self.tracker.finish(exchange, reply) if reply is not None else self.tracker.fail(exchange)
         except Exception:
             self.errors["internal"] += 1
             self._log_once("finish", "cannot learn from an answer", exc_info=True)
-            events = self._safe(self.tracker.fail, turn)
+            events = self._safe(self.tracker.fail, exchange)
         self._emit(events)
 
-    async def _upstream_failed(self, turn: Turn | None, kind: str, exc: Exception) -> None:
+    async def _upstream_failed(self, exchange: Exchange | None, kind: str, exc: Exception) -> None:
         self.errors[kind] += 1
         self._log_once(kind, "upstream %s: %s (%s)", self._origin, kind.replace("_", " "), type(exc).__name__)
-        if turn is not None:
-            self._emit(self._safe(self.tracker.fail, turn))
+        if exchange is not None:
+            self._emit(self._safe(self.tracker.fail, exchange))
 
     def _safe(self, fn, *args, **kwargs) -> list[Hint]:
         try:

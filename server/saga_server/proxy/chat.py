@@ -1,4 +1,4 @@
-"""The Chat Completions API (`/v1/chat/completions`) as protocol-neutral turns.
+"""The Chat Completions API (`/v1/chat/completions`) as protocol-neutral exchanges.
 
 A request's `messages` map one to one; an assistant message's `tool_calls` (and
 the legacy `function_call`) are its calls, a `role: "tool"` message answers its
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .answers import JsonAnswer, SseAnswer
-from .turns import (Message, Reply, Request, ToolCall, cache_key_scope, canonical_args, count, detail, said_fields,
+from .exchanges import (Message, Reply, Request, ToolCall, cache_key_scope, canonical_args, count, detail, said_fields,
                     text_of)
 
 __all__ = ["CHAT"]

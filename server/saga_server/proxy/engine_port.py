@@ -74,7 +74,7 @@ from .agent_hints import agent_hints
 from .cache_hints import cache_ttl_s
 from ..core.identity import Identity
 from .tenants import SALT_SECRET_ENV, Tenants
-from .turns import headers_identity
+from .exchanges import headers_identity
 
 __all__ = ["AGENT_PATHS", "MAX_BODY_BYTES", "OPEN_PATHS", "SESSION_ROUTES", "SessionIdentityMiddleware",
            "TenantKeysMiddleware"]

@@ -1,11 +1,11 @@
-"""The Anthropic Messages API (`/v1/messages`) as protocol-neutral turns.
+"""The Anthropic Messages API (`/v1/messages`) as protocol-neutral exchanges.
 
 A request is its `system` (a system message, which also names the workflow) and
 its `messages`. An assistant message's `text` blocks are its text and its
 `tool_use` blocks its calls (by `id`); a user message's `tool_result` blocks are
 tool results (answering their `tool_use_id`), and the rest of it one user
 message after them. Thinking blocks are left out (clients keep or drop them),
-and so are `cache_control` markers, which clients move from turn to turn.
+and so are `cache_control` markers, which clients move from request to request.
 `metadata.user_id`, when present, scopes the session: requests of two users
 never share one (coding agents put a per-session id there).
 
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .answers import JsonAnswer, SseAnswer
-from .turns import (Message, Reply, Request, ToolCall, canonical, canonical_args, count, detail, said_fields,
+from .exchanges import (Message, Reply, Request, ToolCall, canonical, canonical_args, count, detail, said_fields,
                     text_of)
 
 __all__ = ["MESSAGES"]

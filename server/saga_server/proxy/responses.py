@@ -1,4 +1,4 @@
-"""The Responses API (`/v1/responses`) as protocol-neutral turns.
+"""The Responses API (`/v1/responses`) as protocol-neutral exchanges.
 
 A request is its `instructions` (a system message, which also names the
 workflow) and its `input`: a string (one user message) or a list of items. What
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .answers import JsonAnswer, SseAnswer
-from .turns import (Message, Reply, Request, ToolCall, cache_key_scope, canonical, canonical_args, count, detail,
+from .exchanges import (Message, Reply, Request, ToolCall, cache_key_scope, canonical, canonical_args, count, detail,
                     said_fields, text_of)
 
 __all__ = ["RESPONSES"]
@@ -62,7 +62,7 @@ def items_to_messages(items: Iterable[Any]) -> list[Message]:
     texts: list[str] = []
     calls: list[ToolCall] = []
 
-    def close_turn() -> None:
+    def close_answer() -> None:
         if texts or calls:
             out.append(Message("assistant", "\n".join(texts).strip(), tuple(calls)))
             texts.clear()
@@ -81,14 +81,14 @@ def items_to_messages(items: Iterable[Any]) -> list[Message]:
             args = item.get("arguments") if kind == "function_call" else item.get("input")
             calls.append(ToolCall(str(item.get("call_id") or ""), str(item.get("name") or ""), canonical_args(args)))
             continue
-        close_turn()
+        close_answer()
         if kind == "message":
             out.append(Message(str(item.get("role") or ""), text_of(item.get("content"))))
         elif kind in _OUTPUTS:
             out.append(Message("tool", text_of(item.get("output")), answers=str(item.get("call_id") or "")))
         else:  # another kind of item (a built-in tool's call, a reference): kept as it is
             out.append(Message(str(kind), canonical(item)))
-    close_turn()
+    close_answer()
     return out
 
 

@@ -3,8 +3,8 @@
 An unchanged agent sends every LLM call as an independent request carrying its whole
 history (or, on the Responses API, naming the answer it continues). `SessionTracker`
 turns that stream back into sessions and hints (`hints.Hint`s: the core's own events),
-with no HTTP in sight: it works on protocol-neutral `turns.Request`s and
-`turns.Reply`s, which a small adapter per API reads (`chat`, `responses`,
+with no HTTP in sight: it works on protocol-neutral `exchanges.Request`s and
+`exchanges.Reply`s, which a small adapter per API reads (`chat`, `responses`,
 `messages`); a chat-completion body may be given as it is. The proxy feeds it; tests
 and the benchmark feed it synthetic requests.
 
@@ -24,7 +24,7 @@ How a request finds its session, first rule that applies:
      starts with the previous request verbatim), or repeat that request exactly
      after it failed (a retry);
   5. otherwise it starts a new session.
-Messages are compared as `turns.Message`s (what a client preserves when it sends an
+Messages are compared as `exchanges.Message`s (what a client preserves when it sends an
 answer back). A request's `scope` (the Messages API's `metadata.user_id`, OpenAI's
 `prompt_cache_key`) and its
 `tenant` seed its history: requests of different scopes or tenants never match. A
@@ -85,16 +85,16 @@ from saga_server.core.events import (
 
 from .actions import TextActions
 from .chat import CHAT
+from .exchanges import SESSION_BODY_FIELDS, Message, Reply, Request, explicit_session_id
 from .hints import Hint, HintFacts
 from .pauses import WorkflowPauses
 from .tenants import namespaced
-from .turns import SESSION_BODY_FIELDS, Message, Reply, Request, explicit_session_id
 
 __all__ = [
     "SESSION_BODY_FIELDS",
+    "Exchange",
     "SessionTracker",
     "TrackerStats",
-    "Turn",
     "explicit_session_id",
 ]
 
@@ -102,8 +102,8 @@ _RULES = ("explicit", "previous", "answer", "request", "retry", "new")
 
 
 @dataclass(slots=True)
-class Turn:
-    """One request in flight; hand it back to `finish` or `fail`."""
+class Exchange:
+    """One request in flight, until its answer is back: hand it to `finish` or `fail`."""
 
     session_id: str
     step: int
@@ -194,9 +194,9 @@ class SessionTracker:
     # -- the three calls the proxy makes per request ----------------------------------
 
     def begin(self, request: Request | Mapping[str, Any],
-              headers: Mapping[str, str] | None = None) -> tuple[Turn, list[Hint]]:
+              headers: Mapping[str, str] | None = None) -> tuple[Exchange, list[Hint]]:
         """Assign a request to a session: a `Request`, or a chat-completion body
-        (with `headers`, lower-case names). Returns the turn and the hints to send:
+        (with `headers`, lower-case names). Returns the exchange and the hints to send:
         `SessionStart` for a new (or revived) session, `ToolCallEnd` for the
         tool calls this request answers or abandons, and `LlmCallStart`."""
         if not isinstance(request, Request):
@@ -234,9 +234,9 @@ class SessionTracker:
                                             request_id=_request_id(sid, session.steps)),
                                HintFacts(extends=extends, prompt_chars=_chars(request.messages),
                                          model=request.model[:64])))
-            return Turn(session.session_id, session.steps, how, new, request.final, chain, root), events
+            return Exchange(session.session_id, session.steps, how, new, request.final, chain, root), events
 
-    def finish(self, turn: Turn, reply: Reply | Iterable[Mapping[str, Any]] = (),
+    def finish(self, exchange: Exchange, reply: Reply | Iterable[Mapping[str, Any]] = (),
                usage: Mapping[str, Any] | None = None) -> list[Hint]:
         """The request succeeded with this `Reply` (or these chat assistant messages,
         one per choice, and `usage`). Returns `LlmCallEnd`, then what the answer
@@ -246,49 +246,49 @@ class SessionTracker:
             reply = CHAT.reply(reply, usage)
         with self._lock:
             now = self._clock()
-            events = [Hint(LlmCallEnd(turn.session_id, now, step=turn.step, node="llm",
-                                      request_id=_request_id(turn.session_id, turn.step),
+            events = [Hint(LlmCallEnd(exchange.session_id, now, step=exchange.step, node="llm",
+                                      request_id=_request_id(exchange.session_id, exchange.step),
                                       prompt_tokens=reply.prompt_tokens, output_tokens=reply.output_tokens),
                            HintFacts(cached_tokens=reply.cached_tokens, output_chars=_chars(reply.messages[:1])))]
-            session = self._sessions.get(turn.session_id)
+            session = self._sessions.get(exchange.session_id)
             if session is None:  # forgotten while the request ran
                 return events
             session.in_flight = max(0, session.in_flight - 1)
             if session.ended:  # ended meanwhile (another of its calls submitted)
                 return events
             session.last_seen = session.answered_at = now
-            self._sessions.move_to_end(turn.session_id)
-            if turn._chain:
-                base = turn._chain[-1]
+            self._sessions.move_to_end(exchange.session_id)
+            if exchange._chain:
+                base = exchange._chain[-1]
                 for i, answer in enumerate(reply.messages):
                     point = _link(base, hash(answer))
                     self._index_answer(session, point)
                     if i == 0 and reply.response_id:
                         self._alias(session, reply.response_id, point)
-            if turn.final:
+            if exchange.final:
                 self._end(session, now, events, SessionOutcome.COMPLETED, "marked_final")
                 return events
             answer = next((m for m in reply.messages if m.calls), reply.messages[0] if reply.messages else None)
             if answer is not None:
-                self._act(session, turn, answer, reply.truncated, now, events)
+                self._act(session, exchange, answer, reply.truncated, now, events)
         return events
 
-    def fail(self, turn: Turn, *, abandoned: bool = False) -> list[Hint]:
+    def fail(self, exchange: Exchange, *, abandoned: bool = False) -> list[Hint]:
         """The request failed, or (`abandoned`) the client went away before its
         answer was whole: end the LLM call, and let an identical retry find this
         session. An abandoned session that stays quiet ends after `abandon_grace_s`."""
         with self._lock:
             now = self._clock()
-            session = self._sessions.get(turn.session_id)
+            session = self._sessions.get(exchange.session_id)
             if session is not None:
                 session.in_flight = max(0, session.in_flight - 1)
             if session is not None and not session.ended:
                 session.last_failed = True
                 session.abandoned = abandoned
                 session.last_seen = session.answered_at = now
-                self._sessions.move_to_end(turn.session_id)
-        return [Hint(LlmCallEnd(turn.session_id, now, step=turn.step, node="llm",
-                                request_id=_request_id(turn.session_id, turn.step)),
+                self._sessions.move_to_end(exchange.session_id)
+        return [Hint(LlmCallEnd(exchange.session_id, now, step=exchange.step, node="llm",
+                                request_id=_request_id(exchange.session_id, exchange.step)),
                      HintFacts(failed=True))]
 
     # -- housekeeping -------------------------------------------------------------------
@@ -464,7 +464,7 @@ class SessionTracker:
                                            outcome=ToolOutcome.OK if ok else ToolOutcome.CANCELLED)))
         session.open_tools.clear()
 
-    def _act(self, session: _Session, turn: Turn, answer: Message, truncated: bool, now: float,
+    def _act(self, session: _Session, exchange: Exchange, answer: Message, truncated: bool, now: float,
              events: list[Hint]) -> None:
         """What `answer` starts: its tool calls, its text actions, or the session's end."""
         if answer.calls:
@@ -482,7 +482,7 @@ class SessionTracker:
         elif actions:
             session.used_tools = True
             for i, action in enumerate(actions):
-                call_id = f"text-{turn.step}-{i}"
+                call_id = f"text-{exchange.step}-{i}"
                 session.open_tools[call_id] = _Open(action.tool, True)
                 events.append(Hint(ToolCallStart(session.session_id, now, tool=action.tool, call_id=call_id,
                                                  category=action.category)))

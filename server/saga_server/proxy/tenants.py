@@ -17,7 +17,7 @@ A request of tenant T is kept apart from other tenants' three ways:
   tag and the id, cut to 256 characters (`saga_server.core.scopes`, where the
   hint service reads the tag back to keep other keys out of T's ids). That holds
   for the ids the caller sends (`X-Session-ID` and the rest of
-  `turns.SESSION_HEADERS` / `SESSION_BODY_FIELDS`) and the ones `SessionTracker` infers, whose histories, scopes and response ids
+  `exchanges.SESSION_HEADERS` / `SESSION_BODY_FIELDS`) and the ones `SessionTracker` infers, whose histories, scopes and response ids
   never match another tenant's. `isolate` writes the namespaced id wherever the
   upstream reads one (the body's `session_id`, also `vllm_xargs.session_id` where
   the caller set it: vLLM takes both before the header), and overwrites a

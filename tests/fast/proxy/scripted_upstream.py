@@ -12,7 +12,7 @@ user message of the conversation:
 
     "plan: tools get_user,search | tools book | answer"
 
-Step j of the conversation (j = assistant turns so far) follows the j-th
+Step j of the conversation (j = answers so far) follows the j-th
 `|`-separated item: `tools a,b` asks for those tool calls (in parallel),
 `answer` replies with text, `act CMD` replies with text holding CMD as a fenced
 bash block (an agent whose tool calls are text), `error 500` (any status) fails
@@ -155,7 +155,7 @@ def build_app(*, record: bool = True) -> Starlette:
         if previous is not None and previous not in app.state.stored:
             return _error(404, f"Response with id '{previous}' not found.", "NotFoundError")
         history = (app.state.stored[previous] if previous else []) + items
-        step = _assistant_turns(history)
+        step = _answers(history)
         action, linger, key, tools, text = _script(history, step, body)
         if action.startswith("error"):
             status = _status(action)
@@ -307,14 +307,14 @@ def _script(history: list, step: int, body: dict) -> tuple[str, bool, str, list[
     return action, linger, _key(history), tools, text
 
 
-def _assistant_turns(items: list) -> int:
+def _answers(items: list) -> int:
     """Runs of assistant output (messages and function calls) in a Responses history."""
-    turns, inside = 0, False
+    answers, inside = 0, False
     for item in items:
         mine = isinstance(item, dict) and (item.get("type") == "function_call" or item.get("role") == "assistant")
-        turns += mine and not inside
+        answers += mine and not inside
         inside = mine
-    return turns
+    return answers
 
 
 def _key(history: list) -> str:

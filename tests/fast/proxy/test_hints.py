@@ -151,11 +151,11 @@ def test_a_tracked_session_reaches_the_hint_service_as_the_tracker_saw_it(hint_s
     answer = {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{}"}},
         {"id": "c2", "type": "function", "function": {"name": "book", "arguments": "{}"}}]}
-    turn, hints = tracker.begin({"model": "m", "messages": messages}, {"x-session-id": "oslo"})
-    hints += tracker.finish(turn, [answer], {"prompt_tokens": 20, "completion_tokens": 5})
-    turn, more = tracker.begin({"model": "m", "messages": messages + [
+    exchange, hints = tracker.begin({"model": "m", "messages": messages}, {"x-session-id": "oslo"})
+    hints += tracker.finish(exchange, [answer], {"prompt_tokens": 20, "completion_tokens": 5})
+    exchange, more = tracker.begin({"model": "m", "messages": messages + [
         answer, {"role": "tool", "tool_call_id": "c1", "content": "found"}]}, {"x-session-id": "oslo"})
-    hints += more + tracker.fail(turn) + tracker.close()
+    hints += more + tracker.fail(exchange) + tracker.close()
     client = HintClient(endpoint=hint_server.endpoint, flush_interval_s=0)
     try:
         for hint in hints:

@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 from saga_server.core.identity import SESSION_HEADERS_ENV, Identity, identity_of, parse_header_sets, problem_with
 from saga_server.core.scopes import MAX_SESSION_ID_CHARS
 from saga_server.proxy.engine_port import SessionIdentityMiddleware, TenantKeysMiddleware
-from saga_server.proxy.turns import headers_identity
+from saga_server.proxy.exchanges import headers_identity
 from saga_server.rpc import KeyRing
 
 from .test_engine_port import CHAT, KEY_A, Recorder

@@ -81,19 +81,20 @@ class Agent:
 
 
 def interleave(tracker: SessionTracker, agents: list[Agent], rng: random.Random, max_in_flight: int = 8):
-    """Drive agents with requests overlapping at random; returns (agent, turn, events) per request."""
+    """Drive agents with requests overlapping at random; returns (agent, exchange, events) per request."""
     log, in_flight = [], []
     while any(not a.done for a in agents) or in_flight:
         idle = [a for a in agents if not a.done and all(a is not f[0] for f in in_flight)]
         if idle and (len(in_flight) < max_in_flight and (not in_flight or rng.random() < 0.5)):
             agent = rng.choice(idle)
-            turn, events = tracker.begin(agent.body())
-            in_flight.append((agent, turn))
-            log.append((agent, turn, events))
+            exchange, events = tracker.begin(agent.body())
+            in_flight.append((agent, exchange))
+            log.append((agent, exchange, events))
         else:
-            agent, turn = in_flight.pop(rng.randrange(len(in_flight)))
+            agent, exchange = in_flight.pop(rng.randrange(len(in_flight)))
             answer = agent.answer()
-            log.append((agent, turn, tracker.finish(turn, [answer], {"prompt_tokens": 10, "completion_tokens": 2})))
+            events = tracker.finish(exchange, [answer], {"prompt_tokens": 10, "completion_tokens": 2})
+            log.append((agent, exchange, events))
             agent.take(answer)
     return log
 
@@ -104,13 +105,13 @@ def accuracy(log) -> float:
     first: dict[str, str] = {}
     owners: dict[str, str] = {}
     right = total = 0
-    for agent, turn, events in log:
+    for agent, exchange, events in log:
         if not of(events, LlmCallStart):
             continue
         total += 1
-        home = first.setdefault(agent.name, turn.session_id)
-        owner = owners.setdefault(turn.session_id, agent.name)
-        right += turn.session_id == home and owner == agent.name
+        home = first.setdefault(agent.name, exchange.session_id)
+        owner = owners.setdefault(exchange.session_id, agent.name)
+        right += exchange.session_id == home and owner == agent.name
     return right / total
 
 
@@ -142,20 +143,20 @@ def test_tool_calls_start_with_the_answer_and_end_with_the_next_request():
     rng = random.Random(1)
     tracker = SessionTracker()
     agent = Agent("a", [["search", "get_user"], []], rng)
-    turn, events = tracker.begin(agent.body())
-    sid = turn.session_id
+    exchange, events = tracker.begin(agent.body())
+    sid = exchange.session_id
     assert kinds(events) == [SessionStart, LlmCallStart]
     assert events[1].event == LlmCallStart(sid, events[1].event.time, step=1, node="llm", request_id=f"{sid}:1")
     answer = agent.answer()
-    events = tracker.finish(turn, [answer], {"prompt_tokens": 12, "completion_tokens": 3})
+    events = tracker.finish(exchange, [answer], {"prompt_tokens": 12, "completion_tokens": 3})
     ids = [c["id"] for c in answer["tool_calls"]]
     t = events[0].event.time
     assert [h.event for h in events] == [
         LlmCallEnd(sid, t, step=1, node="llm", request_id=f"{sid}:1", prompt_tokens=12, output_tokens=3),
         ToolCallStart(sid, t, tool="search", call_id=ids[0]), ToolCallStart(sid, t, tool="get_user", call_id=ids[1])]
     agent.take(answer)
-    turn2, events = tracker.begin(agent.body())
-    assert turn2.session_id == sid and turn2.step == 2
+    exchange2, events = tracker.begin(agent.body())
+    assert exchange2.session_id == sid and exchange2.step == 2
     assert kinds(events) == [ToolCallEnd, ToolCallEnd, LlmCallStart]
     assert ends(events) == [(ids[0], "ok"), (ids[1], "ok")]
 
@@ -163,11 +164,11 @@ def test_tool_calls_start_with_the_answer_and_end_with_the_next_request():
 def test_tool_calls_the_next_request_leaves_unanswered_are_cancelled():
     tracker = SessionTracker()
     msgs = [SYSTEM, {"role": "user", "content": "hi"}]
-    turn, _ = tracker.begin({"messages": msgs})
+    exchange, _ = tracker.begin({"messages": msgs})
     answer = {"role": "assistant", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{}"}},
         {"id": "c2", "type": "function", "function": {"name": "book", "arguments": "{}"}}]}
-    tracker.finish(turn, [answer])
+    tracker.finish(exchange, [answer])
     _, events = tracker.begin({"messages": msgs + [answer, {"role": "tool", "tool_call_id": "c2", "content": "x"}]})
     assert set(ends(events)) == {("c1", "cancelled"), ("c2", "ok")}
 
@@ -218,10 +219,10 @@ def test_memory_is_bounded_by_the_cap_and_by_expiry():
 def test_expiry_spares_sessions_with_a_request_in_flight():
     now = [0.0]
     tracker = SessionTracker(idle_ttl_s=10, clock=lambda: now[0])
-    turn, _ = tracker.begin({"messages": [{"role": "user", "content": "slow"}]})
+    exchange, _ = tracker.begin({"messages": [{"role": "user", "content": "slow"}]})
     now[0] = 100
     assert tracker.expire() == []
-    tracker.finish(turn, [{"role": "assistant", "content": "ok"}])
+    tracker.finish(exchange, [{"role": "assistant", "content": "ok"}])
     now[0] = 111
     assert kinds(tracker.expire()) == [SessionEnd]
 
@@ -240,9 +241,9 @@ message = st.one_of(
        answers=st.lists(message, max_size=2))
 def test_junk_never_raises(body, answers):
     tracker = SessionTracker()
-    turn, events = tracker.begin(body)
+    exchange, events = tracker.begin(body)
     assert isinstance(events[-1].event, LlmCallStart)
-    tracker.finish(turn, answers, {"prompt_tokens": "x"})
+    tracker.finish(exchange, answers, {"prompt_tokens": "x"})
     tracker.begin(body)
 
 
@@ -252,11 +253,11 @@ def test_tool_arguments_nested_deeper_than_the_parser_goes_still_match():
     call = {"id": "c1", "type": "function", "function": {"name": "search", "arguments": "[" * 100_000 + "]" * 100_000}}
     tracker = SessionTracker()
     history = [SYSTEM, {"role": "user", "content": "deep arguments"}]
-    turn, _ = tracker.begin({"messages": history})
-    tracker.finish(turn, [{"role": "assistant", "content": None, "tool_calls": [call]}])
+    exchange, _ = tracker.begin({"messages": history})
+    tracker.finish(exchange, [{"role": "assistant", "content": None, "tool_calls": [call]}])
     history += [{"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c1", "content": "r"}]
     again, events = tracker.begin({"messages": history})
-    assert (again.session_id, again.how) == (turn.session_id, "answer")
+    assert (again.session_id, again.how) == (exchange.session_id, "answer")
     assert kinds(events) == [ToolCallEnd, LlmCallStart]
 
 
@@ -268,14 +269,14 @@ def test_responses_histories_match_with_or_without_what_clients_drop():
     end the calls."""
     tracker = SessionTracker()
     body = {"model": "m", "instructions": "be brief", "input": [{"role": "user", "content": "book a flight"}]}
-    turn, _ = tracker.begin(RESPONSES.read(body, {}))
+    exchange, _ = tracker.begin(RESPONSES.read(body, {}))
     output = [{"type": "reasoning", "id": "rs_1", "summary": []},
               {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
                "content": [{"type": "output_text", "text": "Looking.", "annotations": []}]},
               {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "search", "arguments": '{"q":"x"}',
                "status": "completed"},
               {"type": "function_call", "id": "fc_2", "call_id": "c2", "name": "book", "arguments": "{}"}]
-    events = tracker.finish(turn, JsonResponses().read({"id": "resp_1", "output": output,
+    events = tracker.finish(exchange, JsonResponses().read({"id": "resp_1", "output": output,
                                                         "usage": {"input_tokens": 9, "output_tokens": 4}}))
     assert kinds(events) == [LlmCallEnd, ToolCallStart, ToolCallStart]
     assert [e.tool for e in of(events, ToolCallStart)] == ["search", "book"]
@@ -285,20 +286,20 @@ def test_responses_histories_match_with_or_without_what_clients_drop():
               {"type": "function_call", "call_id": "c1", "name": "search", "arguments": '{ "q": "x" }'},
               {"type": "function_call", "call_id": "c2", "name": "book", "arguments": "{}"},
               {"type": "function_call_output", "call_id": "c2", "output": "booked"}]
-    turn2, events = tracker.begin(RESPONSES.read({**body, "input": body["input"] + resent}, {}))
-    assert (turn2.session_id, turn2.how) == (turn.session_id, "answer")
+    exchange2, events = tracker.begin(RESPONSES.read({**body, "input": body["input"] + resent}, {}))
+    assert (exchange2.session_id, exchange2.how) == (exchange.session_id, "answer")
     assert ends(events) == [("c1", "cancelled"), ("c2", "ok")]
 
 
 def test_previous_response_ids_chain_and_an_unknown_one_starts_a_session():
     tracker = SessionTracker()
-    turn, _ = tracker.begin(RESPONSES.read({"model": "m", "input": "hi"}, {}))
-    tracker.finish(turn, JsonResponses().read({"id": "resp_a", "output": [
+    exchange, _ = tracker.begin(RESPONSES.read({"model": "m", "input": "hi"}, {}))
+    tracker.finish(exchange, JsonResponses().read({"id": "resp_a", "output": [
         {"type": "function_call", "call_id": "c1", "name": "search", "arguments": "{}"}]}))
     follow = {"model": "m", "previous_response_id": "resp_a",
               "input": [{"type": "function_call_output", "call_id": "c1", "output": "ok"}]}
-    turn2, events = tracker.begin(RESPONSES.read(follow, {}))
-    assert (turn2.session_id, turn2.how) == (turn.session_id, "previous")
+    exchange2, events = tracker.begin(RESPONSES.read(follow, {}))
+    assert (exchange2.session_id, exchange2.how) == (exchange.session_id, "previous")
     assert ends(events) == [("c1", "ok")]
     lost, events = tracker.begin(RESPONSES.read({**follow, "previous_response_id": "resp_gone"}, {}))
     assert lost.how == "new" and isinstance(events[0].event, SessionStart)
@@ -310,11 +311,11 @@ def test_messages_histories_match_across_moved_cache_markers_and_dropped_thinkin
     first = [{"role": "user", "content": [{**image, "cache_control": {"type": "ephemeral"}},
                                           {"type": "text", "text": "fix the bug", "cache_control": {"type": "ephemeral"}}]}]
     body = {"model": "m", "max_tokens": 9, "system": [{"type": "text", "text": "You code."}], "messages": first}
-    turn, _ = tracker.begin(MESSAGES.read(body, {}))
+    exchange, _ = tracker.begin(MESSAGES.read(body, {}))
     content = [{"type": "thinking", "thinking": "hm", "signature": "s"}, {"type": "text", "text": "Reading."},
                {"type": "tool_use", "id": "t1", "name": "read", "input": {"path": "a.py"}},
                {"type": "tool_use", "id": "t2", "name": "grep", "input": {}}]
-    events = tracker.finish(turn, JsonMessages().read({"id": "msg_1", "content": content, "stop_reason": "tool_use",
+    events = tracker.finish(exchange, JsonMessages().read({"id": "msg_1", "content": content, "stop_reason": "tool_use",
                                                        "usage": {"input_tokens": 3, "cache_read_input_tokens": 7,
                                                                  "output_tokens": 2}}))
     assert events[0].event.prompt_tokens == 10
@@ -324,44 +325,46 @@ def test_messages_histories_match_across_moved_cache_markers_and_dropped_thinkin
               {"role": "assistant", "content": content[1:]},
               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x = 1",
                                             "cache_control": {"type": "ephemeral"}}]}]
-    turn2, events = tracker.begin(MESSAGES.read({**body, "messages": resent}, {}))
-    assert (turn2.session_id, turn2.how) == (turn.session_id, "answer")
+    exchange2, events = tracker.begin(MESSAGES.read({**body, "messages": resent}, {}))
+    assert (exchange2.session_id, exchange2.how) == (exchange.session_id, "answer")
     assert ends(events) == [("t1", "ok"), ("t2", "cancelled")]
 
 
-def text_agent_turn(tracker, messages, answer, **finish):
-    turn, begun = tracker.begin({"model": "m", "messages": messages})
-    done = tracker.finish(turn, [{"role": "assistant", "content": answer}], **finish)
+def text_agent_exchange(tracker, messages, answer, **finish):
+    exchange, begun = tracker.begin({"model": "m", "messages": messages})
+    done = tracker.finish(exchange, [{"role": "assistant", "content": answer}], **finish)
     messages.append({"role": "assistant", "content": answer})
-    return turn, begun, done
+    return exchange, begun, done
 
 
 def test_text_actions_start_a_tool_per_block_and_end_on_an_observation():
     tracker = SessionTracker()
     messages = [SYSTEM, {"role": "user", "content": "Fix the failing test."}]
     answer = "THOUGHT: look.\n\n```bash\ngrep -rn foo src\n```\nthen\n```sh\ncd repo && timeout 60 python -m pytest -x\n```"
-    turn, _, done = text_agent_turn(tracker, messages, answer)
+    exchange, _, done = text_agent_exchange(tracker, messages, answer)
     starts = [(e.tool, e.category) for e in of(done, ToolCallStart)]
     assert starts == [("grep", "search"), ("pytest", "test")]
     messages.append({"role": "user", "content": "<returncode>1</returncode>\n<output>\n1 failed\n</output>"})
-    turn2, begun, done = text_agent_turn(tracker, messages, "THOUGHT: edit.\n```bash\nsed -i s/a/b/ f.py\n```")
-    assert turn2.session_id == turn.session_id
+    exchange2, begun, done = text_agent_exchange(tracker, messages, "THOUGHT: edit.\n```bash\nsed -i s/a/b/ f.py\n```")
+    assert exchange2.session_id == exchange.session_id
     assert [o for _, o in ends(begun)] == ["ok", "ok"]
     messages.append({"role": "user", "content": "Please always provide EXACTLY ONE action."})
-    _, begun, _ = text_agent_turn(tracker, messages, "THOUGHT: done.\n```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```")
+    _, begun, _ = text_agent_exchange(tracker, messages,
+                                      "THOUGHT: done.\n```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```")
     assert [o for _, o in ends(begun)] == ["cancelled"]  # that reply was no observation: the command never ran
 
 
 def test_a_submit_marker_ends_the_session_and_a_continuation_revives_it():
     tracker = SessionTracker()
     messages = [SYSTEM, {"role": "user", "content": "Fix it."}]
-    turn, _, done = text_agent_turn(tracker, messages, "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff\n```")
+    exchange, _, done = text_agent_exchange(tracker, messages,
+                                            "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff\n```")
     assert kinds(done) == [LlmCallEnd, SessionEnd]
     assert of(done, SessionEnd)[0].outcome is SessionOutcome.COMPLETED
     assert tracker.session_ids() == [] and tracker.stats().sessions_ended == {"submit": 1}
     messages.append({"role": "user", "content": "<returncode>0</returncode>"})
     again, begun = tracker.begin({"model": "m", "messages": messages})
-    assert again.session_id == turn.session_id and not again.new_session
+    assert again.session_id == exchange.session_id and not again.new_session
     assert kinds(begun) == [SessionStart, LlmCallStart]
     assert tracker.stats().sessions_revived == 1 and tracker.stats().sessions_started == 1
 
@@ -373,17 +376,17 @@ def test_the_idle_timeout_is_learnt_per_workflow_within_its_bounds():
     for i in range(4):  # agents of one workflow, pausing 1-3 s between calls
         agent = Agent(f"agent{i}", [["search"]] * 8, rng)
         while not agent.done:
-            turn, _ = tracker.begin(agent.body())
+            exchange, _ = tracker.begin(agent.body())
             answer = agent.answer()
-            tracker.finish(turn, [answer])
+            tracker.finish(exchange, [answer])
             agent.take(answer)
             now[0] += rng.uniform(1.0, 3.0)
     learnt = tracker.pauses.idle_timeout(tracker._workflow(CHAT.read(agent.body(), {})))
     assert 5.0 <= learnt <= 6.0  # 2 x the 99th percentile of 1-3 s gaps
     fresh, _ = tracker.begin(Agent("late", [["search"]], rng).body())
     other, _ = tracker.begin({"model": "other-model", "messages": [{"role": "user", "content": "hi"}]})
-    for turn in (fresh, other):
-        tracker.finish(turn, [{"role": "assistant", "content": "ok"}])
+    for exchange in (fresh, other):
+        tracker.finish(exchange, [{"role": "assistant", "content": "ok"}])
     now[0] += learnt + 0.5
     ended = {e.session_id for e in of(tracker.expire(), SessionEnd)}
     assert fresh.session_id in ended and other.session_id not in ended and len(ended) == 5  # the workflow's
@@ -395,14 +398,14 @@ def test_the_idle_timeout_is_learnt_per_workflow_within_its_bounds():
 def final_answer_session(tracker, now, words: str):
     """A session that calls a tool, then answers with text."""
     messages = [SYSTEM, {"role": "user", "content": words}]
-    turn, _ = tracker.begin({"model": "m", "messages": messages})
+    exchange, _ = tracker.begin({"model": "m", "messages": messages})
     call = {"role": "assistant", "tool_calls": [{"id": f"c-{words}", "type": "function",
                                                  "function": {"name": "search", "arguments": "{}"}}]}
-    tracker.finish(turn, [call])
+    tracker.finish(exchange, [call])
     messages += [call, {"role": "tool", "tool_call_id": f"c-{words}", "content": "found"}]
     now[0] += 1
-    turn, _ = tracker.begin({"model": "m", "messages": messages})
-    return turn, messages, tracker.finish(turn, [{"role": "assistant", "content": "Here you are."}])
+    exchange, _ = tracker.begin({"model": "m", "messages": messages})
+    return exchange, messages, tracker.finish(exchange, [{"role": "assistant", "content": "Here you are."}])
 
 
 def test_final_answers_end_sessions_once_the_workflow_shows_they_are_final():
@@ -412,13 +415,13 @@ def test_final_answers_end_sessions_once_the_workflow_shows_they_are_final():
     assert SessionEnd not in kinds(done)  # nothing known yet: the idle timeout decides
     now[0] += 601
     assert kinds(tracker.expire()) == [SessionEnd]
-    turn, messages, done = final_answer_session(tracker, now, "second")
+    exchange, messages, done = final_answer_session(tracker, now, "second")
     assert kinds(done) == [LlmCallEnd, SessionEnd]  # quiet after a final answer: it was final
     assert tracker.stats().sessions_ended["final"] == 1
     # This one does come back (its user replied): the same session, and the workflow learns it.
     again, begun = tracker.begin({"model": "m", "messages": messages + [
         {"role": "assistant", "content": "Here you are."}, {"role": "user", "content": "And a hotel?"}]})
-    assert again.session_id == turn.session_id and isinstance(begun[0].event, SessionStart)
+    assert again.session_id == exchange.session_id and isinstance(begun[0].event, SessionStart)
     _, _, done = final_answer_session(tracker, now, "third")
     assert SessionEnd not in kinds(done)  # one quiet, one resumed: not final enough
 
@@ -427,11 +430,11 @@ def test_an_abandoned_call_ends_its_session_after_the_grace_unless_retried():
     now = [0.0]
     tracker = SessionTracker(abandon_grace_s=5, clock=lambda: now[0])
     body = {"messages": [SYSTEM, {"role": "user", "content": "slow one"}]}
-    turn, _ = tracker.begin(body)
-    tracker.fail(turn, abandoned=True)
+    exchange, _ = tracker.begin(body)
+    tracker.fail(exchange, abandoned=True)
     now[0] += 3
     retry, _ = tracker.begin(body)
-    assert (retry.session_id, retry.how) == (turn.session_id, "retry")
+    assert (retry.session_id, retry.how) == (exchange.session_id, "retry")
     tracker.fail(retry, abandoned=True)
     now[0] += 6
     assert [(type(e), e.outcome) for e in (h.event for h in tracker.expire())] == [
@@ -448,25 +451,25 @@ def facts(hints, kind: type) -> list[HintFacts]:
 def test_facts_say_what_each_request_continues_its_sizes_and_why_a_session_ended():
     tracker = SessionTracker(idle_ttl_s=1.0, idle_min_s=1.0)
     first = [SYSTEM, {"role": "user", "content": "hello"}]
-    turn, events = tracker.begin({"model": "gpt-4o", "messages": first})
+    exchange, events = tracker.begin({"model": "gpt-4o", "messages": first})
     [start] = facts(events, LlmCallStart)
     assert start == HintFacts(extends="", prompt_chars=len(SYSTEM["content"]) + 5, model="gpt-4o")
     answer = {"role": "assistant", "content": None,
               "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{}"}}]}
-    events = tracker.finish(turn, [answer], {"prompt_tokens": 30, "completion_tokens": 4,
+    events = tracker.finish(exchange, [answer], {"prompt_tokens": 30, "completion_tokens": 4,
                                              "prompt_tokens_details": {"cached_tokens": 16}})
     assert facts(events, LlmCallEnd) == [HintFacts(cached_tokens=16, output_chars=len("search{}"))]
     extended = first + [answer, {"role": "tool", "tool_call_id": "c1", "content": "r"}]
-    turn, events = tracker.begin({"model": "gpt-4o", "messages": extended})
+    exchange, events = tracker.begin({"model": "gpt-4o", "messages": extended})
     assert facts(events, LlmCallStart)[0].extends == "answer"
-    assert facts(tracker.fail(turn), LlmCallEnd) == [HintFacts(failed=True)]
-    turn, events = tracker.begin({"model": "gpt-4o", "messages": extended})  # the retry
-    assert (turn.how, facts(events, LlmCallStart)[0].extends) == ("retry", "request")
+    assert facts(tracker.fail(exchange), LlmCallEnd) == [HintFacts(failed=True)]
+    exchange, events = tracker.begin({"model": "gpt-4o", "messages": extended})  # the retry
+    assert (exchange.how, facts(events, LlmCallStart)[0].extends) == ("retry", "request")
     rewritten = extended + [{"role": "assistant", "content": "DONE"}, {"role": "user", "content": "more"}]
-    tracker.finish(turn, [{"role": "assistant", "content": "done"}], {"prompt_tokens": 40})
-    turn, events = tracker.begin({"model": "gpt-4o", "messages": rewritten})
-    assert (turn.how, facts(events, LlmCallStart)[0].extends) == ("request", "request")
-    tracker.finish(turn, [{"role": "assistant", "content": "ok"}])
+    tracker.finish(exchange, [{"role": "assistant", "content": "done"}], {"prompt_tokens": 40})
+    exchange, events = tracker.begin({"model": "gpt-4o", "messages": rewritten})
+    assert (exchange.how, facts(events, LlmCallStart)[0].extends) == ("request", "request")
+    tracker.finish(exchange, [{"role": "assistant", "content": "ok"}])
     explicit, events = tracker.begin({"model": "m", "messages": first}, {"x-session-id": "mine"})
     tracker.finish(explicit, [{"role": "assistant", "content": "ok"}])
     _, events = tracker.begin({"model": "m", "messages": first + [{"role": "assistant", "content": "ok"},

@@ -193,9 +193,9 @@ def test_another_tenants_response_id_does_not_join_its_session(tenant_proxy, ups
 def test_the_tracker_namespaces_every_id_and_starts_sessions_as_their_tenant():
     tracker = SessionTracker()
     same = (Request((), "s-1", tenant="team-a"), Request((), "s-1", tenant="team-b"), Request((), "s-1"))
-    turns = [tracker.begin(r) for r in same]
-    assert [t.session_id for t, _ in turns] == ["team-a/s-1", "team-b/s-1", "s-1"]
-    starts = [h.event for _, hints in turns for h in hints if isinstance(h.event, SessionStart)]
+    exchanges = [tracker.begin(r) for r in same]
+    assert [e.session_id for e, _ in exchanges] == ["team-a/s-1", "team-b/s-1", "s-1"]
+    starts = [h.event for _, hints in exchanges for h in hints if isinstance(h.event, SessionStart)]
     workflow = starts[0].workflow
     assert [(e.tenant, e.workflow) for e in starts] == [("team-a", workflow), ("team-b", workflow), ("", workflow)]
 

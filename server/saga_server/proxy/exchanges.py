@@ -1,7 +1,8 @@
-"""Protocol-neutral turns: what `SessionTracker` matches, whichever API carried them.
+"""Protocol-neutral exchanges: what `SessionTracker` matches, whichever API carried them.
 
-An agent's request is a history of messages, and its answer one more; the APIs
-differ only in how they spell them. Each API adapter (`chat`, `responses`,
+An exchange is one request of an agent and the answer it gets back (not a user
+turn, which spans many: `core.turns`). The request is a history of messages, and
+its answer one more; the APIs differ only in how they spell them. Each API adapter (`chat`, `responses`,
 `messages`) reads a request into a `Request` and an answer into a `Reply`, both
 made of `Message`s, so that the rule that finds a request's session lives once,
 in `sessions`.
