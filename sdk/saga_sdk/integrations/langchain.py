@@ -124,9 +124,9 @@ def describe_graph(graph: Any) -> tuple[list[tuple[str, str]], list[tuple[str, s
     return nodes, edges
 
 
-class _Session:
-    """One live SAGA session: the context shared with the OpenAI patch, and the
-    contextvar token to undo at the root's end."""
+class _SessionBinding:
+    """One live SAGA session bound to its root run: the context shared with the
+    OpenAI patch, and the contextvar token to undo at the root's end."""
 
     __slots__ = ("ctx", "root", "token")
 
@@ -177,8 +177,8 @@ class SagaCallbackHandler(BaseCallbackHandler):
         self.tool_hints = dict(tool_hints or {})
         # run id -> the session it belongs to; every run of a session is here until it
         # ends. Plain dict operations are atomic under the GIL, so concurrent tools need
-        # no lock; `_Session` objects are only read after creation.
-        self._runs: dict[UUID, _Session] = {}
+        # no lock; `_SessionBinding` objects are only read after creation.
+        self._runs: dict[UUID, _SessionBinding] = {}
         # LLM run id -> (step, node, contextvar token if this call had to set it)
         self._llm: dict[UUID, tuple[int, str, Any]] = {}
         self._tools: dict[UUID, tuple[str, str]] = {}  # tool run id -> (name, call id)
@@ -198,19 +198,19 @@ class SagaCallbackHandler(BaseCallbackHandler):
     # -- runs: a run with no parent known to us is a session root ------------------------
 
     def _enter(self, run_id: UUID, parent_run_id: UUID | None, metadata: dict | None,
-               name: str, serialized: Any) -> _Session:
+               name: str, serialized: Any) -> _SessionBinding:
         parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
         if parent is not None:
             self._runs[run_id] = parent
             return parent
         return self._start_session(run_id, metadata or {}, name, serialized)
 
-    def _start_session(self, run_id: UUID, metadata: dict, name: str, serialized: Any) -> _Session:
+    def _start_session(self, run_id: UUID, metadata: dict, name: str, serialized: Any) -> _SessionBinding:
         sid = str(metadata.get("session_id") or metadata.get("thread_id") or run_id)
         tenant = str(metadata.get("saga_tenant") or self.tenant)
         workflow = self.workflow or name or "langchain"
         deadline = metadata.get("saga_deadline_s", self.deadline_s)
-        sess = _Session(SessionContext(sid, tenant, workflow), run_id)
+        sess = _SessionBinding(SessionContext(sid, tenant, workflow), run_id)
         # Registered before anything that could fail, so that the children of this run
         # join it even then, instead of each becoming a session of its own.
         self._runs[run_id] = sess

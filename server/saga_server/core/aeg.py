@@ -65,7 +65,7 @@ from typing import Any
 
 from .events import HintEvent, LlmCallEnd, LlmCallStart, SessionEnd, SessionStart, ToolCallEnd, ToolCallStart
 from .graph import Prediction, WorkflowGraphs
-from .sessions import Session, SessionTable
+from .sessions import SessionRecord, SessionTable
 from .tool_keys import NO_TOOL, gap_key
 
 __all__ = ["AEG"]
@@ -97,10 +97,10 @@ class AEG(WorkflowGraphs):
 
     # -- sessions ---------------------------------------------------------------
 
-    def track(self, session_id: str) -> Session | None:
+    def track(self, session_id: str) -> SessionRecord | None:
         return self._by_id.get(session_id)
 
-    def tracks(self) -> list[Session]:
+    def tracks(self) -> list[SessionRecord]:
         return list(self._by_id.values())
 
     def __len__(self) -> int:
@@ -111,7 +111,7 @@ class AEG(WorkflowGraphs):
         return self.sessions.expire(now, budget)
 
     def session_start(self, sid: str, t: float, *, tenant: str = "", workflow: str = "",
-                      deadline_at: float | None = None, structure=None, hinted: bool = True) -> Session:
+                      deadline_at: float | None = None, structure=None, hinted: bool = True) -> SessionRecord:
         s = self.sessions.admit(sid, t, tenant=tenant, workflow=workflow, hinted=hinted)
         s.task_deadline_at = s.deadline_at = deadline_at
         if structure is not None:
@@ -119,14 +119,14 @@ class AEG(WorkflowGraphs):
         return s
 
     def llm_start(self, sid: str, t: float, *, node: str = "", tenant: str = "",
-                  hinted: bool = True) -> Session:
+                  hinted: bool = True) -> SessionRecord:
         s = self._session(sid, t, tenant, hinted)
         self._llm_start(s, t, node, hinted)
         self.sessions.touch(s, t)
         return s
 
     def llm_end(self, sid: str, t: float, *, prompt_tokens: int = 0, output_tokens: int = 0,
-                hinted: bool = True) -> Session | None:
+                hinted: bool = True) -> SessionRecord | None:
         s = self._by_id.get(sid)
         if s is None or s.ended:
             return None
@@ -134,7 +134,7 @@ class AEG(WorkflowGraphs):
         self.sessions.touch(s, t)
         return s
 
-    def observe_prompt(self, s: Session, prompt_tokens: int) -> None:
+    def observe_prompt(self, s: SessionRecord, prompt_tokens: int) -> None:
         """A call's prompt length became known: learn the growth of the edge it came by."""
         if s.entered_from is not None and s.base_tokens > 0:
             self.learn_growth(s, prompt_tokens)
@@ -143,14 +143,14 @@ class AEG(WorkflowGraphs):
         s.context_tokens = prompt_tokens
 
     def tool_start(self, sid: str, t: float, tool: str, *, call_id: str = "", category: str = "",
-                   expected_s: float | None = None) -> Session:
+                   expected_s: float | None = None) -> SessionRecord:
         s = self._session(sid, t, "", True)
         s.tool_calls += 1  # announced here, as the table counts a hinted one
         self._tool_start(s, t, tool, call_id, category, expected_s)
         self.sessions.touch(s, t)
         return s
 
-    def tool_end(self, sid: str, t: float, tool: str = "", *, call_id: str = "") -> Session | None:
+    def tool_end(self, sid: str, t: float, tool: str = "", *, call_id: str = "") -> SessionRecord | None:
         s = self._by_id.get(sid)
         if s is None or s.ended:
             return None
@@ -158,7 +158,7 @@ class AEG(WorkflowGraphs):
         self.sessions.touch(s, t)
         return s
 
-    def session_end(self, sid: str, t: float) -> Session | None:
+    def session_end(self, sid: str, t: float) -> SessionRecord | None:
         s = self._by_id.get(sid)
         if s is None or s.ended:
             return None
@@ -178,7 +178,7 @@ class AEG(WorkflowGraphs):
         s = self._by_id.get(sid)
         return None if s is None else self.reuse_of(s, now)
 
-    def children_remaining_s(self, s: Session, now: float) -> float:
+    def children_remaining_s(self, s: SessionRecord, now: float) -> float:
         """Expected seconds until the last of `s`'s live children ends: the longest of
         their expected remaining times, each from how long subagents started where it
         was ran (its spawn site, given their elapsed time), else from its own graph."""
@@ -198,7 +198,7 @@ class AEG(WorkflowGraphs):
 
     # -- Tracker (the table calls these) ------------------------------------------
 
-    def on_hint(self, session: Session, event: HintEvent) -> None:
+    def on_hint(self, session: SessionRecord, event: HintEvent) -> None:
         ev = event
         if isinstance(ev, LlmCallStart):
             self._llm_start(session, ev.time, ev.node, True)
@@ -218,26 +218,26 @@ class AEG(WorkflowGraphs):
         elif isinstance(ev, SessionEnd):
             self._stop(session, ev.time)
 
-    def on_drop(self, session: Session, now: float) -> None:
+    def on_drop(self, session: SessionRecord, now: float) -> None:
         self.learn_end(session)
         self._child_done(session, session.last_event_at)  # went silent: it finished at its last event
 
     # -- internals: how each event moves a record ------------------------------------
 
-    def _session(self, sid: str, t: float, tenant: str, hinted: bool) -> Session:
+    def _session(self, sid: str, t: float, tenant: str, hinted: bool) -> SessionRecord:
         s = self._by_id.get(sid)
         if s is None or s.ended:
             return self.sessions.admit(sid, t, tenant=tenant, hinted=hinted)
         return s
 
-    def _take_hints(self, s: Session) -> None:
+    def _take_hints(self, s: SessionRecord) -> None:
         # Hints arrived for a session first seen through the engine: from now on
         # the hints drive its steps (the engine's view only fills in tokens).
         s.hinted = True
         s.gap_started = None
         s.via = NO_TOOL
 
-    def _llm_start(self, s: Session, t: float, node: str, hinted: bool) -> None:
+    def _llm_start(self, s: SessionRecord, t: float, node: str, hinted: bool) -> None:
         if hinted and not s.hinted:
             same_step = s.in_llm
             self._take_hints(s)
@@ -263,7 +263,7 @@ class AEG(WorkflowGraphs):
         s.in_llm = True
         s.last_llm_start = t
 
-    def _llm_end(self, s: Session, t: float, prompt_tokens: int, output_tokens: int, hinted: bool) -> None:
+    def _llm_end(self, s: SessionRecord, t: float, prompt_tokens: int, output_tokens: int, hinted: bool) -> None:
         if prompt_tokens > 0:
             self.observe_prompt(s, prompt_tokens)
         if prompt_tokens > 0 or output_tokens > 0:
@@ -276,7 +276,7 @@ class AEG(WorkflowGraphs):
             s.via = gap_key(s.last_output)
             self.learn_gap(s)
 
-    def _tool_start(self, s: Session, t: float, tool: str, call_id: str, category: str,
+    def _tool_start(self, s: SessionRecord, t: float, tool: str, call_id: str, category: str,
                     expected_s: float | None) -> None:
         if not s.hinted:
             self._take_hints(s)
@@ -292,32 +292,32 @@ class AEG(WorkflowGraphs):
         s.in_llm = False
         s.gap_started = None
 
-    def _tool_end(self, s: Session, t: float, tool: str, call_id: str) -> None:
+    def _tool_end(self, s: SessionRecord, t: float, tool: str, call_id: str) -> None:
         opened = s.running_tools.pop(call_id or tool, None)
         if opened is not None:
             key, t0, _ = opened
             self.learn_duration(s, key, t - t0)
 
-    def _stop(self, s: Session, t: float) -> None:
+    def _stop(self, s: SessionRecord, t: float) -> None:
         """`s` ends: its edge led to END; it waits on nothing (the table marks it ended)."""
         self.learn_end(s)
         self._child_done(s, t)
         s.running_tools.clear()
         s.gap_started = None
 
-    def _turn_ended(self, s: Session, span_s: float) -> None:
+    def _turn_ended(self, s: SessionRecord, span_s: float) -> None:
         """The table's turn listener: the table decides when a turn ends (`turns`),
         the graphs learn how many steps it took."""
         self.learn_turn(s)
 
-    def _child_done(self, s: Session, t: float) -> None:
+    def _child_done(self, s: SessionRecord, t: float) -> None:
         """A subagent stops: its spawn site learns how long it ran (once)."""
         if s.spawn_site is not None:
             self.learn_child_end(s.spawn_site, t - s.started_at)
             s.spawn_site = None
 
 
-def _without_tool_hints(s: Session) -> bool:
+def _without_tool_hints(s: SessionRecord) -> bool:
     """Hinted, but never a tool call: the gap after this call is still the engine's
     to infer (once per call, whichever of the engine and the hint ends it first)."""
     return s.hinted and s.tool_calls == 0 and not s.running_tools and s.gap_started is None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from .categories import HUMAN, guess_category
 from .quantiles import LogHistogram
-from .sessions import Session
+from .sessions import SessionRecord
 from .tool_keys import GAP, NO_TOOL, ToolKey
 
 __all__ = ["WorkflowGraphs", "Prediction", "END"]
@@ -177,7 +177,7 @@ class WorkflowGraphs:
 
     # -- learning: what the live tracking reports, before it moves the record --------
 
-    def learn_step(self, s: Session, t: float, name: str) -> str:
+    def learn_step(self, s: SessionRecord, t: float, name: str) -> str:
         """`s` starts an LLM call at node `name`: learns the gap it waited (no
         hints), the edge it took and its cycle time. Returns the node's name in
         the graph (the overflow node past `max_nodes`)."""
@@ -194,17 +194,17 @@ class WorkflowGraphs:
         node.visits += 1
         return node.name
 
-    def rename_node(self, s: Session, name: str) -> str:
+    def rename_node(self, s: SessionRecord, name: str) -> str:
         """The graph's name for node `name` of `s`'s workflow (created if new)."""
         return self._node(self._graph(s.graph), name).name
 
-    def learn_gap(self, s: Session) -> None:
+    def learn_gap(self, s: SessionRecord) -> None:
         """Without hints, `s`'s response ended: its gap `s.via` follows its node."""
         node = self._graph(s.graph).nodes.get(s.node)
         if node is not None:
             node.tools[s.via] = node.tools.get(s.via, 0.0) + 1
 
-    def forget_gap(self, s: Session) -> None:
+    def forget_gap(self, s: SessionRecord) -> None:
         """`s`'s gap `s.via` turned out to be a tool call: undo `learn_gap`."""
         node = self._graph(s.graph).nodes.get(s.node)
         if node is not None and node.tools.get(s.via, 0.0) > 0:
@@ -212,7 +212,7 @@ class WorkflowGraphs:
             if node.tools[s.via] <= 0:
                 del node.tools[s.via]
 
-    def learn_tool(self, s: Session, tool: str, category: str) -> ToolKey:
+    def learn_tool(self, s: SessionRecord, tool: str, category: str) -> ToolKey:
         """`s` starts a tool call: returns its key (its category guessed when not
         given); past `max_tools` an overflow key per category. The first tool of a
         batch (none running yet) counts as what followed the node."""
@@ -228,11 +228,11 @@ class WorkflowGraphs:
             g.tools[key] = g.tools.get(key, 0.0) + 1
         return key
 
-    def learn_duration(self, s: Session, key: ToolKey, duration: float) -> None:
+    def learn_duration(self, s: SessionRecord, key: ToolKey, duration: float) -> None:
         """A tool call (or gap) of `s` lasted `duration` seconds."""
         self._add_duration(self._graph(s.graph), key, duration)
 
-    def learn_growth(self, s: Session, prompt_tokens: int) -> None:
+    def learn_growth(self, s: SessionRecord, prompt_tokens: int) -> None:
         """`s`'s prompt became known: the growth of the edge it came by (`entered_from`)."""
         growth = prompt_tokens - s.base_tokens
         g = self._graph(s.graph)
@@ -248,7 +248,7 @@ class WorkflowGraphs:
         g.growth_n += 1
         g.growth_mean += (growth - g.growth_mean) / min(g.growth_n, 1 / _EWMA)
 
-    def learn_end(self, s: Session) -> None:
+    def learn_end(self, s: SessionRecord) -> None:
         """`s` ended (or went silent): its edge led to END after `s.steps` steps."""
         g = self._graph(s.graph)
         if s.node:
@@ -259,7 +259,7 @@ class WorkflowGraphs:
             g.lengths = _lengths()
         g.lengths.add(float(s.steps))
 
-    def learn_turn(self, s: Session) -> None:
+    def learn_turn(self, s: SessionRecord) -> None:
         """`s`'s user turn ended (`turns`; the table publishes only turns with a
         step): it took the steps since it started."""
         g = self._graph(s.graph)
@@ -267,7 +267,7 @@ class WorkflowGraphs:
             g.turns = _lengths()
         g.turns.add(float(s.steps - s.turn_steps))
 
-    def learn_spawn(self, parent: Session) -> tuple[str, str] | None:
+    def learn_spawn(self, parent: SessionRecord) -> tuple[str, str] | None:
         """A subagent of `parent` started while `parent` waited after its node: counts
         for that node. Returns the spawn site (workflow graph, node) that the child's
         duration is learnt for (`learn_child_end`); None when the parent has no node."""
@@ -354,7 +354,7 @@ class WorkflowGraphs:
 
     # -- predictions --------------------------------------------------------------
 
-    def prediction(self, s: Session, now: float) -> Prediction:
+    def prediction(self, s: SessionRecord, now: float) -> Prediction:
         if s.ended:
             return Prediction(0.0, math.inf, math.inf, math.inf, "", 0.0, "", 0.0, 0.0)
         g = self._graphs.get(s.graph)
@@ -371,13 +371,13 @@ class WorkflowGraphs:
         steps, rem_t = self._remaining(s, g, p)
         return Prediction(p, mean, p50, p90, next_node, growth, cat, steps, rem_t)
 
-    def growth_of(self, s: Session) -> float:
+    def growth_of(self, s: SessionRecord) -> float:
         """Expected tokens the session's next prompt adds to its context (the tool
         output the agent appends): the edge's mean, else the node's, else the graph's."""
         g = self._graphs.get(s.graph)
         return self._growth(s, g, g.nodes.get(s.node) if g is not None else None)
 
-    def _growth(self, s: Session, g: _Graph | None, node: _Node | None) -> float:
+    def _growth(self, s: SessionRecord, g: _Graph | None, node: _Node | None) -> float:
         if node is not None:
             e = node.edges.get(s.via) if s.via != NO_TOOL else None
             if e is not None and e.growth_n:
@@ -392,7 +392,7 @@ class WorkflowGraphs:
         return Prediction(p, d.mean(), d.quantile(0.5), d.quantile(0.9), "", 0.0, "",
                           p / (1 - min(p, 0.99)), self.prior_cycle_s * p / (1 - min(p, 0.99)))
 
-    def reuse_of(self, s: Session, now: float, q: float | None = None) -> tuple[float, float]:
+    def reuse_of(self, s: SessionRecord, now: float, q: float | None = None) -> tuple[float, float]:
         """(p_continue, time to the next call) without the rest of a prediction:
         the hot path of eviction scoring. The time is the mean of what is left of the
         wait, or with `q` its q-quantile (while subagents run: the longest of their
@@ -410,7 +410,7 @@ class WorkflowGraphs:
         el = now - t0 if now > t0 else 0.0
         return p, (d.mean_above(el) if q is None else d.quantile_above(q, el)) - el
 
-    def p_continue(self, s: Session, g: _Graph | None = None, node: _Node | None = None) -> float:
+    def p_continue(self, s: SessionRecord, g: _Graph | None = None, node: _Node | None = None) -> float:
         if s.ended:
             return 0.0
         if s.children:
@@ -428,7 +428,7 @@ class WorkflowGraphs:
                     return (e.resumed + a * p_node) / (e.resumed + e.ended + a)
         return p_node
 
-    def resume_dist(self, s: Session):
+    def resume_dist(self, s: SessionRecord):
         """The duration distribution of what the session is waiting on, and its start."""
         g = self._graphs.get(s.graph)
         if s.running_tools:
@@ -445,7 +445,7 @@ class WorkflowGraphs:
             return _NOW, s.last_event_at  # its tools are done: the next call is imminent
         return None, 0.0
 
-    def idle_dist(self, s: Session):
+    def idle_dist(self, s: SessionRecord):
         # Hinted, between a response and its tool call: the tool that usually
         # follows this node is the best guess, then the workflow's usual tool.
         g = self._graphs.get(s.graph)
@@ -457,7 +457,7 @@ class WorkflowGraphs:
         # The category's durations stand in only for a tool this graph has timed.
         return self._dist(g, key, key.category if key in g.durations else "", None)
 
-    def next_tool_category(self, s: Session) -> str:
+    def next_tool_category(self, s: SessionRecord) -> str:
         g = self._graphs.get(s.graph)
         if g is None:
             return ""
@@ -467,11 +467,11 @@ class WorkflowGraphs:
         # A gap is no tool: its pseudo-category shows only once the gap was timed.
         return "" if best.category == GAP and best not in g.durations else best.category
 
-    def remaining(self, s: Session) -> tuple[float, float]:
+    def remaining(self, s: SessionRecord) -> tuple[float, float]:
         """(expected further LLM steps, expected seconds until the session ends)."""
         return self._remaining(s, self._graphs.get(s.graph), self.p_continue(s))
 
-    def remaining_in_turn(self, s: Session) -> tuple[float, float]:
+    def remaining_in_turn(self, s: SessionRecord) -> tuple[float, float]:
         """(expected further LLM steps, expected seconds) until the session's running
         user turn ends (`turns`): from the turns its workflow has finished, else
         until the session ends (a turn never outlasts its session)."""
@@ -491,12 +491,12 @@ class WorkflowGraphs:
 
     # -- internals --------------------------------------------------------------
 
-    def children_remaining_s(self, s: Session, now: float) -> float:
+    def children_remaining_s(self, s: SessionRecord, now: float) -> float:
         """Expected seconds until the last of `s`'s live children ends (the tracker,
         which knows the records, answers: `AEG`); 0 here."""
         return 0.0
 
-    def _resume(self, s: Session, now: float) -> tuple[float, float, float]:
+    def _resume(self, s: SessionRecord, now: float) -> tuple[float, float, float]:
         if s.in_llm and not s.running_tools:
             return 0.0, 0.0, 0.0
         if s.children:
@@ -508,7 +508,7 @@ class WorkflowGraphs:
         el = max(now - t0, 0.0)
         return (d.mean_above(el) - el, d.quantile_above(0.5, el) - el, d.quantile_above(0.9, el) - el)
 
-    def _remaining(self, s: Session, g: _Graph | None, p: float) -> tuple[float, float]:
+    def _remaining(self, s: SessionRecord, g: _Graph | None, p: float) -> tuple[float, float]:
         if p <= 0.0:
             return 0.0, 0.0
         # Without finished sessions to learn from, a geometric number of steps.

@@ -1,6 +1,6 @@
 """`SessionTable`: the core's one table of sessions, and the plain `HintSink`.
 
-One `Session` record per id holds what the agent announced (tenant, workflow,
+One `SessionRecord` per id holds what the agent announced (tenant, workflow,
 deadline, the node it named, its open tool calls, a short history) and what is
 tracked of it: its steps, whether a call runs, and the AEG's fields (graph node,
 the edge it is on, the tools it waits on, token counts). The table validates each
@@ -18,7 +18,7 @@ and a tool end must match an open call.
 
 Ownership (only for calls that come with a `Caller`; the engine's own calls and a
 service without keys come without one and pass): a session belongs to the tenant
-whose key started it (`Session.owner`; an admin's session to the tenant it names,
+whose key started it (`SessionRecord.owner`; an admin's session to the tenant it names,
 else its own). An agent acts as its key's tenant: a `SessionStart` naming
 another tenant is refused (an empty tenant becomes the caller's); any hint, read
 or release of a session another tenant owns is refused, ended or not, until the
@@ -58,7 +58,7 @@ not the child itself or one of its descendants; otherwise the session starts as 
 root (counted `subagent_parent_refused`). A tree is one task: a child's
 `task_started_at` is its root's start (task seniority, `fairshare`), and a child
 that declares no deadline has its parent's deadline in force. A parent counts its
-live children (`Session.children`); a child that stops being live leaves that count. Both
+live children (`SessionRecord.children`); a child that stops being live leaves that count. Both
 changes are published to `subscribe_parents` listeners (`ParentChanged`): a child
 starting is its parent's wait starting, as a tool call is, so an engine decides
 the parent's hold again (`kv_policy`). Same rules as the lifecycle listeners below.
@@ -134,7 +134,7 @@ _KINDS = {cls: _SNAKE.sub("_", cls.__name__).lower() for cls in get_args(HintEve
 
 
 @dataclass(slots=True)
-class Session:
+class SessionRecord:
     """One session's record. Owned by a `SessionTable`: change it only under the
     table's lock; readers get `snapshot()` copies."""
 
@@ -213,24 +213,24 @@ class Tracker(Protocol):
     """What moves the tracked part of a table's records (the AEG in the core).
     Called with the table's lock held; must not raise."""
 
-    def on_hint(self, session: Session, event: HintEvent) -> None:
+    def on_hint(self, session: SessionRecord, event: HintEvent) -> None:
         """A validated hint: its announced part is applied; the table marks ends."""
 
-    def on_drop(self, session: Session, now: float) -> None:
+    def on_drop(self, session: SessionRecord, now: float) -> None:
         """A live session leaves the table (expired, evicted, or replaced)."""
 
 
 class _Lifecycle:
     """The plain table's tracking: steps, and whether a call runs."""
 
-    def on_hint(self, session: Session, event: HintEvent) -> None:
+    def on_hint(self, session: SessionRecord, event: HintEvent) -> None:
         if isinstance(event, LlmCallStart):
             session.steps += 1
             session.in_llm = True
         elif isinstance(event, (LlmCallEnd, ToolCallStart)):
             session.in_llm = False
 
-    def on_drop(self, session: Session, now: float) -> None:
+    def on_drop(self, session: SessionRecord, now: float) -> None:
         pass
 
 
@@ -263,7 +263,7 @@ class SessionTable:
         self.lock = threading.RLock()
         # The records, least recently active first (so expiry stops at the first
         # live one). Read and change only under `lock`.
-        self.by_id: OrderedDict[str, Session] = OrderedDict()
+        self.by_id: OrderedDict[str, SessionRecord] = OrderedDict()
         self._ended: dict[str, None] = {}  # ids of ended records, in the order they ended
         self._tracker: Tracker = _Lifecycle()
         self.counters: dict[str, int] = {
@@ -355,7 +355,7 @@ class SessionTable:
 
     # -- for the tracker and the core (lock held) -----------------------------------
 
-    def recent(self, limit: int, caller: Caller | None = None) -> list[Session]:
+    def recent(self, limit: int, caller: Caller | None = None) -> list[SessionRecord]:
         """Up to `limit` records, most recently active first, after a full expiry;
         with an agent `caller`, only its tenant's (ownership: module docstring)."""
         with self.lock:
@@ -368,7 +368,7 @@ class SessionTable:
                 self.counters["list_withheld"] += 1
             return mine[:max(0, limit)]
 
-    def readable(self, session_id: str, caller: Caller | None = None) -> Session | None:
+    def readable(self, session_id: str, caller: Caller | None = None) -> SessionRecord | None:
         """The record of `session_id` (None: unknown) if `caller` may read it;
         `AccessDenied` (counted `denied_read`) for a session it does not own."""
         session = self.by_id.get(session_id)
@@ -382,7 +382,7 @@ class SessionTable:
         self._owned(self.by_id.get(session_id), caller, "denied_release")
 
     def admit(self, session_id: str, t: float, *, tenant: str = "", workflow: str = "",
-              hinted: bool = True, evict: bool = True, owner: str | None = None) -> Session:
+              hinted: bool = True, evict: bool = True, owner: str | None = None) -> SessionRecord:
         """A new record for `session_id` at time `t`, replacing any old one. In a
         full table `evict` lets it take the least recently active session's place;
         without it the table refuses (`HintRejected`)."""
@@ -391,7 +391,7 @@ class SessionTable:
             self._remove(old, t, None)
         elif len(self.by_id) >= self.max_sessions:
             self._make_room(t, evict)
-        session = Session(session_id, started_at=t, last_event_at=t, tenant=tenant, workflow=workflow,
+        session = SessionRecord(session_id, started_at=t, last_event_at=t, tenant=tenant, workflow=workflow,
                           graph=workflow or tenant or "default", hinted=hinted, task_started_at=t,
                           history=deque(maxlen=self.history_limit))
         begin_turn(session, t)  # its first turn: whatever its first event, the work starts now
@@ -400,13 +400,13 @@ class SessionTable:
         self.counters["sessions_started"] += 1
         return session
 
-    def touch(self, session: Session, t: float) -> None:
+    def touch(self, session: SessionRecord, t: float) -> None:
         """`session` had an event at `t`: it becomes the most recently active."""
         if t > session.last_event_at:
             session.last_event_at = t
         self.by_id.move_to_end(session.session_id)
 
-    def end(self, session: Session) -> None:
+    def end(self, session: SessionRecord) -> None:
         """`session` ended: no call runs and no tool is open; kept `ended_ttl_s`."""
         if not session.ended:
             self._disown(session)
@@ -451,7 +451,7 @@ class SessionTable:
 
     # -- internals --------------------------------------------------------------
 
-    def _take(self, event: HintEvent, caller: Caller | None) -> Session:
+    def _take(self, event: HintEvent, caller: Caller | None) -> SessionRecord:
         """The record `event` applies to (admitted if new, claimed if nobody's);
         raises `HintRejected` before changing anything but expiry."""
         sid = event.session_id
@@ -486,7 +486,7 @@ class SessionTable:
             self._own(session, owner)
         return session
 
-    def _owned(self, session: Session | None, caller: Caller | None, denied: str, *,
+    def _owned(self, session: SessionRecord | None, caller: Caller | None, denied: str, *,
                claimable: bool = False) -> bool:
         """The ownership rule (module docstring): passes, or raises `AccessDenied`
         counted as `denied`. With `claimable` (a hint), a session nobody owns that
@@ -497,7 +497,7 @@ class SessionTable:
             return True
         self._deny(denied, f"session {session.session_id!r} belongs to another tenant")
 
-    def _check_room(self, owner: str | None, caller: Caller | None, replaced: Session | None) -> None:
+    def _check_room(self, owner: str | None, caller: Caller | None, replaced: SessionRecord | None) -> None:
         """A new live session of `owner` fits its tenant's `max_sessions` (a record
         it replaces frees its place)."""
         limit = None if caller is None else caller.limits.max_sessions
@@ -513,12 +513,12 @@ class SessionTable:
         self.counters[counter] += 1
         raise AccessDenied(reason)
 
-    def _own(self, session: Session, owner: str | None) -> None:
+    def _own(self, session: SessionRecord, owner: str | None) -> None:
         session.owner = owner
         if owner is not None and not session.ended:
             self._live_owned[owner] = self._live_owned.get(owner, 0) + 1
 
-    def _disown(self, session: Session) -> None:
+    def _disown(self, session: SessionRecord) -> None:
         """`session` stops being live: its owner's live count drops."""
         owner = session.owner
         if owner is None:
@@ -529,7 +529,7 @@ class SessionTable:
         else:
             self._live_owned.pop(owner, None)
 
-    def _announce(self, session: Session, event: HintEvent, caller: Caller | None) -> None:
+    def _announce(self, session: SessionRecord, event: HintEvent, caller: Caller | None) -> None:
         if isinstance(event, LlmCallStart):
             session.current_node = event.node or session.current_node
             if not turn_open(session):  # its user replied without the human call's end
@@ -564,14 +564,14 @@ class SessionTable:
             return floor
         return deadline_s
 
-    def _end_turn(self, session: Session, t: float) -> None:
+    def _end_turn(self, session: SessionRecord, t: float) -> None:
         steps = session.steps - session.turn_steps
         span = end_turn(session, t)
         if span is not None and steps > 0:  # a turn without an LLM call did no work to be late for
             for listener in self._turn_listeners:
                 listener(session, span)
 
-    def _link(self, child: Session, parent_id: str) -> None:
+    def _link(self, child: SessionRecord, parent_id: str) -> None:
         """Make `child` a child of `parent_id` if the rule allows (module docstring)."""
         parent = self.by_id.get(parent_id)
         node, depth = parent, 0
@@ -591,7 +591,7 @@ class SessionTable:
         for listener in self._parent_listeners:
             listener(parent_id, True)
 
-    def _unlink(self, session: Session) -> None:
+    def _unlink(self, session: SessionRecord) -> None:
         """`session` stops being live: its parent stops counting it."""
         parent = self.by_id.get(session.parent) if session.parent else None
         if parent is not None and session.session_id in parent.children:
@@ -609,11 +609,11 @@ class SessionTable:
                 raise HintRejected(f"too many sessions (limit {self.max_sessions})")
             self._drop(next(iter(self.by_id.values())), t, Departure.EVICTED)
 
-    def _drop(self, session: Session, now: float, how: Departure) -> None:
+    def _drop(self, session: SessionRecord, now: float, how: Departure) -> None:
         self._remove(session, now, how)
         self.counters["sessions_expired"] += 1
 
-    def _remove(self, session: Session, now: float, how: Departure | None) -> None:
+    def _remove(self, session: SessionRecord, now: float, how: Departure | None) -> None:
         """`how`: what to publish (None: a replacement, the same agent going on)."""
         if not session.ended:
             self._disown(session)
@@ -635,7 +635,7 @@ def _is_human(call: ToolCallStart | OpenTool) -> bool:
     return (call.category or guess_category(call.tool)) == HUMAN
 
 
-def _waits_on_human(session: Session) -> bool:
+def _waits_on_human(session: SessionRecord) -> bool:
     """Whether the session's open wait is its user's turn (category `human`)."""
     return any(call[0].category == HUMAN for call in session.running_tools.values())
 

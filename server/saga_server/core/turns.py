@@ -10,7 +10,7 @@ What a product promises there is a time per turn ("answer within a minute"), not
 per task: a task spans a person's waits of minutes to hours, which nothing here
 can shorten. So a session may declare `turn_deadline_s` (`SessionStart`): each of
 its turns should end within that many seconds of its start. The deadline in force,
-`Session.deadline_at`, which every policy reads (urgency in `fairshare`, classes in
+`SessionRecord.deadline_at`, which every policy reads (urgency in `fairshare`, classes in
 `deadlines`), is the task's deadline or the open turn's, whichever comes first;
 while the session waits on its user it is the task's alone (no turn is running to
 be late). A subagent inherits its parent's deadline in force when it starts. A
@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # `sessions` calls these rules as hints move a record
-    from .sessions import Session
+    from .sessions import SessionRecord
 
 __all__ = ["begin_turn", "end_turn", "turn_open", "sooner"]
 

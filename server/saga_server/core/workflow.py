@@ -29,7 +29,7 @@ from .fairshare import FairShare, FairShareConfig, seniority, urgency
 from .graph import Prediction
 from .pinning import PinConfig, PinDecision, decide_pin
 from .prefetch import PrefetchAction, PrefetchCandidate, PrefetchConfig, plan_prefetch
-from .sessions import Departure, ParentChanged, Session, SessionGone, SessionTable
+from .sessions import Departure, ParentChanged, SessionRecord, SessionGone, SessionTable
 
 __all__ = ["CoreConfig", "WorkflowCore", "KvOutlook"]
 
@@ -369,13 +369,13 @@ class WorkflowCore:
         if span > 0:
             _count(self._deadlines, s.tenant, max(max(s.last_event_at, self._clock()) - s.task_started_at, 0.0) / span)
 
-    def _turn_ended(self, s: Session, span_s: float) -> None:
+    def _turn_ended(self, s: SessionRecord, span_s: float) -> None:
         """The table's turn listener (lock held): a user turn of a session with a
         turn deadline counts for its tenant."""
         if s.turn_deadline_s is not None and s.turn_deadline_s > 0:
             _count(self._turns, s.tenant, span_s / s.turn_deadline_s)
 
-    def _task_start(self, s: Session) -> float:
+    def _task_start(self, s: SessionRecord) -> float:
         """When the work a request serves began, for seniority (`fairshare`): its
         task's start (a subagent's: its root's), or its root's running user turn's
         start if later (`turns`): what a person waits on is the turn, and a session
@@ -389,7 +389,7 @@ class WorkflowCore:
         turn = root.turn_started_at
         return s.task_started_at if turn is None or turn < s.task_started_at else turn
 
-    def _remaining_s(self, s: Session) -> float:
+    def _remaining_s(self, s: SessionRecord) -> float:
         """Expected seconds of work left before the session's deadline in force: to
         the end of its user turn when that turn's deadline is the one in force, else
         to the end of the task (`turns`)."""
@@ -397,7 +397,7 @@ class WorkflowCore:
             return self.aeg.remaining_in_turn(s)[1]
         return self.aeg.remaining(s)[1]
 
-    def _priority(self, s: Session | None, tenant: str) -> float:
+    def _priority(self, s: SessionRecord | None, tenant: str) -> float:
         """`request_priority` of a session's record (None: unknown); lock held."""
         now = self._clock()
         u = 0.0
@@ -406,12 +406,12 @@ class WorkflowCore:
             u = urgency(self._remaining_s(s), s.deadline_at, now, self.config.fairshare.urgency_cap)
         return self.fair.priority(tenant, u, now)
 
-    def _pin(self, s: Session, kv_tokens: int, memory_pressure: float, now: float) -> PinDecision:
+    def _pin(self, s: SessionRecord, kv_tokens: int, memory_pressure: float, now: float) -> PinDecision:
         """`pin_decision` of a live session's record; lock held."""
         return decide_pin(self.aeg.p_continue(s), self._remaining_q(s, now), kv_tokens, memory_pressure,
                           self.config.pin, client_ttl_s=s.cache_ttl_s)
 
-    def _remaining_q(self, s: Session, now: float) -> Callable[[float], float]:
+    def _remaining_q(self, s: SessionRecord, now: float) -> Callable[[float], float]:
         aeg = self.aeg
         if s.in_llm and not s.running_tools:
             return _zero
@@ -426,7 +426,7 @@ class WorkflowCore:
         el = now - t0 if now > t0 else 0.0
         return lambda q: d.quantile_above(q, el) - el
 
-    def _metrics(self, s: Session) -> dict[str, float]:
+    def _metrics(self, s: SessionRecord) -> dict[str, float]:
         now = self._clock()
         p = self.aeg.prediction(s, now)
         return {"p_continue": p.p_continue, "resume_mean_s": p.resume_mean_s, "resume_p50_s": p.resume_p50_s,
@@ -436,7 +436,7 @@ class WorkflowCore:
                 "kv_resident": 0.0 if s.kv_moved or not s.context_tokens else 1.0,
                 "pin_ttl_s": self._pin_ttl_s(s, now)}
 
-    def _pin_ttl_s(self, s: Session, now: float) -> float:
+    def _pin_ttl_s(self, s: SessionRecord, now: float) -> float:
         """The TTL the session's KV would be pinned for now, in a pool under no
         pressure (0: no pin); what an operator compares across restarts."""
         if s.ended:
@@ -445,7 +445,7 @@ class WorkflowCore:
         return d.ttl_s if d.pin else 0.0
 
 
-def _tenant_for(s: Session | None, label: str) -> str:
+def _tenant_for(s: SessionRecord | None, label: str) -> str:
     """Whose fair share a request of session `s` counts for: the tenant of the key
     that owns the session, whatever the request's own `label` (unauthenticated,
     e.g. `vllm_xargs`) says; for a session nobody owns the label, else its tenant."""

@@ -6,7 +6,7 @@ Completions (`chat`), Responses (`responses`) and Anthropic Messages
 (`messages`); `TextActions` (`actions`) sees tool calls written as text.
 `SagaProxy` (ASGI, `app`) forwards requests and sends the tracker's hints, core
 events wrapped in `Hint`s (`hints`), through `send_hint`; `saga proxy` (`cli`) runs
-it; `record` reads those hints into a `saga-trace/1` recording (`--record`).
+it; `recording` reads those hints into a `saga-trace/1` recording (`--record`).
 `tenants` keeps the tenants of a keys file apart (keys, session ids, prefix-cache
 salts). The proxy's third-party imports (httpx, starlette, uvicorn) load only
 when `SagaProxy` is used, so the tracker stays importable on its own.

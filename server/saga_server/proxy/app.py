@@ -39,7 +39,7 @@ its request is whole has nothing forwarded; a body the proxy cannot parse (not J
 invalid UTF-8, nested too deep) is forwarded untouched for the upstream to answer;
 an internal error answers 500 naming the proxy. Headers are never logged, and only
 session ids, tool names and call ids ever reach hints, never the caller's key.
-A `recorder` (`saga proxy --record`, `saga_server.proxy.record`) is handed the same
+A `recorder` (`saga proxy --record`, `saga_server.proxy.recording`) is handed the same
 events; it only enqueues them, and never blocks or fails a request.
 """
 

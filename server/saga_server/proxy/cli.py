@@ -6,7 +6,7 @@
 
 The upstream and the hint endpoint may also come from `SAGA_UPSTREAM` and
 `SAGA_ENDPOINT`. See `saga_server.proxy.app` for what is forwarded and how, and
-`saga_server.proxy.record` for `--record`.
+`saga_server.proxy.recording` for `--record`.
 With `--api-keys FILE` (or `$SAGA_API_KEYS`; the hint service's keys file) every
 caller needs a key of the file and acts as its tenant (`saga_server.proxy.tenants`);
 SIGHUP reloads the file (a bad one is logged and the old keys kept). The proxy's
@@ -28,7 +28,7 @@ from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing
 from ..rpc.reload import reload_on_sighup
 from ..state_file import StateKeeper, add_state_arguments, state_path_of
 from ..core.identity import SESSION_HEADERS_ENV, problem_with
-from . import record
+from . import recording
 from .actions import TextActions
 from .tenants import SALT_SECRET_ENV, Tenants
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                              text_actions=actions, read_timeout_s=args.read_timeout_s)
         # $SAGA_API_KEY beside the file is one more admin key (tenant ""), as at the hint service
         keys = KeyRing(args.api_keys, shared_key=os.environ.get(SHARED_KEY_ENV) or None) if args.api_keys else None
-        recorder = record.from_args(args)
+        recorder = recording.from_args(args)
     except (OSError, ValueError, re.error) as exc:  # KeysFileError is a ValueError
         print(f"saga proxy: {exc}", file=sys.stderr)
         return 2

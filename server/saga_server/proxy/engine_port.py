@@ -6,7 +6,7 @@ patched).
 
 **What a request says** (both), read from the JSON bodies of POSTs to
 `SESSION_ROUTES` (at most `MAX_BODY_BYTES`, else 413) and handed to the engine in
-the fields its plugin reads (`engines.vllm.sessions`):
+the fields its plugin reads (`engines.vllm.request_meta`):
 
 - the session its sender named in the headers agents already send (`core.identity`:
   Claude Code's, Codex's, OpenCode's, Dynamo's, ...), when the body names none:

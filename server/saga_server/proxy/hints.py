@@ -4,7 +4,7 @@ place they become calls to the hint service.
 `SessionTracker` describes every hint as a `saga_server.core.events` event (the
 same dataclasses the hint service hands the core), wrapped in a `Hint` with the
 `HintFacts` an observer may learn beside it. The proxy sends each hint's event
-with `send_hint` and hands the whole `Hint` to its recorder (`proxy.record`).
+with `send_hint` and hands the whole `Hint` to its recorder (`proxy.recording`).
 """
 
 from __future__ import annotations

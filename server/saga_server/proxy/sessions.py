@@ -134,7 +134,10 @@ class _Open:
 
 
 @dataclass(slots=True)
-class _Session:
+class _TrackedSession:
+    """What the tracker knows of one session it inferred: where its requests may
+    continue (answer points, response ids), its open tool calls, how it stands."""
+
     session_id: str
     explicit: bool
     workflow: str
@@ -175,7 +178,7 @@ class SessionTracker:
         self.pauses = WorkflowPauses(floor_s=min(idle_min_s, idle_ttl_s), ceiling_s=idle_ttl_s)
         self._clock = clock
         self._lock = threading.Lock()
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently used first
+        self._sessions: OrderedDict[str, _TrackedSession] = OrderedDict()  # least recently used first
         self._answers: dict[int, str] = {}   # chain hash of request + answer -> session id
         self._requests: dict[int, str] = {}  # chain hash of a session's last request -> session id
         # (tenant, response id) -> (session id, its answer point)
@@ -373,7 +376,7 @@ class SessionTracker:
             return alias[1] if alias is not None else hash(("previous", request.tenant, request.previous))
         return hash(("scope", request.tenant, request.scope)) if request.scope or request.tenant else 0
 
-    def _find(self, request: Request, chain: list[int]) -> tuple[_Session | None, str, int]:
+    def _find(self, request: Request, chain: list[int]) -> tuple[_TrackedSession | None, str, int]:
         """(session or None, rule, number of leading messages already known)."""
         if request.explicit is not None:
             return (self._sessions.get(request.explicit), "explicit",
@@ -396,7 +399,7 @@ class SessionTracker:
                     return session, "retry", i
         return None, "new", 0
 
-    def _extends(self, session: _Session, request: Request, how: str, known: int | None) -> str:
+    def _extends(self, session: _TrackedSession, request: Request, how: str, known: int | None) -> str:
         """What the request's history continues (`HintFacts.extends`); `known`: the
         chain key of its longest known prefix, if any."""
         if how in ("answer", "previous"):
@@ -422,7 +425,7 @@ class SessionTracker:
                 return i
         return 0
 
-    def _open(self, request: Request, now: float, events: list[Hint]) -> _Session:
+    def _open(self, request: Request, now: float, events: list[Hint]) -> _TrackedSession:
         while len(self._sessions) >= self.max_sessions:
             oldest = next(iter(self._sessions.values()))
             if not oldest.ended:
@@ -431,19 +434,19 @@ class SessionTracker:
             self._forget(oldest)
         explicit = request.explicit
         sid = explicit if explicit is not None else namespaced(request.tenant, f"{next(self._ids)}-{self._id_salt}")
-        session = _Session(sid, explicit is not None, self._workflow(request), now, request.tenant,
+        session = _TrackedSession(sid, explicit is not None, self._workflow(request), now, request.tenant,
                            parent=request.parent or "")
         self._sessions[sid] = session
         self._counts["started"] += 1
         events.append(_session_start(session, now))
         return session
 
-    def _revive(self, session: _Session, now: float, events: list[Hint]) -> None:
+    def _revive(self, session: _TrackedSession, now: float, events: list[Hint]) -> None:
         session.ended = False
         self._counts["revived"] += 1
         events.append(_session_start(session, now))
 
-    def _resume(self, session: _Session, now: float) -> None:
+    def _resume(self, session: _TrackedSession, now: float) -> None:
         """A request of `session` arrives: what its pause was."""
         if session.answered_at is not None and not session.in_flight:
             self.pauses.gap(session.workflow, now - session.answered_at)
@@ -453,7 +456,7 @@ class SessionTracker:
         session.answered_at = None
         session.after_final = session.abandoned = False
 
-    def _end_tools(self, session: _Session, new: tuple[Message, ...], now: float, events: list[Hint]) -> None:
+    def _end_tools(self, session: _TrackedSession, new: tuple[Message, ...], now: float, events: list[Hint]) -> None:
         """The tool calls answered by messages after the matched prefix end; the rest are abandoned."""
         answered = {m.answers for m in new if m.role == "tool" and m.answers}
         user = next((m for m in new if m.role == "user"), None)
@@ -464,7 +467,7 @@ class SessionTracker:
                                            outcome=ToolOutcome.OK if ok else ToolOutcome.CANCELLED)))
         session.open_tools.clear()
 
-    def _act(self, session: _Session, exchange: Exchange, answer: Message, truncated: bool, now: float,
+    def _act(self, session: _TrackedSession, exchange: Exchange, answer: Message, truncated: bool, now: float,
              events: list[Hint]) -> None:
         """What `answer` starts: its tool calls, its text actions, or the session's end."""
         if answer.calls:
@@ -497,13 +500,13 @@ class SessionTracker:
         tag = hashlib.blake2b(request.system.encode(), digest_size=4).hexdigest()
         return f"{self.workflow_prefix}:{request.model[:64]}:{tag}"
 
-    def _index_request(self, session: _Session, key: int) -> None:
+    def _index_request(self, session: _TrackedSession, key: int) -> None:
         if session.request_key is not None and self._requests.get(session.request_key) == session.session_id:
             del self._requests[session.request_key]
         session.request_key = key
         self._requests[key] = session.session_id
 
-    def _index_answer(self, session: _Session, key: int) -> None:
+    def _index_answer(self, session: _TrackedSession, key: int) -> None:
         self._answers[key] = session.session_id
         if key in session.points:
             session.points.remove(key)
@@ -513,7 +516,7 @@ class SessionTracker:
             if self._answers.get(old) == session.session_id:
                 del self._answers[old]
 
-    def _alias(self, session: _Session, response_id: str, point: int) -> None:
+    def _alias(self, session: _TrackedSession, response_id: str, point: int) -> None:
         self._aliases[(session.tenant, response_id)] = (session.session_id, point)
         session.aliases.append(response_id)
         while len(session.aliases) > self.points_per_session:
@@ -521,7 +524,7 @@ class SessionTracker:
             if self._aliases.get(old, ("",))[0] == session.session_id:
                 del self._aliases[old]
 
-    def _end(self, session: _Session, now: float, events: list[Hint], outcome: SessionOutcome,
+    def _end(self, session: _TrackedSession, now: float, events: list[Hint], outcome: SessionOutcome,
              reason: str) -> None:
         for call_id, tool in session.open_tools.items():
             events.append(Hint(ToolCallEnd(session.session_id, now, tool=tool.tool, call_id=call_id,
@@ -531,7 +534,7 @@ class SessionTracker:
         session.ended = True
         self._ended[reason] += 1
 
-    def _forget(self, session: _Session) -> None:
+    def _forget(self, session: _TrackedSession) -> None:
         sid = session.session_id
         for key in session.points:
             if self._answers.get(key) == sid:
@@ -546,12 +549,12 @@ class SessionTracker:
 
 # -- pure helpers --------------------------------------------------------------------------
 
-def _session_start(session: _Session, now: float) -> Hint:
+def _session_start(session: _TrackedSession, now: float) -> Hint:
     return Hint(SessionStart(session.session_id, now, tenant=session.tenant, workflow=session.workflow,
                              parent_id=session.parent))
 
 
-def _outcome_if_ended_now(session: _Session) -> SessionOutcome:
+def _outcome_if_ended_now(session: _TrackedSession) -> SessionOutcome:
     """A session the tracker ends from outside (evicted, the proxy stopping) was cut
     short if a call of it was still running."""
     return SessionOutcome.CANCELLED if session.in_flight else SessionOutcome.COMPLETED

@@ -6,7 +6,7 @@ appends lines crash-safely and rotates by size; `Recorder` (`recorder`) runs bot
 on a background thread behind a bounded queue, so the request path only enqueues;
 `options` are the `--record` flags and the environment that carries them into an
 engine process. A front door supplies the feed that reads its own events into
-facts (`saga_server.proxy.record` for `saga proxy`, `saga_server.engines.vllm.record`
+facts (`saga_server.proxy.recording` for `saga proxy`, `saga_server.engines.vllm.recording`
 for `saga serve`).
 """
 

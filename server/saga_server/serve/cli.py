@@ -42,7 +42,7 @@ free one) at `--host`.
 
 `--record FILE` (with `--record-hash-tools`, `--record-max-bytes N`,
 `--record-idle-s S`) records what the engine sees of each session, in the
-EngineCore process where the plugin's data is (`engines/vllm/record.py`); the
+EngineCore process where the plugin's data is (`engines/vllm/recording.py`); the
 flags reach it as `SAGA_RECORD*` environment (`saga_server.record.options`).
 The file is opened here first, so one that cannot be written stops `saga serve`
 before vLLM starts.

@@ -15,7 +15,7 @@ from saga_server.bench.workload import load_trace, materialize
 from saga_server.core.categories import guess_category
 from saga_server.core.events import LlmCallEnd, LlmCallStart, SessionEnd, SessionStart
 from saga_server.proxy import Hint, HintFacts, cli
-from saga_server.proxy.record import feed_hints, proxy_recorder
+from saga_server.proxy.recording import feed_hints, proxy_recorder
 from saga_server.record import RecordConfig, Recorder, TraceBuilder
 from tests.fast.proxy.agents import SECRET, run_messages_agent, run_responses_agent, run_text_agent
 from tests.support.proxies import start_proxy
@@ -194,14 +194,14 @@ def test_a_stuck_writer_or_a_broken_file_never_fails_a_request(upstream, hint_se
 def test_saga_proxy_record_flags(tmp_path, capsys):
     args = cli.build_parser().parse_args(["--upstream", "http://127.0.0.1:1/v1", "--record", str(tmp_path / "r.jsonl"),
                                           "--record-hash-tools", "--record-max-bytes", "1000", "--idle-ttl-s", "20"])
-    rec = cli.record.from_args(args)
+    rec = cli.recording.from_args(args)
     try:
         c = rec.config
         assert (c.path, c.hash_tools, c.max_bytes, c.source) == (str(tmp_path / "r.jsonl"), True, 1000, "saga proxy")
         assert c.idle_s > 20  # past the tracker's own idle end
     finally:
         rec.close()
-    assert cli.record.from_args(cli.build_parser().parse_args(["--upstream", "http://x/v1"])) is None
+    assert cli.recording.from_args(cli.build_parser().parse_args(["--upstream", "http://x/v1"])) is None
     assert cli.main(["--upstream", "http://127.0.0.1:1/v1", "--record", str(tmp_path / "no" / "dir.jsonl")]) == 2
     assert "saga proxy:" in capsys.readouterr().err
 

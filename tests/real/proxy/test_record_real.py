@@ -15,7 +15,7 @@ from saga_sdk import HintClient
 from saga_server.bench.cli import main as bench
 from saga_server.bench.workload import load_trace
 from saga_server.proxy import ProxyConfig, SagaProxy
-from saga_server.proxy.record import proxy_recorder
+from saga_server.proxy.recording import proxy_recorder
 from saga_server.proxy.server import BackgroundServer
 from tests.support.http import REQUEST_TIMEOUT_S
 

@@ -13,7 +13,7 @@ process, which vLLM spawns): the plugin's `__init__` starts the gRPC
    touched by the engine loop. A session's end reaches the engine loop as the core's
    session table publishes it (`core.kv_policy`, "Lifecycle").
 
-An observer (`on_event`: the engine's recorder, `record`) is handed every hint
+An observer (`on_event`: the engine's recorder, `recording`) is handed every hint
 the core accepted, on the hint thread.
 
 A flood cannot grow memory: the queue drops its oldest entries beyond

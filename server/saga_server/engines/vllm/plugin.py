@@ -48,7 +48,7 @@ path):
   from the host tier (`--kv-offloading-size`, `tier`) as tier hits.
 - **Learnt state** (`SAGA_STATE_FILE`, `saga_server.state_file`): what the core learnt is
   read back at start and written every minute and at shutdown.
-- **Recording** (`SAGA_RECORD`, see `record`): each session's requests and hints,
+- **Recording** (`SAGA_RECORD`, see `recording`): each session's requests and hints,
   enqueued for a writer thread, become `saga-trace/1` tasks.
 
 Every hook is guarded: an exception in SAGA code is logged and counted
@@ -95,8 +95,8 @@ from .metrics import PluginCounters, SagaMetrics
 from .offload import RequestSessions, attach, tier_occupancy
 from .prefetch import Prefetcher, is_prefetch
 from .queue import RankedRequestQueue
-from .record import EngineRecording
-from .sessions import request_meta
+from .recording import EngineRecording
+from .request_meta import request_meta
 
 # Under "vllm." so vLLM's own log handler (and level) shows these lines.
 log = logging.getLogger("vllm.saga")

@@ -50,7 +50,7 @@ from saga_server.core.sessions import Departure
 from saga_server.record import Recorder, TokenBlocks, TraceBuilder, block_hashes
 from saga_server.record.options import config_from_env
 
-from .sessions import RequestMeta
+from .request_meta import RequestMeta
 
 # Under "vllm." so vLLM's own log handler (and level) shows these lines.
 log = logging.getLogger("vllm.saga")
