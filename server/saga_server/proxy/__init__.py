@@ -15,9 +15,9 @@ when `SagaProxy` is used, so the tracker stays importable on its own.
 from .actions import TextActions
 from .hints import Hint, HintFacts, send_hint
 from .exchanges import Message, Reply, Request, ToolCall, explicit_session_id
-from .sessions import Exchange, SessionTracker, TrackerStats
+from .sessions import Exchange, MatchRule, SessionTracker, TrackerStats
 
-__all__ = ["Exchange", "Hint", "HintFacts", "Message", "ProxyConfig", "Reply", "Request", "SagaProxy",
+__all__ = ["Exchange", "Hint", "HintFacts", "MatchRule", "Message", "ProxyConfig", "Reply", "Request", "SagaProxy",
            "SessionTracker", "TextActions", "ToolCall", "TrackerStats", "explicit_session_id", "send_hint"]
 
 

@@ -64,6 +64,7 @@ the session ids it reads.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import itertools
 import threading
@@ -93,12 +94,22 @@ from .tenants import namespaced
 __all__ = [
     "SESSION_BODY_FIELDS",
     "Exchange",
+    "MatchRule",
     "SessionTracker",
     "TrackerStats",
     "explicit_session_id",
 ]
 
-_RULES = ("explicit", "previous", "answer", "request", "retry", "new")
+
+class MatchRule(enum.StrEnum):
+    """Which rule found a request's session (module docstring; `TrackerStats.by_rule`)."""
+
+    EXPLICIT = "explicit"  # 1: the caller named it
+    PREVIOUS = "previous"  # 2: it continues an answer by its id
+    ANSWER = "answer"  # 3: its messages extend a known answer
+    REQUEST = "request"  # 4: they extend an earlier request whose answer was rewritten
+    RETRY = "retry"  # 4: they repeat a request that failed
+    NEW = "new"  # 5: none did
 
 
 @dataclass(slots=True)
@@ -107,7 +118,7 @@ class Exchange:
 
     session_id: str
     step: int
-    how: str            # one of `_RULES`
+    how: MatchRule
     new_session: bool
     final: bool = False  # the caller marked it its session's last request
     _chain: list[int] = field(default_factory=list, repr=False)
@@ -185,7 +196,7 @@ class SessionTracker:
         self._aliases: dict[tuple[str, str], tuple[str, int]] = {}
         self._ids = (f"{id_prefix}{n:x}" for n in itertools.count(1))
         self._id_salt = hashlib.blake2b(repr(time.time_ns()).encode(), digest_size=4).hexdigest()
-        self._counts = dict.fromkeys(("requests", *_RULES, "started", "evicted", "expired", "unparsed",
+        self._counts = dict.fromkeys(("requests", *MatchRule, "started", "evicted", "expired", "unparsed",
                                       "revived"), 0)
         self._ended: Counter[str] = Counter()
 
@@ -356,7 +367,7 @@ class SessionTracker:
         with self._lock:
             live = sum(1 for s in self._sessions.values() if not s.ended)
             c = self._counts
-            return TrackerStats(live, c["requests"], {k: c[k] for k in _RULES}, c["started"], c["evicted"],
+            return TrackerStats(live, c["requests"], {k: c[k] for k in MatchRule}, c["started"], c["evicted"],
                                 c["expired"], c["unparsed"], dict(self._ended), c["revived"])
 
     def session_ids(self) -> list[str]:
@@ -376,37 +387,37 @@ class SessionTracker:
             return alias[1] if alias is not None else hash(("previous", request.tenant, request.previous))
         return hash(("scope", request.tenant, request.scope)) if request.scope or request.tenant else 0
 
-    def _find(self, request: Request, chain: list[int]) -> tuple[_TrackedSession | None, str, int]:
+    def _find(self, request: Request, chain: list[int]) -> tuple[_TrackedSession | None, MatchRule, int]:
         """(session or None, rule, number of leading messages already known)."""
         if request.explicit is not None:
-            return (self._sessions.get(request.explicit), "explicit",
+            return (self._sessions.get(request.explicit), MatchRule.EXPLICIT,
                     self._known_prefix(request.explicit, chain))
         alias = self._aliases.get((request.tenant, request.previous)) if request.previous else None
         if alias is not None:
-            return self._sessions[alias[0]], "previous", 0
+            return self._sessions[alias[0]], MatchRule.PREVIOUS, 0
         k = len(chain)
         for i in range(k, 0, -1):
             key = chain[i - 1]
             sid = self._answers.get(key)
             if sid is not None:
-                return self._sessions[sid], "answer", i
+                return self._sessions[sid], MatchRule.ANSWER, i
             sid = self._requests.get(key)
             if sid is not None:
                 session = self._sessions[sid]
                 if i < k:
-                    return session, "request", i
+                    return session, MatchRule.REQUEST, i
                 if session.last_failed and not session.in_flight:
-                    return session, "retry", i
-        return None, "new", 0
+                    return session, MatchRule.RETRY, i
+        return None, MatchRule.NEW, 0
 
-    def _extends(self, session: _TrackedSession, request: Request, how: str, known: int | None) -> str:
+    def _extends(self, session: _TrackedSession, request: Request, how: MatchRule, known: int | None) -> str:
         """What the request's history continues (`HintFacts.extends`); `known`: the
         chain key of its longest known prefix, if any."""
-        if how in ("answer", "previous"):
+        if how in (MatchRule.ANSWER, MatchRule.PREVIOUS):
             return "answer"
-        if how in ("request", "retry"):
+        if how in (MatchRule.REQUEST, MatchRule.RETRY):
             return "request"
-        if how == "explicit":
+        if how == MatchRule.EXPLICIT:
             if known is not None:
                 return "answer" if known in session.points else "request"
             if request.previous and request.previous in self._aliases:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from saga_sdk.launcher import BOOTSTRAP_DIR, PLACEHOLDER_KEY, build_parser, child_environment
+from saga_server.proxy import MatchRule
 
 ROOT = Path(__file__).resolve().parents[3]
 PY = sys.executable
@@ -169,7 +170,7 @@ def test_langchain_agent_under_saga_run_keeps_its_own_sessions(upstream, proxy, 
     ids = [req["headers"].get("x-session-id") for req in upstream.app.state.requests]
     assert len(ids) == 4 and ids[0] == ids[1] != ids[2] == ids[3]
     assert not ids[0].startswith("px-")  # the integration's id, not one the proxy inferred
-    assert proxy.app.tracker.stats().by_rule["explicit"] == 4
+    assert proxy.app.tracker.stats().by_rule[MatchRule.EXPLICIT] == 4
     assert proxy.app.hints.flush(5)
     for sid in (ids[0], ids[2]):
         assert [(h.kind, h.detail) for h in registry.session(sid).history][1:] == [

@@ -18,7 +18,7 @@ from saga_server.core.events import (
     ToolCallEnd,
     ToolCallStart,
 )
-from saga_server.proxy import HintFacts, SessionTracker, explicit_session_id
+from saga_server.proxy import HintFacts, MatchRule, SessionTracker, explicit_session_id
 from saga_server.proxy.chat import CHAT
 from saga_server.proxy.messages import MESSAGES, JsonMessages
 from saga_server.proxy.responses import RESPONSES, JsonResponses
@@ -127,7 +127,7 @@ def test_interleaved_agents_land_in_their_own_sessions():
     log = interleave(tracker, agents, rng)
     assert accuracy(log) == 1.0
     assert tracker.stats().sessions_started == 30
-    assert tracker.stats().by_rule["answer"] == sum(len(a.plan) for a in agents) - 30
+    assert tracker.stats().by_rule[MatchRule.ANSWER] == sum(len(a.plan) for a in agents) - 30
 
 
 def test_rewritten_answers_still_continue_the_session():
@@ -136,7 +136,7 @@ def test_rewritten_answers_still_continue_the_session():
     agents = [Agent(f"agent{i}", [[], [], ["book"], []], rng, rewrite=True) for i in range(5)]
     log = interleave(tracker, agents, rng)
     assert accuracy(log) == 1.0
-    assert tracker.stats().by_rule["request"] > 0
+    assert tracker.stats().by_rule[MatchRule.REQUEST] > 0
 
 
 def test_tool_calls_start_with_the_answer_and_end_with_the_next_request():
@@ -179,10 +179,10 @@ def test_a_retry_after_a_failure_stays_but_a_twin_request_is_new():
     first, _ = tracker.begin(body)
     tracker.fail(first)
     retry, _ = tracker.begin(body)
-    assert (retry.session_id, retry.how) == (first.session_id, "retry")
+    assert (retry.session_id, retry.how) == (first.session_id, MatchRule.RETRY)
     tracker.finish(retry, [{"role": "assistant", "content": "hello"}])
     twin, events = tracker.begin(body)
-    assert twin.session_id != first.session_id and twin.how == "new"
+    assert twin.session_id != first.session_id and twin.how == MatchRule.NEW
     assert isinstance(events[0].event, SessionStart)
 
 
@@ -257,7 +257,7 @@ def test_tool_arguments_nested_deeper_than_the_parser_goes_still_match():
     tracker.finish(exchange, [{"role": "assistant", "content": None, "tool_calls": [call]}])
     history += [{"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c1", "content": "r"}]
     again, events = tracker.begin({"messages": history})
-    assert (again.session_id, again.how) == (exchange.session_id, "answer")
+    assert (again.session_id, again.how) == (exchange.session_id, MatchRule.ANSWER)
     assert kinds(events) == [ToolCallEnd, LlmCallStart]
 
 
@@ -287,7 +287,7 @@ def test_responses_histories_match_with_or_without_what_clients_drop():
               {"type": "function_call", "call_id": "c2", "name": "book", "arguments": "{}"},
               {"type": "function_call_output", "call_id": "c2", "output": "booked"}]
     exchange2, events = tracker.begin(RESPONSES.read({**body, "input": body["input"] + resent}, {}))
-    assert (exchange2.session_id, exchange2.how) == (exchange.session_id, "answer")
+    assert (exchange2.session_id, exchange2.how) == (exchange.session_id, MatchRule.ANSWER)
     assert ends(events) == [("c1", "cancelled"), ("c2", "ok")]
 
 
@@ -299,10 +299,10 @@ def test_previous_response_ids_chain_and_an_unknown_one_starts_a_session():
     follow = {"model": "m", "previous_response_id": "resp_a",
               "input": [{"type": "function_call_output", "call_id": "c1", "output": "ok"}]}
     exchange2, events = tracker.begin(RESPONSES.read(follow, {}))
-    assert (exchange2.session_id, exchange2.how) == (exchange.session_id, "previous")
+    assert (exchange2.session_id, exchange2.how) == (exchange.session_id, MatchRule.PREVIOUS)
     assert ends(events) == [("c1", "ok")]
     lost, events = tracker.begin(RESPONSES.read({**follow, "previous_response_id": "resp_gone"}, {}))
-    assert lost.how == "new" and isinstance(events[0].event, SessionStart)
+    assert lost.how == MatchRule.NEW and isinstance(events[0].event, SessionStart)
 
 
 def test_messages_histories_match_across_moved_cache_markers_and_dropped_thinking():
@@ -326,7 +326,7 @@ def test_messages_histories_match_across_moved_cache_markers_and_dropped_thinkin
               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x = 1",
                                             "cache_control": {"type": "ephemeral"}}]}]
     exchange2, events = tracker.begin(MESSAGES.read({**body, "messages": resent}, {}))
-    assert (exchange2.session_id, exchange2.how) == (exchange.session_id, "answer")
+    assert (exchange2.session_id, exchange2.how) == (exchange.session_id, MatchRule.ANSWER)
     assert ends(events) == [("t1", "ok"), ("t2", "cancelled")]
 
 
@@ -434,7 +434,7 @@ def test_an_abandoned_call_ends_its_session_after_the_grace_unless_retried():
     tracker.fail(exchange, abandoned=True)
     now[0] += 3
     retry, _ = tracker.begin(body)
-    assert (retry.session_id, retry.how) == (exchange.session_id, "retry")
+    assert (retry.session_id, retry.how) == (exchange.session_id, MatchRule.RETRY)
     tracker.fail(retry, abandoned=True)
     now[0] += 6
     assert [(type(e), e.outcome) for e in (h.event for h in tracker.expire())] == [
@@ -512,7 +512,8 @@ def test_a_subagent_names_its_parent_and_the_final_marker_ends_its_session_at_on
         {"id": "t9", "type": "function", "function": {"name": "grep", "arguments": "{}"}}]}])
     assert kinds(done) == [LlmCallEnd, SessionEnd] and done[-1].facts.end_reason == "marked_final"
     stats = tracker.stats()
-    assert stats.by_rule["explicit"] == 3 and stats.by_rule["new"] == 0 and stats.sessions == 1  # the root lives
+    assert stats.by_rule[MatchRule.EXPLICIT] == 3 and stats.by_rule[MatchRule.NEW] == 0
+    assert stats.sessions == 1  # the root lives
 
 
 def test_a_tenants_parent_id_is_namespaced_like_its_session():
@@ -532,5 +533,5 @@ def test_requests_under_different_prompt_cache_keys_never_continue_one_another()
     follow = msgs + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
     same, _ = tracker.begin({"messages": follow, "prompt_cache_key": "conv-1"})
     other, _ = tracker.begin({"messages": follow, "prompt_cache_key": "conv-2"})
-    assert (same.session_id, same.how) == (a.session_id, "answer")
-    assert other.session_id != a.session_id and other.how == "new"
+    assert (same.session_id, same.how) == (a.session_id, MatchRule.ANSWER)
+    assert other.session_id != a.session_id and other.how == MatchRule.NEW

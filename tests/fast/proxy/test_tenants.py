@@ -16,7 +16,7 @@ import pytest
 
 from saga_sdk import HintClient
 from saga_server.core.events import SessionStart
-from saga_server.proxy import ProxyConfig, Request, SagaProxy, SessionTracker
+from saga_server.proxy import MatchRule, ProxyConfig, Request, SagaProxy, SessionTracker
 from saga_server.proxy.server import BackgroundServer
 from saga_server.proxy.tenants import Tenants, namespaced
 from saga_server.rpc import HintServer, KeyRing, reload_on_sighup
@@ -187,7 +187,7 @@ def test_another_tenants_response_id_does_not_join_its_session(tenant_proxy, ups
     a1, a2, b1, b2 = session_ids(upstream)
     assert bodies(upstream)[1]["previous_response_id"] == bodies(upstream)[3]["previous_response_id"]
     assert a1 == a2 != b1 == b2
-    assert tenant_proxy.app.tracker.stats().by_rule["previous"] == 2
+    assert tenant_proxy.app.tracker.stats().by_rule[MatchRule.PREVIOUS] == 2
 
 
 def test_the_tracker_namespaces_every_id_and_starts_sessions_as_their_tenant():
