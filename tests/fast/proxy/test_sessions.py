@@ -464,11 +464,11 @@ def test_facts_say_what_each_request_continues_its_sizes_and_why_a_session_ended
     assert facts(events, LlmCallStart)[0].extends == "answer"
     assert facts(tracker.fail(exchange), LlmCallEnd) == [HintFacts(failed=True)]
     exchange, events = tracker.begin({"model": "gpt-4o", "messages": extended})  # the retry
-    assert (exchange.how, facts(events, LlmCallStart)[0].extends) == ("retry", "request")
+    assert (exchange.how, facts(events, LlmCallStart)[0].extends) == (MatchRule.RETRY, "request")
     rewritten = extended + [{"role": "assistant", "content": "DONE"}, {"role": "user", "content": "more"}]
     tracker.finish(exchange, [{"role": "assistant", "content": "done"}], {"prompt_tokens": 40})
     exchange, events = tracker.begin({"model": "gpt-4o", "messages": rewritten})
-    assert (exchange.how, facts(events, LlmCallStart)[0].extends) == ("request", "request")
+    assert (exchange.how, facts(events, LlmCallStart)[0].extends) == (MatchRule.REQUEST, "request")
     tracker.finish(exchange, [{"role": "assistant", "content": "ok"}])
     explicit, events = tracker.begin({"model": "m", "messages": first}, {"x-session-id": "mine"})
     tracker.finish(explicit, [{"role": "assistant", "content": "ok"}])
