@@ -4,7 +4,7 @@ what the deadline shaper and the core learn of them (on a counting pool)."""
 from __future__ import annotations
 
 from saga_server.core import CoreConfig, ManualClock, SessionStart, WorkflowCore
-from saga_server.core.admission import ACTIVE, WAITING, AdmissionPlan
+from saga_server.core.admission import AdmissionPlan, AdmissionState
 from saga_server.core.deadlines import AT_RISK, NORMAL, DeadlineShaper
 from saga_server.core.engine_policy import EnginePolicy, LiveRequest
 from saga_server.core.holds import HoldLedger
@@ -41,7 +41,9 @@ class OneAtATime:
         pass
 
     def state(self, session_id):
-        return ACTIVE if session_id == self.active else WAITING if session_id in self.waiting else None
+        if session_id == self.active:
+            return AdmissionState.ACTIVE
+        return AdmissionState.WAITING if session_id in self.waiting else None
 
     def plan(self):
         if self.active is None and self.waiting:
