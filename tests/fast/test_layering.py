@@ -69,15 +69,18 @@ ROOMS: dict[str, Room] = {
                "saga_server.proxy", "saga_server.record", "saga_proto", "grpc", "google.protobuf", "httpx")
         + HEAVY + FRAMEWORKS),
     "saga_server.bench": Room(
-        "`saga bench`: the simulator's driver, no engine or transport either",
-        saga=("saga_server.core", "saga_server.engines.sim"), third_party=("matplotlib", "tqdm", "numpy"),
+        "`saga bench`: the simulator's driver, no engine or transport either; `saga calibrate` "
+        "starts its engine as a `saga serve` child",
+        saga=("saga_server.core", "saga_server.engines.sim", "saga_server.serve_child"),
+        third_party=("matplotlib", "tqdm", "numpy"),
         never=("saga_server.engines.vllm", "saga_server.rpc", "saga_server.router", "saga_server.serve",
                "saga_server.proxy", "saga_proto", "grpc", "google.protobuf", "httpx") + HEAVY + FRAMEWORKS),
     "saga_server.serve": Room(
         "`saga serve` runs vLLM as a child process and names SAGA's classes to it as strings; "
         "it checks the keys, the identity headers and the record file before vLLM starts and prepares the model",
         saga=("saga_server.record", "saga_server.rpc.keys", "saga_server.rpc.reload", "saga_server.core.identity",
-              "saga_server.core.mechanisms", "saga_server.settings", "saga_server.state_file"),
+              "saga_server.core.mechanisms", "saga_server.settings", "saga_server.state_file",
+              "saga_server.serve_child"),
         third_party=("torch", "transformers"),
         never=("saga_server.engines", "saga_server.router", "saga_server.proxy", "saga_server.bench",
                "saga_server.rpc.service", "vllm", "ray") + FRAMEWORKS),
@@ -97,6 +100,7 @@ ROOMS: dict[str, Room] = {
         "routing, hints fanned out over the wire contract",
         saga=("saga_server.core.routing", "saga_server.core.cluster_share", "saga_server.engines.vllm.intake",
               "saga_server.rpc", "saga_server.serve.cli", "saga_server.serve.model", "saga_server.settings",
+              "saga_server.serve_child",
               "saga_proto", "saga_sdk"),
         third_party=("ray", "httpx", "grpc", "prometheus_client"),
         never=("saga_server.engines.sim", "saga_server.proxy", "saga_server.bench", "saga_server.core.workflow",
@@ -118,6 +122,12 @@ ROOMS: dict[str, Room] = {
         never=("saga_server.engines", "saga_server.core", "saga_server.rpc", "saga_server.router",
                "saga_server.serve", "saga_server.proxy", "saga_server.bench", "saga_server.record",
                "prometheus_client", "grpc") + HEAVY + FRAMEWORKS),
+    "saga_server.serve_child": Room(
+        "`saga serve` as a child process and free local ports, for `saga calibrate`, the benchmarks and the "
+        "tests: standard library only",
+        never=("saga_server.engines", "saga_server.core", "saga_server.rpc", "saga_server.router",
+               "saga_server.serve", "saga_server.proxy", "saga_server.bench", "saga_server.record", "grpc")
+        + HEAVY + FRAMEWORKS),
     "saga_server": Room(
         "`saga` and `saga status`: subcommands imported by name only when used, so `saga status` never "
         "pays for vLLM",

@@ -42,15 +42,14 @@ import json
 import math
 import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from ..serve_child import ServeChild
 
 __all__ = ["main", "cpu_description", "fit", "predict"]
 
@@ -79,51 +78,21 @@ def cpu_description() -> dict:
     return {"model": model, "cores": os.cpu_count(), "simd_flags": simd}
 
 
-class _Engine:
-    """One stock `saga serve --no-saga` child on free ports (its log in a temp file)."""
+class _Engine(ServeChild):
+    """One stock `saga serve --no-saga` child on free ports, ready (its log in a temp file)."""
+
+    request_timeout_s = 900
 
     def __init__(self, vllm_args: list[str], timeout_s: float = 900) -> None:
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            b.bind(("127.0.0.1", 0))
-            port, hint_port = a.getsockname()[1], b.getsockname()[1]
-        self.base = f"http://127.0.0.1:{port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="saga-calibrate-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([sys.executable, "-m", "saga_server.cli", "serve", "--no-saga", "--fast-start",
-                                      "--port", str(port), "--hint-port", str(hint_port), *vllm_args],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"saga serve exited ({self.proc.returncode}); see {self.log.name}")
-            try:
-                with urllib.request.urlopen(self.base + "/v1/models", timeout=2) as resp:
-                    self.model = json.loads(resp.read())["data"][0]["id"]
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise TimeoutError(f"saga serve not ready after {timeout_s} s; see {self.log.name}")
-                time.sleep(0.5)
-
-    def post(self, path: str, body: dict) -> dict:
-        req = urllib.request.Request(self.base + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=900) as resp:
-            return json.loads(resp.read())
+        with tempfile.NamedTemporaryFile(prefix="saga-calibrate-", suffix=".log", delete=False) as log:
+            super().__init__(["--no-saga", "--fast-start", *vllm_args], Path(log.name))
+        self.wait_ready(timeout_s)
 
     def counter(self, name: str) -> float:
         """The sum of a vLLM counter's samples on /metrics (0 if absent)."""
-        with urllib.request.urlopen(self.base + "/metrics", timeout=10) as resp:
+        with urllib.request.urlopen(self.base_url + "/metrics", timeout=10) as resp:
             return sum(float(line.rsplit(" ", 1)[1]) for line in resp.read().decode().splitlines()
                        if line.startswith(name + "{") or line.startswith(name + " "))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 class Probe:

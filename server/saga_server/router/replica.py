@@ -20,12 +20,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 from typing import Any
 
 from ray.serve.llm.deployment import LLMServer
 
-
+from ..serve_child import free_port
 from ..settings import EngineSettings
 from .hints import HINT_KV_PREFIX
 from .report import REPORT_KEY, ReplicaReport, read_report
@@ -33,12 +32,6 @@ from .report import REPORT_KEY, ReplicaReport, read_report
 log = logging.getLogger("ray.serve")
 
 __all__ = ["SagaLLMServer"]
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _register(server: "SagaLLMServer") -> None:
@@ -63,12 +56,12 @@ def _moves_kv_over_nixl(llm_config) -> bool:
 class SagaLLMServer(LLMServer):
     async def __init__(self, llm_config, *args, **kwargs):
         host = os.environ.get("SAGA_HINT_HOST", "127.0.0.1")
-        self.saga_hint_addr = f"{host}:{_free_port(host)}"
+        self.saga_hint_addr = f"{host}:{free_port(host)}"
         os.environ.update(EngineSettings(hint_addr=self.saga_hint_addr).to_env())  # inherited by the EngineCore
         log.info("SAGA replica: hint service at %s", self.saga_hint_addr)
         if _moves_kv_over_nixl(llm_config):  # a side channel of its own: replicas may share a host
             os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host
-            os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(_free_port(host))
+            os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(free_port(host))
             log.info("SAGA replica: NIXL side channel at %s:%s", host, os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"])
         self._saga_kv_key = None
         await super().__init__(llm_config, *args, **kwargs)

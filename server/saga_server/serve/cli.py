@@ -69,6 +69,7 @@ from ..record import JsonlSink
 from ..record import options as record_options
 from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError
 from ..rpc.reload import RELOAD_DIR_ENV, forward_reload
+from ..serve_child import free_port
 from ..settings import EngineSettings
 from ..state_file import STATE_FILE_ENV, add_state_arguments, state_path_of
 from .model import ModelPrepError, resolve_model_dir
@@ -325,12 +326,6 @@ def _wait_ready(proc: subprocess.Popen, url: str, hint_addr: str | None, timeout
     return False
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host if host not in ("0.0.0.0", "::") else "", 0))
-        return s.getsockname()[1]
-
-
 def _port_open(addr: str) -> bool:
     host, _, port = addr.rpartition(":")
     try:
@@ -418,7 +413,7 @@ def main(argv: list[str]) -> int:
         print(f"saga serve: {exc}", file=sys.stderr)
         return 2
     if opts.kv_transfer and opts.nixl_port is None and "VLLM_NIXL_SIDE_CHANNEL_PORT" not in os.environ:
-        opts.nixl_port = _free_port(opts.host)  # vLLM's default, 5600, would collide on a shared host
+        opts.nixl_port = free_port(opts.host)  # vLLM's default, 5600, would collide on a shared host
     cfg = build_command(opts, passthrough, model_dir, default_model)
     keys_file = cfg.env.get(KEYS_FILE_ENV)
     problem = _check_keys(keys_file) or problem_with(cfg.env.get(SESSION_HEADERS_ENV, "")) \
