@@ -25,10 +25,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -39,9 +36,9 @@ import pytest
 
 from benchmarks.serve_common import tree_rss_bytes
 from tests.support.chaos_table import ChaosRow, ChaosTable
-from tests.support.http import REQUEST_TIMEOUT_S, free_port, post_chat
+from tests.support.http import REQUEST_TIMEOUT_S, post_chat
 from tests.support.processes import listening_pid
-from tests.support.serve import launch_saga_serve
+from tests.support.serve import serve_child
 
 
 def pytest_collection_modifyitems(items):
@@ -88,17 +85,10 @@ def _local_pid(base_url: str) -> int | None:
     return listening_pid(parts.port or (443 if parts.scheme == "https" else 80)) if local else None
 
 
-def _wait(url: str, proc: subprocess.Popen | None, timeout: float, log_path: Path | None = None) -> None:
-    """Until `url` is healthy and, for a server started here, its log says it is ready:
-    a free port picked here may meanwhile have been taken by another process that
-    answers /health too."""
+def _wait_healthy(url: str, timeout: float) -> None:
+    """Until the external server at `url` answers /health."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"saga serve exited with {proc.returncode} before it was ready")
-        if log_path is not None and b"[saga] ready in" not in log_path.read_bytes():
-            time.sleep(1)
-            continue
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as resp:
                 if resp.status == 200:
@@ -116,37 +106,19 @@ def saga_server(tmp_path_factory):
         openai_url = url.rstrip("/")
         openai_url = openai_url if openai_url.endswith("/v1") else openai_url + "/v1"
         base = openai_url[:-3]
-        _wait(base, None, 60)
+        _wait_healthy(base, 60)
         yield RunningSaga(base, openai_url, hints, _served_model(openai_url), False, None, _local_pid(base))
         return
     pytest.importorskip("vllm", reason="vLLM not installed (scripts/setup.sh)")
-    port, hint_port = free_port(), free_port()
     blocks = int(os.environ.get("SAGA_TEST_KV_BLOCKS", "192"))
-    log_path = tmp_path_factory.mktemp("saga-serve") / "serve.log"
-    proc = launch_saga_serve(["--fast-start", "--port", str(port), "--hint-port", str(hint_port),
-                              "--num-gpu-blocks-override", str(blocks), "--max-num-seqs", "16"], log_path)
-    base = f"http://127.0.0.1:{port}"
+    child = serve_child(["--num-gpu-blocks-override", str(blocks), "--max-num-seqs", "16"],
+                        tmp_path_factory.mktemp("saga-serve") / "serve.log")
     try:
-        _wait(base, proc, float(os.environ.get("SAGA_TEST_READY_S", "600")), log_path)
-        # the hint service comes up with the engine; give the socket a moment
-        for _ in range(60):
-            try:
-                socket.create_connection(("127.0.0.1", hint_port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.5)
-        yield RunningSaga(base, base + "/v1", f"127.0.0.1:{hint_port}", _served_model(base + "/v1"), True, blocks,
-                          proc.pid)
-    except Exception:
-        print(log_path.read_text()[-5000:], file=sys.stderr)
-        raise
+        child.wait_ready(float(os.environ.get("SAGA_TEST_READY_S", "600")))  # the hint service is up too
+        yield RunningSaga(child.base_url, child.base_url + "/v1", child.hint_addr, child.model, True, blocks,
+                          child.proc.pid)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # saga serve stops vLLM's whole process group
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        child.stop()  # saga serve stops vLLM's whole process group
 
 
 _CHAOS = pytest.StashKey[ChaosTable]()

@@ -8,8 +8,8 @@ there, so this package imports like any other, in every test folder.
 - `chat_server`: the scripted OpenAI-compatible server (the fast tier's model fake)
 - `registry`: `RecordingRegistry`, the real registry keeping every accepted event, and `trace`
 - `examples`: `load_example`, an `examples/*.py` script imported as a module
-- `http`: `post_chat` and `free_port` for tests against a real server
-- `serve`: `launch_saga_serve`, a `saga serve` subprocess of this checkout
+- `http`: `post_chat` for tests against a real server (`free_port` is `saga_server.serve_child`'s)
+- `serve`: `serve_child`, a `saga serve` child of this checkout; `own_engine`: `OwnEngine`, one a test starts for itself
 - `chaos_table`, `faults`, `loads`: the chaos suite's table, fault injectors (a
   killable `saga hints`, a relay that cuts streams, raw bytes) and loads (forced
   tool-calling agents, hint floods, each flood client in its own process)

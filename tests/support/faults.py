@@ -26,7 +26,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from tests.support.http import free_port
+from saga_server.serve_child import free_port
 
 __all__ = ["CuttingRelay", "HintServiceProcess", "exchange", "http2_garbage", "status_of"]
 

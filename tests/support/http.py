@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import urllib.request
 
-__all__ = ["free_port", "post_chat", "REQUEST_TIMEOUT_S"]
+__all__ = ["post_chat", "REQUEST_TIMEOUT_S"]
 
 # One request to the real engine, sized for a busy 2-core machine without AVX-512
 # (prefill ~200 tokens/s, shared with the other tests' traffic): generous, because a
 # timeout here is a flaky test, never a finding.
 REQUEST_TIMEOUT_S = float(os.environ.get("SAGA_TEST_REQUEST_TIMEOUT_S", "600"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post_chat(chat_url: str, model: str, messages: list, *, session_id: str | None = None,

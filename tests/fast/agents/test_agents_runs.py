@@ -18,7 +18,7 @@ from saga_server.core.events import LlmCallEnd
 from tests.support.chat_server import text
 from tests.support.chat_server import tool_calls as calls
 from tests.support.registry import trace
-from tests.support.http import free_port
+from saga_server.serve_child import free_port
 
 
 # -- a script that reads chat and Responses bodies alike ---------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 
 import pytest
 from autogen_agentchat.agents import AssistantAgent
@@ -19,6 +18,7 @@ from saga_sdk import HintClient, current_session
 from saga_sdk.integrations import autogen as saga_autogen
 from saga_sdk.integrations.autogen import SagaChatCompletionClient, run, run_stream
 from saga_server.core.events import LlmCallEnd
+from saga_server.serve_child import free_port
 from tests.support.chat_server import text
 from tests.support.chat_server import tool_calls as calls
 from tests.support.registry import trace
@@ -255,12 +255,6 @@ def test_a_runtime_started_before_the_run_is_bound_by_team_not_contextvars(chat_
     assert seen[0][0] is None and seen[0][1].session_id == "pre-started"
     assert {body["session_id"] for body in chat_server.chat_bodies()} == {"pre-started"}
     assert not saga_autogen._by_agent_key  # unbound after the run
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_hint_service_that_is_down_changes_nothing_in_the_run(chat_server, model_client):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 import uuid
 from pathlib import Path
@@ -26,6 +25,7 @@ from saga_sdk.logs import LogOnce
 
 from saga_server.core.events import (LlmCallEnd, SessionOutcome, SessionPhase, SessionStart, ToolCallEnd, ToolCallStart,
                                       ToolOutcome)
+from saga_server.serve_child import free_port
 
 from tests.support import chat_server as chat
 
@@ -66,12 +66,6 @@ def history(registry, sid: str) -> list[tuple[str, str]]:
 
 def contents(result) -> list[tuple[str, str]]:
     return [(type(m).__name__, str(m.content)) for m in result["messages"]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 USER = {"messages": [("user", "what is 1+2?")]}

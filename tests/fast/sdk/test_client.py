@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -14,12 +13,7 @@ import pytest
 from saga_sdk import HintClient, HintReader, SagaConfig
 from saga_server.core import SessionPhase, SessionTable
 from saga_server.rpc import HintServer
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from saga_server.serve_child import free_port
 
 
 def kinds(registry: SessionTable, session_id: str) -> list[str]:

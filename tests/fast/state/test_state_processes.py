@@ -8,7 +8,7 @@ import sys
 import time
 
 from tests.support.coder_hints import coder_predictions, teach_coder
-from tests.support.http import free_port
+from saga_server.serve_child import free_port
 
 
 def start(port: int, *args: str) -> subprocess.Popen:

@@ -14,7 +14,8 @@ import openai
 import pytest
 
 from saga_sdk import HintReader
-from tests.support.http import REQUEST_TIMEOUT_S, free_port
+from saga_server.serve_child import free_port
+from tests.support.http import REQUEST_TIMEOUT_S
 from tests.support.proxies import start_proxy, stop_proxy
 
 anthropic = pytest.importorskip("anthropic")

@@ -25,7 +25,8 @@ import pytest
 
 from saga_sdk import HintClient, HintReader
 from tests.support.faults import ROOT, HintServiceProcess
-from tests.support.http import REQUEST_TIMEOUT_S, free_port
+from saga_server.serve_child import free_port
+from tests.support.http import REQUEST_TIMEOUT_S
 
 KEY_A, KEY_B, KEY_OPS = "sk-proc-team-a-0123456", "sk-proc-team-b-6543210", "sk-proc-ops-admin-777"
 START_TIMEOUT_S = 120.0

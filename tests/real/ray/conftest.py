@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.http import REQUEST_TIMEOUT_S, free_port, post_chat
+from saga_server.serve_child import free_port
+from tests.support.http import REQUEST_TIMEOUT_S, post_chat
 
 ROOT = Path(__file__).resolve().parents[3]
 KV_PREFIX = "saga:hint:"

@@ -40,7 +40,7 @@ def engine(saga_server, tmp_path_factory):
     keys.write_text(f"{KEY_A} team-a agent\n{KEY_B} team-b agent\n{KEY_OPS} ops admin\n")
     own = OwnEngine("keys", tmp, ["--api-keys", str(keys), "--max-model-len", "2048"])
     try:
-        own.wait_ready(time.monotonic() + READY_TIMEOUT_S)
+        own.wait_ready(READY_TIMEOUT_S)
         own.model = saga_server.model
         yield own
     finally:
@@ -65,7 +65,7 @@ def test_without_a_key_nothing_reaches_the_engine(engine):
             chat(engine, key, "Hello", "no-key")
         assert err.value.code == 401
         assert json.loads(err.value.read())["error"]["code"] == "invalid_api_key"
-    with urllib.request.urlopen(engine.base + "/health", timeout=30) as resp:
+    with urllib.request.urlopen(engine.base_url + "/health", timeout=30) as resp:
         assert resp.status == 200  # probes need no key; /metrics neither (computed_tokens reads it)
     assert engine.computed_tokens() == before
 

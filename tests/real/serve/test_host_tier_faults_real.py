@@ -19,7 +19,6 @@ Run it alone:
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -46,7 +45,7 @@ def engine(saga_server, tmp_path_factory, kill_file):
                     ["--num-gpu-blocks-override", "40", "--max-num-seqs", "2", "--max-model-len", "1024",
                      "--kv-transfer-config", json.dumps(transfer)])
     try:
-        own.wait_ready(time.monotonic() + READY_TIMEOUT_S)
+        own.wait_ready(READY_TIMEOUT_S)
         yield own
     finally:
         own.stop()
@@ -74,7 +73,7 @@ def test_with_the_tiers_memory_gone_a_resumed_prefix_is_recomputed_and_nothing_f
     assert moved.get("saga_kv_tier_loads_total{outcome=ok}", 0) == 0, moved
     assert moved["vllm:iteration_tokens_total_sum"] >= 21 * BLOCK, moved  # the prefix computed again
     assert resumed["choices"][0]["token_ids"] == reference["choices"][0]["token_ids"]
-    assert b"load job" in engine.log.read_bytes()  # the failure is in the engine's log
+    assert b"load job" in engine.log_path.read_bytes()  # the failure is in the engine's log
 
     # the engine goes on serving
     again, _ = run(engine, model, counting(engine, model, "Later", 1, 100))

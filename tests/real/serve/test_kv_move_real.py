@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from saga_server.router.kv_move import move_prefix
-from tests.support.http import REQUEST_TIMEOUT_S, free_port
+from saga_server.serve_child import free_port
+from tests.support.http import REQUEST_TIMEOUT_S
 from tests.support.own_engine import OwnEngine
 
 # Not imported here: NIXL's native libraries in the test process crash grpc_tools' protoc
@@ -51,7 +52,7 @@ def engines(saga_server, tmp_path_factory):
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         for engine in pair:
-            engine.wait_ready(deadline)
+            engine.wait_ready(max(0.0, deadline - time.monotonic()))
         yield pair
     finally:
         for engine in pair:
@@ -106,7 +107,7 @@ def test_a_moved_prefix_is_pulled_and_the_next_request_computes_only_the_new_tok
     expected = source.complete(model, following)["choices"][0]["token_ids"]
 
     before, counted = target.computed_tokens(), target.metrics("saga_kv_pull")
-    move = move_prefix(source.base, target.base, model, prefix, timeout_s=REQUEST_TIMEOUT_S)
+    move = move_prefix(source.base_url, target.base_url, model, prefix, timeout_s=REQUEST_TIMEOUT_S)
     assert move.pulled and move.warm and move.fallback == "", move
     assert move.pulled_tokens == PREFIX
     assert target.computed_tokens() - before <= 1 + 1  # the last prompt token (and its output), nothing else
@@ -149,7 +150,7 @@ def test_with_the_source_gone_the_move_re_prefills_on_the_target_without_error(e
 
     # A move started now finds no source and re-prefills.
     prefix = prompt_of(5, PREFIX)
-    move = move_prefix(source.base, target.base, model, prefix, timeout_s=REQUEST_TIMEOUT_S)
+    move = move_prefix(source.base_url, target.base_url, model, prefix, timeout_s=REQUEST_TIMEOUT_S)
     assert not move.pulled and move.warm and "source unreachable" in move.fallback
     assert move.pulled_tokens == 0
     out = target.complete(model, prefix + prompt_of(4, 20))

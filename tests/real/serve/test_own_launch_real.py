@@ -22,7 +22,8 @@ import pytest
 from saga_sdk import HintClient, HintReader
 from saga_server.serve.model import resolve_model_dir
 from saga_server.serve.status import fetch_metrics
-from tests.support.http import free_port, post_chat
+from saga_server.serve_child import free_port
+from tests.support.http import post_chat
 
 SCHEDULER = "saga_server.engines.vllm.SagaScheduler"
 READY_TIMEOUT_S = 600  # a cold engine start on a busy 2-core machine

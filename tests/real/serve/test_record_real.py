@@ -27,8 +27,8 @@ import pytest
 from saga_sdk import HintClient
 from saga_server.bench.cli import main as bench
 from saga_server.bench.workload import load_trace
-from tests.support.http import REQUEST_TIMEOUT_S, free_port
-from tests.support.serve import launch_saga_serve, stop_saga_serve
+from tests.support.http import REQUEST_TIMEOUT_S
+from tests.support.serve import serve_child
 
 READY_TIMEOUT_S = 600  # a cold engine start on a busy 2-core machine
 IDLE_S = 4.0           # --record-idle-s: the hint-less session is written after this
@@ -41,24 +41,14 @@ TOOLS = (("pytest", "test"), ("grep", "search"), ("pip", "install"))
 @pytest.fixture(scope="module")
 def recording_engine(saga_server, tmp_path_factory):
     """(base URL, hint address, served model, recording path, process) of a `saga serve --record`."""
-    port, hint_port = free_port(), free_port()
     path = tmp_path_factory.mktemp("record-real") / "engine.jsonl"
-    log = path.with_name("serve.log")
-    proc = launch_saga_serve(["--fast-start", "--port", str(port), "--hint-port", str(hint_port),
-                              "--record", str(path), "--record-idle-s", str(IDLE_S), "--num-gpu-blocks-override", "80",
-                              "--max-num-seqs", "2", "--max-model-len", "2048"], log)
-    base = f"http://127.0.0.1:{port}"
+    child = serve_child(["--record", str(path), "--record-idle-s", str(IDLE_S), "--num-gpu-blocks-override", "80",
+                         "--max-num-seqs", "2", "--max-model-len", "2048"], path.with_name("serve.log"))
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while b"[saga] ready in" not in log.read_bytes():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"saga serve --record did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
-        with urllib.request.urlopen(base + "/v1/models", timeout=10) as resp:
-            model = json.loads(resp.read())["data"][0]["id"]
-        yield base, f"127.0.0.1:{hint_port}", model, path, proc
+        child.wait_ready(READY_TIMEOUT_S)
+        yield child.base_url, child.hint_addr, child.model, path, child.proc
     finally:
-        stop_saga_serve(proc)  # saga serve stops vLLM's process group; the engine closes the file
+        child.stop()  # saga serve stops vLLM's process group; the engine closes the file
 
 
 def complete(base: str, model: str, prompt: list[int], sid: str, max_tokens: int) -> dict:

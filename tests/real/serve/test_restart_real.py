@@ -14,12 +14,11 @@ serves. Run it alone:
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from tests.support.coder_hints import coder_predictions, teach_coder
-from tests.support.http import free_port
+from saga_server.serve_child import free_port
 from tests.support.own_engine import OwnEngine
 
 READY_TIMEOUT_S = 600
@@ -30,7 +29,7 @@ def engine(tmp, name: str, port: int, hint_port: int, state_dir) -> OwnEngine:
     own = OwnEngine(name, tmp, ["--num-gpu-blocks-override", "64", "--max-num-seqs", "2",
                                 "--max-model-len", "1024", "--state-dir", str(state_dir)],
                     port=port, hint_port=hint_port)
-    own.wait_ready(time.monotonic() + READY_TIMEOUT_S)
+    own.wait_ready(READY_TIMEOUT_S)
     return own
 
 
@@ -61,7 +60,7 @@ def test_a_restarted_engine_predicts_what_it_learnt_before_and_a_corrupt_file_is
         after = coder_predictions(second.hint_addr, "after")
     finally:
         second.stop()
-    assert "learnt state restored" in second.log.read_text()
+    assert "learnt state restored" in second.log_path.read_text()
     for key in PREDICTIONS:
         assert after[key] == before[key], key
     assert after["pin_ttl_s"] == pytest.approx(before["pin_ttl_s"], abs=0.05)  # less the ms the tool ran
@@ -75,6 +74,6 @@ def test_a_restarted_engine_predicts_what_it_learnt_before_and_a_corrupt_file_is
         clean = coder_predictions(third.hint_addr, "clean")
     finally:
         third.stop()
-    log = third.log.read_text()
+    log = third.log_path.read_text()
     assert log.count("is corrupt") == 1 and "clean start" in log
     assert clean["p_continue"] == cold["p_continue"]
