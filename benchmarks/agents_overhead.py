@@ -17,80 +17,34 @@ real hint service on loopback. Reported:
   differencing. Target: <= 50 us per model call;
 - the hook bodies of one model call in a tight loop (no run around them).
 
-The model is a scripted OpenAI-compatible server on loopback, in a child process with
-the hint service (it answers in a few ms: the *worst case* for the ratio; a real model
-call takes 100-1000x longer). `--api responses` drives the SDK's Responses model instead of Chat Completions.
+The model is the template's scripted server (`benchmarks/harness/overhead.py`), in a
+child process with the hint service (a real model call takes 100-1000x longer than its
+few ms). `--api responses` drives the SDK's Responses model instead of Chat Completions.
 
-    PYTHONPATH=sdk:server python benchmarks/agents_overhead.py [--runs 30] [--turns 4] [--api chat]
+    python -m benchmarks.agents_overhead [--runs 30] [--turns 4] [--api chat]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import overhead
+from benchmarks.harness.overhead import Timer
+
 TARGET_US_PER_CALL = 50.0
 
 
-def _chat_server():
-    spec = importlib.util.spec_from_file_location("saga_bench_chat_server", ROOT / "tests" / "support" /
-                                                  "chat_server.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def tool_results(body: dict) -> int:
+    """Tool results in a Chat Completions or a Responses request."""
+    items = body.get("messages") or body.get("input") or []
+    return sum(1 for i in items if isinstance(i, dict) and (i.get("role") == "tool"
+                                                            or i.get("type") == "function_call_output"))
 
 
-def serve_scripted(turns: int) -> None:
-    """Child process: the scripted model server and the hint service (out of process, so
-    that their threads do not compete with the measured agent for the GIL, as a real
-    server's would not); prints their addresses."""
-    from saga_server.core import SessionTable
-    from saga_server.rpc import HintServer
-
-    chat = _chat_server()
-
-    def script(body):
-        items = body.get("messages") or body.get("input") or []
-        done = sum(1 for i in items if isinstance(i, dict) and (i.get("role") == "tool"
-                                                               or i.get("type") == "function_call_output"))
-        if done >= turns:
-            return chat.text("done")
-        return chat.tool_calls(("add" if done % 2 else "mul", {"a": done, "b": 2}))
-
-    server = chat.ChatServer(script=script).start()
-    hint_server = HintServer(SessionTable(max_sessions=100_000), "127.0.0.1:0").start()
-    print(server.base_url, hint_server.endpoint, flush=True)
-    sys.stdin.read()  # until the parent closes our stdin
-    server.stop()
-    hint_server.close(grace=None)
-
-
-class Timer:
-    """Accumulates the time spent in the wrapped callables (its own ~0.1 us per call is
-    counted too: an over- rather than under-estimate)."""
-
-    def __init__(self) -> None:
-        self.total = 0.0
-
-    def wrap(self, fn):
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.total += time.perf_counter() - t0
-        return timed
-
-
-async def measure(args, base_url: str, endpoint: str) -> dict:
+def measure(args, base_url: str, endpoint: str) -> dict:
     from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, RunHooks, Runner, function_tool
     from openai import AsyncOpenAI
 
@@ -140,23 +94,19 @@ async def measure(args, base_url: str, endpoint: str) -> dict:
             result = await Runner.run(agent, "go", hooks=RunHooks() if arm == "noop" else None)
         return time.perf_counter() - t0, len(result.raw_responses), timer.total
 
-    arms = ("none", "noop", "saga")
-    for arm in arms:
-        await one(arm)  # warm up imports, connections, schemas
-    per_call = {arm: [] for arm in arms}
-    inside = []
-    for _ in range(args.runs):
-        for arm in arms:
-            elapsed, calls, spent = await one(arm)
-            per_call[arm].append(elapsed / calls)
-            if arm == "saga":
-                inside.append(spent / calls)
-    loop_us = hook_loop_cost(saga_agents, hints, agent, add, args.loop)
-    hints.flush(5)
-    stats = hints.stats()
-    hints.close()
-    await client.close()
-    return {"per_call": per_call, "inside": inside, "calls": calls, "stats": stats, "loop": loop_us}
+    loop = asyncio.new_event_loop()  # one loop for every run: the client's connections live on it
+    try:
+        runs = overhead.interleaved(args.runs, lambda arm: loop.run_until_complete(one(arm)))
+        loop_us = hook_loop_cost(saga_agents, hints, agent, add, args.loop)
+        hints.flush(5)
+        stats = hints.stats()
+        hints.close()
+        loop.run_until_complete(client.close())
+    finally:
+        loop.close()
+    return {"per_call": {arm: [elapsed / calls for elapsed, calls, _ in rows] for arm, rows in runs.items()},
+            "inside": [spent / calls for _, calls, spent in runs["saga"]], "calls": runs["saga"][-1][1],
+            "stats": stats, "loop": loop_us}
 
 
 def hook_loop_cost(saga_agents, hints, agent, tool, n: int) -> float:
@@ -180,46 +130,31 @@ def hook_loop_cost(saga_agents, hints, agent, tool, n: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", type=int, default=30, help="agent runs per arm")
-    p.add_argument("--turns", type=int, default=4, help="tool-calling turns per run")
+    overhead.add_arguments(p)
     p.add_argument("--api", choices=("chat", "responses"), default="chat")
-    p.add_argument("--loop", type=int, default=2000, help="iterations of the tight hook loop "
-                                                             "(4 hints each: stays under the queue bound)")
-    p.add_argument("--serve-scripted", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve_scripted is not None:
-        serve_scripted(args.serve_scripted)
+        overhead.serve_scripted(overhead.tool_turns(args.serve_scripted, tool_results), with_hints=True)
         return 0
 
     from agents import set_tracing_disabled
 
     set_tracing_disabled(True)  # no exporter thread competing with the measured runs
-    child = subprocess.Popen([sys.executable, __file__, "--serve-scripted", str(args.turns)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        base_url, endpoint = child.stdout.readline().split()
-        out = asyncio.run(measure(args, base_url, endpoint))
-    finally:
-        child.stdin.close()
-        child.wait(timeout=10)
+    with overhead.scripted_model("benchmarks.agents_overhead", args.turns) as (base_url, endpoint):
+        out = measure(args, base_url, endpoint)
 
-    med = statistics.median
-    plain, noop, hinted = (med(out["per_call"][arm]) * 1e6 for arm in ("none", "noop", "saga"))
-    inside = med(out["inside"]) * 1e6
-    stats = out["stats"]
+    inside = statistics.median(out["inside"]) * 1e6
     print(f"model: scripted loopback server, {args.api} API (worst case: ~ms calls); {args.runs} runs per arm of "
           f"{out['calls']} model calls, interleaved; hints to a hint service on loopback")
-    print(f"{'':36}{'median':>12}")
-    print(f"{'per model call, Runner.run alone':36}{plain:>10.0f} us")
-    print(f"{'per model call, empty RunHooks':36}{noop:>10.0f} us   ({(noop - plain) / plain * 100:+.2f}%: the SDK's "
-          f"own cost of dispatching to any hooks)")
-    print(f"{'per model call, SAGA run()':36}{hinted:>10.0f} us   ({(hinted - plain) / plain * 100:+.2f}% vs alone, "
-          f"{(hinted - noop) / noop * 100:+.2f}% vs empty hooks; differences of medians: noisy)")
+    plain, _, _ = overhead.print_arms(
+        out["per_call"], 36, ("per model call, Runner.run alone", "per model call, empty RunHooks",
+                              "per model call, SAGA run()"),
+        "the SDK's own cost of dispatching to any hooks", ("alone", "empty hooks"))
     print(f"{'SAGA time per model call (measured)':36}{inside:>10.1f} us   = {inside / plain * 100:.3f}% of a call "
           f"(target <= {TARGET_US_PER_CALL:g} us; hooks, session open/close, request tagging)")
     print(f"{'hook bodies per model call, loop':36}{out['loop']:>10.2f} us   (the same code in a tight loop: "
           f"what the measured figure adds is the run around it)")
-    print(f"hints: sent {stats.sent}, dropped {stats.dropped_full + stats.dropped_stale + stats.dropped_failed}")
+    print(overhead.hint_totals(out["stats"]))
     return 0
 
 

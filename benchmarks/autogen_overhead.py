@@ -1,6 +1,6 @@
 """What the AutoGen integration adds to each model call and each tool call.
 
-    PYTHONPATH=sdk:server python benchmarks/autogen_overhead.py [--calls 20000] [--rounds 7]
+    python -m benchmarks.autogen_overhead [--calls 20000] [--rounds 7]
 
 Measures, inside one asyncio loop, the same awaited call with and without SAGA:
   * model call: `inner.create(...)` vs `SagaChatCompletionClient(inner).create(...)`
@@ -12,13 +12,14 @@ listening), and outside any session (hooks resolve nothing and pass through).
 `inner` is a stub `ChatCompletionClient` that returns a fixed result at once, so the
 difference is the wrapper's own cost, not a model's. Each figure is the median over
 `--rounds` rounds of the mean per call. Target (issue 7): <= 50 us per model call.
+No agent runs here, so of the framework-overhead template (`benchmarks/harness/overhead.py`)
+it takes the hint service only.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import statistics
 import time
 
@@ -29,8 +30,9 @@ from autogen_core.tools import FunctionTool
 from saga_sdk import HintClient
 from saga_sdk.integrations import autogen as saga_autogen
 from saga_sdk.integrations.autogen import SagaChatCompletionClient
-from saga_server.core import SessionTable
-from saga_server.rpc import HintServer
+from saga_server.serve_child import free_port
+
+from benchmarks.harness import overhead
 
 MESSAGES = [UserMessage(content="hello", source="user")]
 RESULT = CreateResult(finish_reason="stop", content="hi", usage=RequestUsage(prompt_tokens=12, completion_tokens=3),
@@ -72,12 +74,6 @@ class InstantClient(ChatCompletionClient):
     def model_info(self):
         return {"vision": False, "function_calling": True, "json_output": False, "family": "unknown",
                 "structured_output": False}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def per_call_us(call, n: int, rounds: int) -> float:
@@ -122,9 +118,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
 
-    registry = SessionTable(max_sessions=10)
-    server = HintServer(registry, "127.0.0.1:0").start()
-    up = HintClient(endpoint=server.endpoint, queue_size=1_000_000)
+    endpoint, stop_hints = overhead.start_hint_service(max_sessions=10)
+    up = HintClient(endpoint=endpoint, queue_size=1_000_000)
     down = HintClient(endpoint=f"127.0.0.1:{free_port()}", rpc_timeout_s=0.2)
     try:
         results = {"up": asyncio.run(measure(up, args.calls, args.rounds)),
@@ -134,7 +129,7 @@ def main() -> None:
     finally:
         up.close(timeout=2)
         down.close(timeout=0.2)
-        server.close(grace=None)
+        stop_hints()
 
     print(f"AutoGen integration overhead, {args.calls} calls x {args.rounds} rounds, median of round means (us/call)")
     print(f"{'':34s}{'service up':>12s}{'service down':>14s}")

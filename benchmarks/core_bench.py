@@ -11,7 +11,7 @@ median (and p90) per call over `--rounds` batches, against the 20 us target:
 - AFS rank: `request_rank` (fair-share priority and task seniority: what the engine sorts by)
 - also: `predict`, a hint through `accept` (ToolCallStart + ToolCallEnd pair)
 
-    python benchmarks/core_bench.py [--entries 100000]
+    python -m benchmarks.core_bench [--entries 100000]
 """
 
 from __future__ import annotations

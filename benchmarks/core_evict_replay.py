@@ -20,7 +20,7 @@ Policies, same trace and capacity:
 
 Reported: share of prompt tokens recomputed, and each policy over Belady.
 
-    python benchmarks/core_evict_replay.py --trace $SAGA_TRACES/swe-mini-dev.jsonl
+    python -m benchmarks.core_evict_replay --trace $SAGA_TRACES/swe-mini-dev.jsonl
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ decode, achieved FLOP/s / peak for prefill). Weights are random: timing does not
 depend on values. Needs a CUDA GPU with ~90 GB free for the default points (an
 H200 or an 80 GB card with `--points small`).
 
-    python benchmarks/gpu_cost_check.py --gpu h200-141gb --json out.json
-    python benchmarks/gpu_cost_check.py --device cpu --tiny   # smoke test of the code path
+    python -m benchmarks.gpu_cost_check --gpu h200-141gb --json out.json
+    python -m benchmarks.gpu_cost_check --device cpu --tiny   # smoke test of the code path
 
 Measured on one NVIDIA H200 (torch 2.11, CUDA 13), 2026-11-30:
 
@@ -51,13 +51,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "server"))
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from saga_server.engines.sim.hardware import make_cost_model  # noqa: E402
+from saga_server.engines.sim.hardware import make_cost_model
 
 # Llama-3-8B's config.json (hidden, intermediate, vocab); heads from ModelSpec.
 LLAMA3_8B = {"hidden": 4096, "intermediate": 14336, "vocab": 128256}

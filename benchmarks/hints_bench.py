@@ -1,6 +1,6 @@
 """Hint path costs: what an agent pays per `emit()`, and what the service ingests.
 
-    python benchmarks/hints_bench.py [--events 200000]
+    python -m benchmarks.hints_bench [--events 200000]
 
 Prints:
   * caller-side cost of one hint (median, p99) with the hint service up, and
@@ -14,10 +14,7 @@ service >= 50,000 events/s.
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -25,22 +22,9 @@ from saga_proto import hints_pb2 as pb
 from saga_proto import hints_pb2_grpc
 from saga_sdk import HintClient
 from saga_sdk.channel import hint_channel
+from saga_server.serve_child import free_port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_service(port: int, core: int | None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "saga_server.cli", "hints", "--listen", f"127.0.0.1:{port}"]
-    if core is not None and hasattr(os, "sched_setaffinity"):
-        cmd = ["taskset", "-c", str(core), *cmd]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    if "listening" not in proc.stdout.readline():
-        raise SystemExit("hint service did not start")
-    return proc
+from benchmarks.harness.serve import start_hint_service
 
 
 def emit_costs(client: HintClient, n: int) -> list[float]:
@@ -101,7 +85,7 @@ def main() -> int:
     args = parser.parse_args()
 
     port = free_port()
-    service = start_service(port, core=0)
+    service = start_hint_service(port, core=0)
     try:
         up = HintClient(endpoint=f"127.0.0.1:{port}", queue_size=1_000_000)
         up_costs = emit_costs(up, args.emits)

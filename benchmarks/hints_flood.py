@@ -1,6 +1,6 @@
 """The chaos suite's hint flood against a standalone hint service: offered and accepted events/s.
 
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/hints_flood.py [--seconds 15] [--streams 3]
+    .venv/bin/python -m benchmarks.hints_flood [--seconds 15] [--streams 3]
         [--stream-rate 40000] [--clients 1] [--client-rate 10000]
 
 (the service runs the `saga_server` on PYTHONPATH: another checkout's for a before/after)
@@ -20,13 +20,12 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+from saga_sdk import HintReader
+from saga_server.serve_child import free_port
 
-from hints_bench import free_port, start_service  # noqa: E402
-from saga_sdk import HintReader  # noqa: E402
-from tests.support.loads import HintFlood  # noqa: E402
+from benchmarks.harness.serve import start_hint_service
+from tests.support.loads import HintFlood
 
 
 def cpu_seconds(pid: int) -> float:
@@ -46,7 +45,7 @@ def main() -> int:
 
     port = free_port()
     endpoint = f"127.0.0.1:{port}"
-    service = start_service(port, core=0)
+    service = start_hint_service(port, core=0)
     others = os.sched_getaffinity(0) - {0}
     if others:
         os.sched_setaffinity(0, others)  # the flood's processes inherit it

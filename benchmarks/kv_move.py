@@ -13,7 +13,7 @@ and the session's next request (the prefix plus 40 new tokens, 16 output tokens)
 is timed on the target. Prints per size the medians of move time and resumed
 latency, and the ratios against NIXL.
 
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/kv_move.py --sizes 1024,2048,3584 --repeats 3
+    .venv/bin/python -m benchmarks.kv_move --sizes 1024,2048,3584 --repeats 3
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from saga_server.bench.calibrate import cpu_description  # noqa: E402
-from serve_common import start_server  # noqa: E402
+from saga_server.bench.calibrate import cpu_description
+from saga_server.router.kv_move import move_prefix
 
-from saga_server.router.kv_move import move_prefix  # noqa: E402
+from benchmarks.harness.serve import start_server
 
 NEW_TOKENS, OUTPUT_TOKENS = 40, 16
 ENGINE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}

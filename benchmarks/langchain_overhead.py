@@ -14,87 +14,47 @@ so drift hits both alike. Hints go to a real hint service on loopback. Reported:
   <= 50 us per callback;
 - the same callbacks in a tight loop (no agent around them): us per callback.
 
-By default the model is a scripted OpenAI-compatible server on loopback (answers in
-~1 ms: the *worst case* for the ratio, a real model step takes 100-1000x longer).
-With `--base-url URL` (e.g. a running `saga serve`) the example's agent runs against
-a real model instead, with forced tool choice so it terminates.
+By default the model is the template's scripted server (`benchmarks/harness/overhead.py`;
+a real model step takes 100-1000x longer than its ~1 ms). With `--base-url URL` (e.g. a
+running `saga serve`) the example's agent runs against a real model instead, with forced
+tool choice so it terminates.
 
-    PYTHONPATH=sdk:server python benchmarks/langchain_overhead.py [--runs 30] [--turns 4]
-    PYTHONPATH=sdk:server python benchmarks/langchain_overhead.py --base-url http://127.0.0.1:8000/v1 --runs 3
+    python -m benchmarks.langchain_overhead [--runs 30] [--turns 4]
+    python -m benchmarks.langchain_overhead --base-url http://127.0.0.1:8000/v1 --runs 3
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
-import sys
 import tempfile
 import time
 import uuid
+from contextlib import ExitStack
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import overhead
+from benchmarks.harness.overhead import Timer
+from tests.support.examples import load_example
 
 TARGET_PCT = 1.0
 TARGET_US_PER_CALLBACK = 50.0
+CALLBACKS = ("on_chain_start", "on_chain_end", "on_chain_error", "on_chat_model_start", "on_llm_start",
+             "on_llm_end", "on_llm_error", "on_tool_start", "on_tool_end", "on_tool_error")
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+def timed_handler(handler, timer: Timer):
+    """`handler` with each of its callbacks timed by `timer`."""
+    for name in CALLBACKS:
+        setattr(handler, name, timer.wrap(getattr(handler, name)))
+    return handler
 
 
-class TimedHandler:
-    """Wraps a SagaCallbackHandler's callbacks with a perf_counter each (the wrapper's
-    own cost, ~0.1 us, is counted too: an over- rather than under-estimate)."""
-
-    CALLBACKS = ("on_chain_start", "on_chain_end", "on_chain_error", "on_chat_model_start", "on_llm_start",
-                 "on_llm_end", "on_llm_error", "on_tool_start", "on_tool_end", "on_tool_error")
-
-    def __init__(self, handler) -> None:
-        self.handler, self.durations = handler, []
-        for name in self.CALLBACKS:
-            setattr(handler, name, self._timed(getattr(handler, name)))
-
-    def _timed(self, fn):
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.durations.append(time.perf_counter() - t0)
-        return timed
+def tool_results(body: dict) -> int:
+    return sum(1 for m in body["messages"] if m["role"] == "tool")
 
 
-def _script(turns: int):
-    chat = _load("saga_bench_chat_server", ROOT / "tests" / "support" / "chat_server.py")
-
-    def script(body):
-        done = sum(1 for m in body["messages"] if m["role"] == "tool")
-        if done >= turns:
-            return chat.text("done")
-        return chat.tool_calls(("add" if done % 2 else "mul", {"a": done, "b": 2}))
-
-    return chat, script
-
-
-def serve_scripted(turns: int) -> None:
-    """Child process: the scripted model server (out of process, so that its threads
-    do not compete with the measured agent for the GIL, as a real server would not)."""
-    chat, script = _script(turns)
-    server = chat.ChatServer(script=script).start()
-    print(server.base_url, flush=True)
-    sys.stdin.read()  # until the parent closes our stdin
-    server.stop()
-
-
-def scripted_agent(turns: int):
-    import subprocess
-
+def scripted_agent(base_url: str):
     from langchain.agents import create_agent
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
@@ -109,22 +69,14 @@ def scripted_agent(turns: int):
         """Multiply two integers."""
         return a * b
 
-    child = subprocess.Popen([sys.executable, __file__, "--serve-scripted", str(turns)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    base_url = child.stdout.readline().strip()
-
-    def stop() -> None:
-        child.stdin.close()
-        child.wait(timeout=10)
-
     model = ChatOpenAI(model="scripted", base_url=base_url, api_key="bench", max_retries=0)
-    return create_agent(model, [add, mul]), {"messages": [("user", "go")]}, stop
+    return create_agent(model, [add, mul]), {"messages": [("user", "go")]}
 
 
 def real_agent(base_url: str, corpus: Path):
-    example = _load("saga_bench_example", ROOT / "examples" / "langchain_agent.py")
+    example = load_example("langchain_agent")
     agent = example.build_agent(base_url, example.served_model(base_url), example.write_corpus(corpus), max_steps=3)
-    return agent, {"messages": [("user", "Read numbers.txt, then compute 6 * 7.")]}, lambda: None
+    return agent, {"messages": [("user", "Read numbers.txt, then compute 6 * 7.")]}
 
 
 def tagging_cost(n: int) -> float:
@@ -173,90 +125,69 @@ def callback_loop_cost(client, n: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", type=int, default=30, help="agent runs per arm")
-    p.add_argument("--turns", type=int, default=4, help="tool-calling turns per run (scripted model)")
+    overhead.add_arguments(p, turns_help="tool-calling turns per run (scripted model)")
     p.add_argument("--base-url", default=None, help="a real OpenAI-compatible server (e.g. saga serve)")
     p.add_argument("--hints", default=None, help="hint service host:port (default: a local one)")
-    p.add_argument("--loop", type=int, default=2000, help="iterations of the tight callback loop "
-                                                             "(4 hints each: stays under the queue bound)")
-    p.add_argument("--serve-scripted", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve_scripted is not None:
-        serve_scripted(args.serve_scripted)
+        overhead.serve_scripted(overhead.tool_turns(args.serve_scripted, tool_results))
         return 0
+    with ExitStack() as stack:
+        return run(args, stack)
+
+
+def run(args, stack: ExitStack) -> int:
+    from langchain_core.callbacks import BaseCallbackHandler
 
     from saga_sdk import HintClient
     from saga_sdk.integrations.langchain import SagaCallbackHandler
 
-    stop_hints = lambda: None  # noqa: E731
     endpoint = args.hints
     if endpoint is None:
-        from saga_server.core import SessionTable
-        from saga_server.rpc import HintServer
-
-        hint_server = HintServer(SessionTable(max_sessions=100_000), "127.0.0.1:0").start()
-        endpoint, stop_hints = hint_server.endpoint, lambda: hint_server.close(grace=None)
+        endpoint, stop_hints = overhead.start_hint_service()
+        stack.callback(stop_hints)
     client = HintClient(endpoint=endpoint)
-
-    tmp = tempfile.TemporaryDirectory()
     if args.base_url:
-        agent, inputs, stop = real_agent(args.base_url, Path(tmp.name))
+        agent, inputs = real_agent(args.base_url, Path(stack.enter_context(tempfile.TemporaryDirectory())))
         model_desc = f"real model at {args.base_url}"
     else:
-        agent, inputs, stop = scripted_agent(args.turns)
+        (base_url,) = stack.enter_context(overhead.scripted_model("benchmarks.langchain_overhead", args.turns))
+        agent, inputs = scripted_agent(base_url)
         model_desc = "scripted loopback model (worst case: ~ms steps)"
-
-    from langchain_core.callbacks import BaseCallbackHandler
 
     class NoopHandler(BaseCallbackHandler):
         run_inline = True  # same dispatch path as the SAGA handler, empty bodies
 
-    def run(arm: str):
+    def one(arm: str) -> tuple[float, int, Timer]:
         config: dict = {"configurable": {"thread_id": f"bench-{uuid.uuid4().hex[:8]}"}}
-        timed = None
+        timer = Timer()
         if arm == "saga":
-            timed = TimedHandler(SagaCallbackHandler(client, workflow="bench"))
-            config["callbacks"] = [timed.handler]
+            config["callbacks"] = [timed_handler(SagaCallbackHandler(client, workflow="bench"), timer)]
         elif arm == "noop":
             config["callbacks"] = [NoopHandler()]
         t0 = time.perf_counter()
         out = agent.invoke(inputs, config=config)
         elapsed = time.perf_counter() - t0
-        llm_calls = sum(1 for m in out["messages"] if type(m).__name__ == "AIMessage")
-        return elapsed, llm_calls, timed
+        return elapsed, sum(1 for m in out["messages"] if type(m).__name__ == "AIMessage"), timer
 
-    arms = ("none", "noop", "saga")
-    for arm in arms:
-        run(arm)  # warm up imports, connections, the structure walk
-    step = {arm: [] for arm in arms}
-    handler_step_us, per_callback_us, callbacks_per_step = [], [], []
-    for _ in range(args.runs):
-        for arm in arms:
-            elapsed, calls, timed = run(arm)
-            step[arm].append(elapsed / calls)
-            if timed is not None:
-                handler_step_us.append(sum(timed.durations) / calls * 1e6)
-                per_callback_us.extend(d * 1e6 for d in timed.durations)
-                callbacks_per_step.append(len(timed.durations) / calls)
+    runs = overhead.interleaved(args.runs, one)
+    saga_runs = [(timer.durations, calls) for _, calls, timer in runs["saga"]]
+    handler_step_us = [sum(durations) / calls * 1e6 for durations, calls in saga_runs]
+    per_callback_us = [d * 1e6 for durations, _ in saga_runs for d in durations]
+    callbacks_per_step = [len(durations) / calls for durations, calls in saga_runs]
     tag_us = tagging_cost(20000)
     loop_us = callback_loop_cost(client, args.loop)
     client.flush(5)
     stats = client.stats()
     client.close()
-    stop()
-    stop_hints()
-    tmp.cleanup()
 
     med = statistics.median
-    plain, noop, hinted = (med(step[arm]) * 1e6 for arm in arms)
-    inside = med(handler_step_us) + tag_us  # callbacks + the request tagging, per step
     print(f"model: {model_desc}; {args.runs} runs per arm, interleaved; hints to {endpoint}")
-    print(f"{'':34}{'median':>12}")
-    print(f"{'step time, no handler':34}{plain:>10.0f} us")
-    print(f"{'step time, no-op handler':34}{noop:>10.0f} us   ({(noop - plain) / plain * 100:+.2f}%: LangChain's "
-          f"own cost of dispatching to any handler)")
-    print(f"{'step time, SAGA handler':34}{hinted:>10.0f} us   ({(hinted - plain) / plain * 100:+.2f}% vs none, "
-          f"{(hinted - noop) / noop * 100:+.2f}% vs no-op; differences of medians: noisy)")
+    plain, _, _ = overhead.print_arms(
+        {arm: [elapsed / calls for elapsed, calls, _ in rows] for arm, rows in runs.items()}, 34,
+        ("step time, no handler", "step time, no-op handler", "step time, SAGA handler"),
+        "LangChain's own cost of dispatching to any handler", ("none", "no-op"))
+    inside = med(handler_step_us) + tag_us  # callbacks + the request tagging, per step
     print(f"{'handler time per step (measured)':34}{inside:>10.1f} us   = {inside / plain * 100:.3f}% of step "
           f"(target <= {TARGET_PCT:g}%; median over runs of the summed callback time, tail included)")
     print(f"{'callbacks per step':34}{med(callbacks_per_step):>10.1f}")
@@ -266,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
           f"max {max(per_callback_us):.0f} (the tail: the process descheduled or waiting for the GIL)")
     print(f"{'us per callback, tight loop':34}{loop_us:>10.2f} us")
     print(f"{'us per request tagging (patch)':34}{tag_us:>10.2f} us")
-    print(f"hints: sent {stats.sent}, dropped {stats.dropped_full + stats.dropped_stale + stats.dropped_failed}")
+    print(overhead.hint_totals(stats))
     return 0
 
 

@@ -19,9 +19,9 @@ with tool calls and results, the session inferred by the proxy on every call.
 The machine's load average is printed first: on a shared machine, latencies measure
 the neighbours too; the proxy's CPU time per request is the steadier figure.
 
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/proxy_latency.py
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/proxy_latency.py --steps 400 --agents 50 --seconds 10
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/proxy_latency.py --record
+    .venv/bin/python -m benchmarks.proxy_latency
+    .venv/bin/python -m benchmarks.proxy_latency --steps 400 --agents 50 --seconds 10
+    .venv/bin/python -m benchmarks.proxy_latency --record
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+from saga_server.serve_child import free_port
+
+from benchmarks.harness.serve import ROOT
 SYSTEM = {"role": "system", "content": "# Airline agent policy\n" + ("Follow the policy. Use the tools. " * 180)}
 PLAN = "tools get_user_details | tools search_direct_flight,search_direct_flight | tools calculate | " \
        "tools book_reservation | answer"
@@ -236,13 +238,6 @@ def wait_ready(url: str, timeout: float = 60) -> None:
     raise RuntimeError(f"{url} not ready")
 
 
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def record_phase(args, env: dict, direct_url: str, hint_endpoint: str, proxy_url: str) -> subprocess.Popen:
     """Phase 4: the same proxy with `--record` against `proxy_url`; returns its process."""
     path = Path(tempfile.mkdtemp()) / "recorded.jsonl"
@@ -281,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve_upstream:
         return serve_upstream()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "sdk"), str(ROOT / "server")]))
-    upstream = subprocess.Popen([sys.executable, __file__, "--serve-upstream"], stdout=subprocess.PIPE, text=True,
-                                env=env)
+    upstream = subprocess.Popen([sys.executable, "-m", "benchmarks.proxy_latency", "--serve-upstream"],
+                                stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     proxy = recording = None
     try:
         ready = upstream.stdout.readline().split()

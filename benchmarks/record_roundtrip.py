@@ -6,9 +6,9 @@ side by side, session by session, and then replays the recording in the simulato
 (the `cpu-2core` preset, the replay's KV pool and `max_num_seqs`) to see whether the
 run's prefix-hit rate comes back:
 
-    .venv/bin/python benchmarks/serve_trace_replay.py --modes saga --workload sent.jsonl \\
+    .venv/bin/python -m benchmarks.serve_trace_replay --modes saga --workload sent.jsonl \\
         --record rec --json run.json
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/record_roundtrip.py --sent sent.jsonl \\
+    .venv/bin/python -m benchmarks.record_roundtrip --sent sent.jsonl \\
         --recording rec/saga.jsonl --measured run.json
 
 Checks (each printed with its counts; the exit status is 1 if one fails): every sent
@@ -26,8 +26,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_vs_engine import simulate  # noqa: E402
+from benchmarks.harness.replay import simulate
 
 BLOCK = 32
 GAP_TOLERANCE_S = 0.05

@@ -20,7 +20,7 @@ its prompt length, request finish with its output length): no tool names, no
 session ends (silent sessions expire). Then the resume-time figures score the
 predicted gap between a response and the session's next request.
 
-    python benchmarks/replay_aeg.py --trace $SAGA_TRACES/swe-mini-dev.jsonl
+    python -m benchmarks.replay_aeg --trace $SAGA_TRACES/swe-mini-dev.jsonl
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ from saga_server.core import (
     ToolCallStart,
     WorkflowCore,
 )
+
+from benchmarks.harness.plots import png
 
 try:
     from tqdm import tqdm
@@ -183,26 +185,19 @@ def replay_engine_only(tasks: list[dict], warmup: int = 0) -> dict:
 
 
 def plot(res: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    levels = [float(q) for q in res["coverage_by_level"]]
-    a.plot([0, 1], [0, 1], "--", color="grey", label="perfect")
-    a.plot(levels, list(res["coverage_by_level"].values()), "o-", label="AEG")
-    a.set(xlabel="predicted quantile of tool duration", ylabel="share of tools done by then",
-          title="Resume-time calibration")
-    a.legend()
-    cats = res["p90_coverage_by_category"]
-    b.bar(list(cats), list(cats.values()), alpha=0.7)
-    b.axhspan(0.85, 0.95, color="green", alpha=0.25, zorder=3, label="target 0.85-0.95")
-    b.set(ylim=(0, 1), ylabel="share under predicted p90", title="p90 coverage by tool category")
-    b.tick_params(axis="x", rotation=45)
-    b.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with png(path, 1, 2, figsize=(10, 4), dpi=120) as (_, (a, b)):
+        levels = [float(q) for q in res["coverage_by_level"]]
+        a.plot([0, 1], [0, 1], "--", color="grey", label="perfect")
+        a.plot(levels, list(res["coverage_by_level"].values()), "o-", label="AEG")
+        a.set(xlabel="predicted quantile of tool duration", ylabel="share of tools done by then",
+              title="Resume-time calibration")
+        a.legend()
+        cats = res["p90_coverage_by_category"]
+        b.bar(list(cats), list(cats.values()), alpha=0.7)
+        b.axhspan(0.85, 0.95, color="green", alpha=0.25, zorder=3, label="target 0.85-0.95")
+        b.set(ylim=(0, 1), ylabel="share under predicted p90", title="p90 coverage by tool category")
+        b.tick_params(axis="x", rotation=45)
+        b.legend(loc="lower right")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 warm (no restart), after a restart with the learnt state, after one without it, and
 after one whose state file is corrupt.
 
-    .venv/bin/python benchmarks/restart_replay.py [--sessions 8] [--steps 8] [--json out.json]
+    .venv/bin/python -m benchmarks.restart_replay [--sessions 8] [--steps 8] [--json out.json]
 
 The replay is `serve_trace_replay.py`'s (SWE-bench sessions from a saga-trace/1 file,
 real token ids, tool sleeps and hints; its KV pool small enough to evict). One
@@ -24,16 +24,16 @@ import statistics
 import sys
 import tempfile
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_common import command_line, free_port, pct, start_server  # noqa: E402
-from serve_trace_replay import (  # noqa: E402
-    SessionResult, TokenSource, add_workload_arguments, run_session, start_delays, workload)
+from saga_server.serve.status import parse_metrics
+from saga_server.serve_child import free_port
 
-from saga_server.serve.status import parse_metrics  # noqa: E402
+from benchmarks.harness.replay import (SessionResult, TokenSource, add_workload_arguments, run_session,
+                                       start_delays, workload)
+from benchmarks.harness.results import command_line, pct
+from benchmarks.harness.serve import start_server
 
 
 def run_once(server, tasks, tokens: TokenSource, seed: int, stagger_s: float) -> dict:

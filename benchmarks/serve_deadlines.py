@@ -1,7 +1,7 @@
 """Two tenants with deadlines on a real engine: `saga serve` against stock vLLM and
 against vLLM's own priority scheduling, side by side in one run.
 
-    .venv/bin/python benchmarks/serve_deadlines.py --json bench-out/serve_deadlines.json
+    .venv/bin/python -m benchmarks.serve_deadlines --json bench-out/serve_deadlines.json
 
 The tenants are `deadline_tenants.py`'s two shapes, scaled to the default model's
 4k context: a coding agent (its context grows by each tool result; deadline
@@ -45,16 +45,17 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from deadline_tenants import BrowserShape, CodingShape, browser_task, coding_task  # noqa: E402
-from serve_common import free_port, run_threads, start_server, write_results  # noqa: E402
-from serve_trace_replay import TokenSource  # noqa: E402
+from saga_server.serve_child import free_port
+
+from benchmarks.harness.deadline_tenants import BrowserShape, CodingShape, browser_task, coding_task
+from benchmarks.harness.replay import TokenSource
+from benchmarks.harness.results import write_results
+from benchmarks.harness.serve import run_threads, start_server
 
 MODES = {"no-saga": (False, []), "priority": (False, ["--scheduling-policy", "priority"]), "saga": (True, [])}
 PRIORITY = {"browser": 0, "coding": 1}  # vLLM: lower runs sooner

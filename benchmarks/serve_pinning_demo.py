@@ -12,7 +12,7 @@ chat completion and one forced tool call, then
 Printed: A's `usage.prompt_tokens_details.cached_tokens` on the resume, next to
 its history length, for both servers, plus SAGA's pin counters from /metrics.
 
-    .venv/bin/python benchmarks/serve_pinning_demo.py            # ~3 min on 2 CPU cores
+    .venv/bin/python -m benchmarks.serve_pinning_demo            # ~3 min on 2 CPU cores
 """
 
 from __future__ import annotations
@@ -23,10 +23,8 @@ import random
 import sys
 import time
 import uuid
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_common import start_server  # noqa: E402
+from benchmarks.harness.serve import start_server
 
 WORDS = ("alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud "
          "apple orange table chair window garden bridge tower engine signal vector matrix").split()

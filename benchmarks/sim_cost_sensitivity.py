@@ -7,7 +7,7 @@ prefill reached 0.64 of peak BF16 (the model assumes `mfu` 0.5) and decode reach
 each, the `sim_headline.py` part 1 load) under the preset constants and under the
 measured ones, side by side, and prints the TCT ratios each gives.
 
-    PYTHONPATH=sdk:server python benchmarks/sim_cost_sensitivity.py [--tasks 2000]
+    python -m benchmarks.sim_cost_sensitivity [--tasks 2000]
 
 (One variant alone: `saga bench ... --mfu 0.64 --bw-eff 0.67`.) Measured, 2,000 tasks:
 

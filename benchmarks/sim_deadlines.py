@@ -1,6 +1,6 @@
 """Deadlines under load: two tenants, every policy, a sweep of load, in one run.
 
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/sim_deadlines.py \
+    .venv/bin/python -m benchmarks.sim_deadlines \
         --out bench-out/deadlines [--jobs 2]
 
 The tenants are drawn by `deadline_tenants.py` (written to `<out>/`): a coding agent
@@ -19,24 +19,22 @@ deadline); then, per policy, the lowest load at which a tenant falls below 99%.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from saga_server.bench import Scenario, TenantSpec
+from saga_server.bench.metrics import summarize
+from saga_server.bench.policies import make_policy
+from saga_server.bench.runner import _instances
+from saga_server.engines.sim import Simulator
+from saga_server.engines.sim.results import unloaded_time_s
 
-from deadline_tenants import generate, write  # noqa: E402
-from sim_overload import run_all  # noqa: E402
-
-from saga_server.bench import Scenario, TenantSpec  # noqa: E402
-from saga_server.bench.metrics import summarize  # noqa: E402
-from saga_server.bench.policies import make_policy  # noqa: E402
-from saga_server.bench.runner import _instances  # noqa: E402
-from saga_server.engines.sim import Simulator  # noqa: E402
-from saga_server.engines.sim.results import unloaded_time_s  # noqa: E402
+from benchmarks.harness.deadline_tenants import generate
+from benchmarks.harness.plots import png
+from benchmarks.harness.results import write_json, write_jsonl
+from benchmarks.harness.sim import add_run_arguments, listed, run_all
 
 POLICIES = ("apc-lru", "apc-lru-offload", "kvflow", "thunderagent", "saga-no-shape", "saga")
 TENANTS = (("coding", 1.0, 4.0), ("browser", 3.0, 2.0))  # name, share of tasks, deadline factor
@@ -90,53 +88,39 @@ def print_tables(rows: list[dict], loads: list[int], policies: list[str], worker
 
 
 def plot(rows: list[dict], policies: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(TENANTS), figsize=(11, 4.2), sharey=True)
-    for ax, (name, _, factor) in zip(axes, TENANTS):
-        for p in policies:
-            pts = sorted((r["per_worker"], r["slo"].get(name, 0.0)) for r in rows if r["policy"] == p)
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
-        ax.axhline(0.99, color="grey", lw=0.8, ls="--")
-        ax.set_title(f"{name} (deadline {factor:g}x unloaded)")
-        ax.set_xlabel("sessions in flight per worker")
-    axes[0].set_ylabel("tasks within deadline")
-    axes[-1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with png(path, 1, len(TENANTS), figsize=(11, 4.2), sharey=True) as (_, axes):
+        for ax, (name, _, factor) in zip(axes, TENANTS):
+            for p in policies:
+                pts = sorted((r["per_worker"], r["slo"].get(name, 0.0)) for r in rows if r["policy"] == p)
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
+            ax.axhline(0.99, color="grey", lw=0.8, ls="--")
+            ax.set_title(f"{name} (deadline {factor:g}x unloaded)")
+            ax.set_xlabel("sessions in flight per worker")
+        axes[0].set_ylabel("tasks within deadline")
+        axes[-1].legend(fontsize=8)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=int, default=400, help="distinct tasks generated per tenant")
-    ap.add_argument("--workers", type=int, default=16)
-    ap.add_argument("--loads", default="8,12,16,20,22,24,25,26,28", help="sessions in flight per worker")
-    ap.add_argument("--tasks-factor", type=int, default=3, help="tasks = factor x sessions in flight")
-    ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ramp-s", type=float, default=None,
                     help="spread the first tasks' starts over this many seconds "
                          "(default: the mix's mean unloaded task time; 0: all at once)")
-    ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (one core each)")
-    ap.add_argument("--out", default="bench-out/deadlines")
+    add_run_arguments(ap, workers=16, loads="8,12,16,20,22,24,25,26,28", tasks_factor=3, policies=POLICIES,
+                      out="bench-out/deadlines")
     a = ap.parse_args()
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     coding, browser = generate(a.tasks, a.seed)
-    traces = {"coding": str(write(coding, out / "coding.jsonl")), "browser": str(write(browser, out / "browser.jsonl"))}
-    loads = [int(x) for x in a.loads.split(",")]
-    policies = a.policies.split(",")
+    traces = {"coding": str(write_jsonl(out / "coding.jsonl", coding)),
+              "browser": str(write_jsonl(out / "browser.jsonl", browser))}
+    loads, policies = listed(a.loads, int), listed(a.policies)
     ramp_s = mean_unloaded_s(traces, a.workers, a.seed) if a.ramp_s is None else a.ramp_s
     if not ramp_s >= 0:
         ap.error("--ramp-s must be >= 0")
     print(f"first tasks start over {ramp_s:.1f} s")
     jobs = [(traces, a.workers, pw, a.tasks_factor, p, a.seed, ramp_s) for pw in loads for p in policies]
-    rows = run_all(jobs, a.jobs, desc="deadlines", run=run_one)
-    (out / "deadlines.json").write_text(json.dumps(rows, indent=2))
+    rows = run_all(jobs, a.jobs, "deadlines", run_one)
+    write_json(out / "deadlines.json", rows)
     print_tables(rows, loads, policies, a.workers)
     plot(rows, policies, out / "deadlines.png")
     print(f"\nwrote {out / 'deadlines.json'} and {out / 'deadlines.png'}")

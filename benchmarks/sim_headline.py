@@ -1,6 +1,6 @@
 """The headline numbers of `saga bench`, measured side by side in one run.
 
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/sim_headline.py \
+    .venv/bin/python -m benchmarks.sim_headline \
         --trace $SAGA_TRACES/swe-mini-dev.jsonl --tau $SAGA_TRACES/tau-airline.jsonl \
         --out bench-out/headline
 

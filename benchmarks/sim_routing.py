@@ -1,7 +1,7 @@
 """SAGA routing at 64 workers, in the simulator: the 64-worker figure for the policy
 that `benchmarks/ray_routing.py` measures on a real (small) Ray Serve cluster.
 
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/sim_routing.py \
+    .venv/bin/python -m benchmarks.sim_routing \
         [--trace $SAGA_TRACES/swe-mini-dev.jsonl] [--out bench-out/sim-routing]
 
 64 workers of Llama-3-8B on H100-80GB (as `sim_headline.py`), SWE-bench tasks from

@@ -1,6 +1,6 @@
 """Subagents in the simulator: parents that wait on their children, where KV is scarce.
 
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/sim_subagents.py \\
+    .venv/bin/python -m benchmarks.sim_subagents \\
         --trace $SAGA_TRACES/swe-mini-dev.jsonl [--loads 12,18,24] [--json out.json]
 
 A workload shaped like a coding agent that delegates (the shape is this script's, the
@@ -23,9 +23,7 @@ request after their children returned, how much had to be recomputed.
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -38,8 +36,8 @@ from saga_server.bench.workload import load_trace, materialize
 from saga_server.engines.sim import Simulator
 from saga_server.engines.sim.tasks import TaskInstance, TaskSpec, ToolSpec
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_overload import run_all  # noqa: E402
+from benchmarks.harness.results import command_line, write_json
+from benchmarks.harness.sim import add_run_arguments, listed, run_all
 
 POLICIES = ("apc-lru-offload", "kvflow", "saga-no-trees", "saga")
 TASK_TOOL = ToolSpec("Task", "subagent", 0.5)  # the call that starts the subagents; it returns with them
@@ -94,21 +92,17 @@ def run_one(job: tuple) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", default=str(trace_path("swe-mini-dev.jsonl")))
-    ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--loads", default="12,18,24", help="trees in flight per worker")
     ap.add_argument("--steps", type=int, default=10, help="root steps")
     ap.add_argument("--spawn-at", default="2,6", help="root steps that start subagents")
     ap.add_argument("--children", type=int, default=2)
     ap.add_argument("--child-steps", type=int, default=5)
     ap.add_argument("--host", type=float, default=1.0, help="host tier / GPU pool")
-    ap.add_argument("--tasks-factor", type=int, default=4)
-    ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (one core each)")
+    add_run_arguments(ap, workers=8, loads="12,18,24", tasks_factor=4, policies=POLICIES, out=None,
+                      loads_help="trees in flight per worker")
     ap.add_argument("--json", type=Path, help="write the rows here")
     a = ap.parse_args()
-    jobs = [(a, load, p) for load in (int(x) for x in a.loads.split(",")) for p in a.policies.split(",")]
-    rows = run_all(jobs, a.jobs, desc="subagents", run=run_one)
+    jobs = [(a, load, p) for load in listed(a.loads, int) for p in listed(a.policies)]
+    rows = run_all(jobs, a.jobs, "subagents", run_one)
     print(f"{'load':>5} {'policy':16} {'trees':>6} {'subagents':>9} {'mean s':>8} {'p90 s':>8} {'hit':>6} "
           f"{'parent KV recomputed after children':>36}")
     for r in rows:
@@ -122,8 +116,7 @@ def main() -> int:
                 f"{p}/saga mean {by[p]['tct_mean_s'] / by['saga']['tct_mean_s']:.2f}x "
                 f"p90 {by[p]['tct_p90_s'] / by['saga']['tct_p90_s']:.2f}x" for p in others))
     if a.json:
-        a.json.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "rows": rows},
-                                     indent=2))
+        write_json(a.json, {"command": command_line(), "rows": rows})
         print(f"wrote {a.json}")
     return 0
 

@@ -1,7 +1,7 @@
 """A deadline per user turn, two tenants, production-shaped agents: every policy at
 light, medium and heavy load, in one run.
 
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/sim_turn_slo.py \
+    .venv/bin/python -m benchmarks.sim_turn_slo \
         --sessions 1000 --out bench-out/turn-slo [--jobs 2]
 
 The tenants are drawn by `production_agents.py` (every number's source is cited
@@ -29,24 +29,21 @@ plots attainment against load.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from saga_server.bench import Scenario, TenantSpec
+from saga_server.bench.metrics import summarize
+from saga_server.bench.policies import make_policy
+from saga_server.bench.runner import _instances
+from saga_server.engines.sim import Simulator
+from saga_server.engines.sim.results import turn_deadline_s, unloaded_turns_s
 
-from deadline_tenants import write  # noqa: E402
-from production_agents import ProductionShape, generate  # noqa: E402
-from sim_overload import run_all  # noqa: E402
-
-from saga_server.bench import Scenario, TenantSpec  # noqa: E402
-from saga_server.bench.metrics import summarize  # noqa: E402
-from saga_server.bench.policies import make_policy  # noqa: E402
-from saga_server.bench.runner import _instances  # noqa: E402
-from saga_server.engines.sim import Simulator  # noqa: E402
-from saga_server.engines.sim.results import turn_deadline_s, unloaded_turns_s  # noqa: E402
+from benchmarks.harness.production_agents import ProductionShape, generate
+from benchmarks.harness.plots import png
+from benchmarks.harness.results import write_json, write_jsonl
+from benchmarks.harness.sim import add_run_arguments, listed, run_all
 
 POLICIES = ("apc-lru", "apc-lru-offload", "continuum-ttl", "kvflow", "thunderagent", "saga-no-shape", "saga")
 
@@ -111,59 +108,44 @@ def print_tables(rows: list[dict], loads: list[int], policies: list[str], worker
 
 
 def plot(rows: list[dict], policies: list[str], ceilings: dict[int, float], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for p in policies:
-        pts = sorted((r["per_worker"], r["turn_slo"]) for r in rows if r["policy"] == p)
-        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
-    loads = sorted(ceilings)
-    ax.plot(loads, [ceilings[x] for x in loads], color="grey", lw=0.8, ls="--", label="alone on a worker")
-    ax.set_xscale("log")
-    ax.set_xlabel("sessions in flight per worker")
-    ax.set_ylabel("interactive user turns within deadline")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with png(path, figsize=(6.5, 4.2)) as (_, ax):
+        for p in policies:
+            pts = sorted((r["per_worker"], r["turn_slo"]) for r in rows if r["policy"] == p)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
+        loads = sorted(ceilings)
+        ax.plot(loads, [ceilings[x] for x in loads], color="grey", lw=0.8, ls="--", label="alone on a worker")
+        ax.set_xscale("log")
+        ax.set_xlabel("sessions in flight per worker")
+        ax.set_ylabel("interactive user turns within deadline")
+        ax.legend(fontsize=8)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", type=int, default=1000, help="distinct sessions generated per tenant")
-    ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--loads", default="4,8,12,16,24,32,96", help="sessions in flight per worker")
     ap.add_argument("--host", type=float, default=1.0, help="host tier / GPU pool")
     ap.add_argument("--turn-factor", type=float, default=3.0,
                     help="a turn's deadline / the session's mean turn alone on a worker (assumed)")
     ap.add_argument("--background-share", type=float, default=0.25, help="share of tasks with no person (assumed)")
     ap.add_argument("--background-calls", type=float, default=32.0,
                     help="mean LLM calls of a background task, in its one turn (assumed)")
-    ap.add_argument("--tasks-factor", type=int, default=2, help="tasks = factor x sessions in flight")
-    ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=1, help="runs in parallel (one core each)")
-    ap.add_argument("--out", default="bench-out/turn-slo")
+    add_run_arguments(ap, workers=8, loads="4,8,12,16,24,32,96", tasks_factor=2, policies=POLICIES,
+                      out="bench-out/turn-slo")
     a = ap.parse_args()
     if not 0.0 < a.background_share < 1.0:
         ap.error("--background-share must be in (0, 1)")
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     shape = ProductionShape()
     background = replace(shape, turns_mean=1.0, calls_per_turn_mean=a.background_calls)
-    traces = {"interactive": str(write(generate(a.sessions, a.seed, shape), out / "interactive.jsonl")),
-              "background": str(write(generate(a.sessions, a.seed + 1, background), out / "background.jsonl"))}
-    loads = [int(x) for x in a.loads.split(",")]
-    policies = a.policies.split(",")
+    traces = {"interactive": str(write_jsonl(out / "interactive.jsonl", generate(a.sessions, a.seed, shape))),
+              "background": str(write_jsonl(out / "background.jsonl", generate(a.sessions, a.seed + 1, background)))}
+    loads, policies = listed(a.loads, int), listed(a.policies)
     ceilings = {pw: ceiling(scenario(traces, a.workers, pw, a.tasks_factor, a.host, a.turn_factor,
                                      a.background_share, a.seed)) for pw in loads}
     jobs = [(traces, a.workers, pw, a.tasks_factor, a.host, a.turn_factor, a.background_share, p, a.seed)
             for pw in loads for p in policies]
-    rows = run_all(jobs, a.jobs, desc="turn-slo", run=run_one)
-    (out / "turn_slo.json").write_text(json.dumps({"ceilings": ceilings, "rows": rows}, indent=2))
+    rows = run_all(jobs, a.jobs, "turn-slo", run_one)
+    write_json(out / "turn_slo.json", {"ceilings": ceilings, "rows": rows})
     print_tables(rows, loads, policies, a.workers, ceilings)
     plot(rows, policies, ceilings, out / "turn_slo.png")
     print(f"\nwrote {out / 'turn_slo.json'} and {out / 'turn_slo.png'}")

@@ -25,53 +25,22 @@ earlier `serve_trace_replay.py --json FILE` run with the same settings instead o
 running the engine again (minutes instead of a quarter hour), or this script's own
 `--json` output.
 
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/sim_vs_engine.py --json sim-vs-engine.json
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/sim_vs_engine.py --sessions 12 --kv-blocks 300
+    .venv/bin/python -m benchmarks.sim_vs_engine --json sim-vs-engine.json
+    .venv/bin/python -m benchmarks.sim_vs_engine --sessions 12 --kv-blocks 300
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
-import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import serve_trace_replay as replay_mod  # noqa: E402
-from saga_server.bench.calibrate import cpu_description  # noqa: E402
-from serve_common import pct  # noqa: E402
+from saga_server.bench.calibrate import cpu_description
 
-MODE_POLICY = {"no-saga": "apc-lru", "saga": "saga", "saga-request-fcfs": "saga-request-fcfs",
-               "saga-no-admit": "saga-no-admit", "no-saga-tier": "apc-lru-offload", "saga-tier": "saga",
-               "saga-tier-no-admit": "saga-no-admit"}
-
-
-def simulate(workload: list[dict], mode: str, args) -> dict:
-    """The simulator on the sent sessions: the replay's per-mode figures."""
-    from saga_server.bench.policies import make_policy  # noqa: PLC0415
-    from saga_server.bench.workload import materialize  # noqa: PLC0415
-    from saga_server.engines.sim import SimConfig, Simulator, TaskInstance  # noqa: PLC0415
-    from saga_server.engines.sim.hardware import load_calibration, make_cost_model  # noqa: PLC0415
-
-    calibration = load_calibration(str(args.calibration)) if args.calibration else None
-    tier = replay_mod.MODES[mode][2]
-    cost = make_cost_model("cpu-2core", "smollm2-135m", calibration=calibration, host_tier=tier,
-                           kv_capacity_override=args.kv_blocks * 32, max_num_seqs=args.max_num_seqs)
-    rng = random.Random(args.seed)
-    insts = [TaskInstance(t["task_id"], materialize(t, rng), "swe", float(t["start_s"])) for t in workload]
-    res = Simulator(cost, make_policy(MODE_POLICY[mode]), insts,
-                    SimConfig(workers=1, concurrency=None, seed=args.seed,
-                              host_tier_factor=args.tier_x if tier else 0.0)).run()
-    tct = sorted(t.tct_s for t in res.tasks)
-    prompt = res.prompt_tokens
-    return {"mode": mode, "tct_mean_s": statistics.fmean(tct), "tct_p90_s": pct(tct, 0.9), "tct_max_s": tct[-1],
-            "hit_rate": (res.hit_tokens + res.loaded_tokens) / prompt if prompt else 0.0,
-            "regen_share": res.recomputed_tokens / prompt if prompt else 0.0,
-            "prompt_tokens": prompt, "tct_s": tct, "iterations": res.iterations,
-            **{f"{phase}_mean_s": getattr(res, f"{phase}_s") / res.llm_calls for phase in replay_mod.PHASE_METRICS}}
-
+from benchmarks.harness import replay as replay_mod
+from benchmarks.harness.replay import MODE_POLICY, simulate
+from benchmarks.harness.results import command_line, write_json
 
 def engine_phases(result: dict) -> dict:
     """The engine's per-request phase means and iteration count, from its metrics."""
@@ -162,9 +131,8 @@ def main() -> int:
             ratios[f"{base}/{mode}"] = {"measured": got, "predicted": want}
             print(f"{base} / {mode} mean TCT: measured {got:.2f}x, predicted {want:.2f}x ({want / got - 1:+.1%})")
     if args.json:
-        args.json.write_text(json.dumps({"command": " ".join(["python", *sys.argv]),
-                                         "args": {k: str(v) for k, v in vars(args).items()}, "machine": cpu,
-                                         "measured": measured, "predicted": predicted, "ratios": ratios}, indent=2))
+        write_json(args.json, {"command": command_line(), "args": {k: str(v) for k, v in vars(args).items()},
+                               "machine": cpu, "measured": measured, "predicted": predicted, "ratios": ratios})
         print(f"wrote {args.json}")
     return 0
 

@@ -1,6 +1,6 @@
 """Soak: days of session churn in minutes, and every process's memory and tables over it.
 
-    python benchmarks/soak.py [--sessions 1000000] [--engine-sessions 20000]
+    python -m benchmarks.soak [--sessions 1000000] [--engine-sessions 20000]
                               [--plot soak.png] [--json soak.json]
 
 Two phases, each against real processes:
@@ -49,10 +49,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "sdk"), str(ROOT / "server"), str(ROOT)]
+from saga_server.serve_child import free_port
 
-from benchmarks.serve_common import free_port, start_server, tree_rss_bytes  # noqa: E402
+from benchmarks.harness.plots import png
+from benchmarks.harness.serve import ROOT, start_server, tree_rss_bytes
 
 MIB = 1 << 20
 SYSTEM = "You are a coding agent. Tools: run_tests, read_file."
@@ -420,25 +420,18 @@ def report(run: Run) -> str:
 
 
 def plot(run: Run, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     processes = list(dict.fromkeys(s.process for s in run.samples))
-    fig, axes = plt.subplots(2, len(processes), figsize=(5 * len(processes), 7), squeeze=False)
-    for col, process in enumerate(processes):
-        ss = [s for s in run.samples if s.process == process]
-        x = [s.driven for s in ss]
-        axes[0][col].plot(x, [s.rss_mib for s in ss])
-        axes[0][col].set_title(f"{process}: RSS (MiB)")
-        for name in sorted({k for s in ss for k in s.tables}):
-            axes[1][col].plot(x, [s.tables.get(name, 0) for s in ss], label=name)
-        axes[1][col].set_title(f"{process}: table entries")
-        axes[1][col].set_xlabel("sessions driven")
-        axes[1][col].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with png(path, 2, len(processes), figsize=(5 * len(processes), 7), squeeze=False) as (_, axes):
+        for col, process in enumerate(processes):
+            ss = [s for s in run.samples if s.process == process]
+            x = [s.driven for s in ss]
+            axes[0][col].plot(x, [s.rss_mib for s in ss])
+            axes[0][col].set_title(f"{process}: RSS (MiB)")
+            for name in sorted({k for s in ss for k in s.tables}):
+                axes[1][col].plot(x, [s.tables.get(name, 0) for s in ss], label=name)
+            axes[1][col].set_title(f"{process}: table entries")
+            axes[1][col].set_xlabel("sessions driven")
+            axes[1][col].legend(fontsize=6)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -462,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         phase_engine(run, args.engine_sessions, args.every or max(50, args.engine_sessions // 40),
                      args.engine_max_sessions, args.concurrency)
     print(report(run))
-    print(f"\nwall time {time.monotonic() - started:.0f} s; command: python benchmarks/soak.py "
+    print(f"\nwall time {time.monotonic() - started:.0f} s; command: python -m benchmarks.soak "
           f"{' '.join(argv if argv is not None else sys.argv[1:])}")
     if args.plot:
         plot(run, args.plot)

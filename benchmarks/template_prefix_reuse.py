@@ -8,7 +8,7 @@ does. `reusable` is the previous prompt plus the previous answer, in whole block
 what a perfect cache could serve.
 
     saga serve --fast-start --port 8000 &
-    python benchmarks/template_prefix_reuse.py --url http://127.0.0.1:8000 [--turns 8]
+    python -m benchmarks.template_prefix_reuse --url http://127.0.0.1:8000 [--turns 8]
 
 To compare with another template, start the server with `--chat-template FILE`
 (it takes precedence over SAGA's) and run this again.

@@ -13,7 +13,7 @@ much KV SAGA still holds for them. Two arms, each on a fresh server:
   these sessions end only on the idle timeout and their KV is held meanwhile (what
   SAGA did before text actions).
 
-    PYTHONPATH=sdk:server .venv/bin/python benchmarks/text_action_holds.py [--runs 5]
+    .venv/bin/python -m benchmarks.text_action_holds [--runs 5]
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_common import start_server  # noqa: E402
+from benchmarks.harness.serve import start_server
 
 ANSWERS = ["THOUGHT: list the files.\n\n```bash\nls -la\n```",
            "THOUGHT: run the tests.\n\n```bash\ncd repo && python -m pytest -q\n```",

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.serve_common import tree_rss_bytes
+from benchmarks.harness.serve import tree_rss_bytes
 from tests.support.chaos_table import ChaosRow, ChaosTable
 from tests.support.http import REQUEST_TIMEOUT_S, post_chat
 from tests.support.processes import listening_pid

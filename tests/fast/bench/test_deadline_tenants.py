@@ -3,14 +3,10 @@ replay's scaled sessions and unloaded-time pricing."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-import deadline_tenants  # noqa: E402
-import serve_deadlines  # noqa: E402
+from benchmarks import serve_deadlines
+from benchmarks.harness import deadline_tenants
 
 
 def test_coding_contexts_grow_and_browser_pages_are_fresh():

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 import re
-import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -20,8 +19,8 @@ from saga_server.engines.sim.results import unloaded_time_s, unloaded_turns_s
 
 from .helpers import chain_task
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-import production_agents  # noqa: E402
+from benchmarks.harness import production_agents
+from benchmarks.harness.results import write_jsonl
 
 
 def raw_task(**last) -> dict:
@@ -191,12 +190,12 @@ def test_turns_that_queue_behind_each_other_miss_a_tight_turn_deadline():
 
 
 def test_the_turn_slo_benchmark_judges_only_the_interactive_tenants_turns(tmp_path):
-    import sim_turn_slo
+    from benchmarks import sim_turn_slo
 
     shape = production_agents.ProductionShape()
-    traces = {"interactive": str(sim_turn_slo.write(production_agents.generate(12, 0, shape), tmp_path / "i.jsonl")),
-              "background": str(sim_turn_slo.write(production_agents.generate(
-                  12, 1, production_agents.ProductionShape(turns_mean=1.0)), tmp_path / "b.jsonl"))}
+    traces = {"interactive": str(write_jsonl(tmp_path / "i.jsonl", production_agents.generate(12, 0, shape))),
+              "background": str(write_jsonl(tmp_path / "b.jsonl", production_agents.generate(
+                  12, 1, production_agents.ProductionShape(turns_mean=1.0))))}
     sc = sim_turn_slo.scenario(traces, 1, 3, 2, 1.0, 3.0, 0.25, 0)
     assert 0.5 < sim_turn_slo.ceiling(sc) <= 1.0
     row = sim_turn_slo.run_one((traces, 1, 3, 2, 1.0, 3.0, 0.25, "saga", 0))
