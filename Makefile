@@ -29,7 +29,7 @@ test-vllm-compat:
 	.venv-vllm-$(COMPAT_VLLM)/bin/python -m pytest tests/fast/vllm $(PYTEST_ARGS)
 
 bench-hints: setup
-	$(PY) benchmarks/hints_bench.py
+	$(PY) -m benchmarks.hints_bench
 
 proto:
 	$(PY) scripts/gen_proto.py

@@ -6,10 +6,10 @@
 
 Where each input comes from:
 
-    --replay         benchmarks/serve_trace_replay.py --json FILE   (real vLLM on this machine)
-    --sim-vs-engine  benchmarks/sim_vs_engine.py --json FILE        (the simulator against that replay)
-    --bench          saga bench --out DIR, then DIR/bench.json      (the simulator, per policy)
-    --chaos          SAGA_CHAOS_TABLE=FILE make test                (the chaos and load suite's table)
+    --replay         python -m benchmarks.serve_trace_replay --json FILE   (real vLLM on this machine)
+    --sim-vs-engine  python -m benchmarks.sim_vs_engine --json FILE          (the simulator against that replay)
+    --bench          saga bench --out DIR, then DIR/bench.json             (the simulator, per policy)
+    --chaos          SAGA_CHAOS_TABLE=FILE make test                       (the chaos and load suite's table)
 
 Every input is optional; the page has one section per input given, in that order,
 each figure with the command and the machine its input came from, as the input
@@ -122,7 +122,7 @@ def replay_section(data: dict, figures: Path, path: Path) -> list[str]:
     rows += [f"| {r['mode']} | {_num(r.get('tct_mean_s'))} | {_num(r.get('tct_p90_s'))} | "
              f"{_num(r.get('hit_rate'), '.3f')} | {_num(r.get('regen_share'), '.3f')} |" for r in results]
     return (["## Real vLLM: agent sessions replayed, one engine per mode", ""]
-            + _provenance(data, f"benchmarks/serve_trace_replay.py --json {path.name}") + [figure, ""] + rows)
+            + _provenance(data, f"python -m benchmarks.serve_trace_replay --json {path.name}") + [figure, ""] + rows)
 
 
 def sim_vs_engine_section(data: dict, figures: Path, path: Path) -> list[str]:
@@ -147,7 +147,7 @@ def sim_vs_engine_section(data: dict, figures: Path, path: Path) -> list[str]:
         rows += ["", "| ratio of mean task times | measured | simulated |", "|---|---|---|"]
         rows += [f"| {k} | {v['measured']:.2f}x | {v['predicted']:.2f}x |" for k, v in ratios.items()]
     return (["## The simulator against the engine it models", ""]
-            + _provenance(data, f"benchmarks/sim_vs_engine.py --json {path.name}") + [figure, ""] + rows)
+            + _provenance(data, f"python -m benchmarks.sim_vs_engine --json {path.name}") + [figure, ""] + rows)
 
 
 def bench_section(data: dict, figures: Path, path: Path) -> list[str]:

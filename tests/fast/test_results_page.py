@@ -11,7 +11,7 @@ MACHINE = {"model": "Test CPU 9000", "cores": 2}
 
 
 def _inputs(tmp_path, saga_mean: float):
-    replay = {"command": "python benchmarks/serve_trace_replay.py --json r.json", "machine": MACHINE, "results": [
+    replay = {"command": "python -m benchmarks.serve_trace_replay --json r.json", "machine": MACHINE, "results": [
         {"mode": "no-saga", "tct_s": [10.0, 20.0, 30.0], "tct_mean_s": 20.0, "tct_p90_s": 30.0, "hit_rate": 0.5,
          "regen_share": 0.3},
         {"mode": "saga", "tct_s": [saga_mean - 1, saga_mean, saga_mean + 1], "tct_mean_s": saga_mean,
@@ -38,8 +38,8 @@ def test_each_input_becomes_a_section_with_its_figure_command_and_machine(tmp_pa
     sections = [line for line in page.splitlines() if line.startswith("## ")]
     assert len(sections) == 4
     assert page.count("Machine: Test CPU 9000, 2 cores") == 4
-    assert "Command: `python benchmarks/serve_trace_replay.py --json r.json`" in page
-    assert "Command: `benchmarks/sim_vs_engine.py --json sve.json`" in page  # not recorded: the usual one
+    assert "Command: `python -m benchmarks.serve_trace_replay --json r.json`" in page
+    assert "Command: `python -m benchmarks.sim_vs_engine --json sve.json`" in page  # not recorded: the usual one
     for png in ("replay_tct", "sim_vs_engine", "bench_tct", "bench_load"):
         assert f"(results/{png}.png)" in page and (tmp_path / "docs" / "results" / f"{png}.png").stat().st_size > 0
     assert "| saga | 8.0 | 9.0 | 0.900 | 0.050 |" in page and "| flood | 0 |" in page
