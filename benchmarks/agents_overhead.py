@@ -52,16 +52,7 @@ def measure(args, base_url: str, endpoint: str) -> dict:
     from saga_sdk.integrations import openai as saga_openai
     from saga_sdk.integrations import openai_agents as saga_agents
 
-    @function_tool
-    def add(a: int, b: int) -> int:
-        """Add two integers."""
-        return a + b
-
-    @function_tool
-    def mul(a: int, b: int) -> int:
-        """Multiply two integers."""
-        return a * b
-
+    add, mul = function_tool(overhead.add), function_tool(overhead.mul)
     client = AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
     model_class = OpenAIResponsesModel if args.api == "responses" else OpenAIChatCompletionsModel
     agent = Agent(name="bench", instructions="Compute.", model=model_class(model="scripted", openai_client=client),

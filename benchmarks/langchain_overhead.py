@@ -59,18 +59,8 @@ def scripted_agent(base_url: str):
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
-    @tool
-    def add(a: int, b: int) -> int:
-        """Add two integers."""
-        return a + b
-
-    @tool
-    def mul(a: int, b: int) -> int:
-        """Multiply two integers."""
-        return a * b
-
     model = ChatOpenAI(model="scripted", base_url=base_url, api_key="bench", max_retries=0)
-    return create_agent(model, [add, mul]), {"messages": [("user", "go")]}
+    return create_agent(model, [tool(overhead.add), tool(overhead.mul)]), {"messages": [("user", "go")]}
 
 
 def real_agent(base_url: str, corpus: Path):

@@ -35,9 +35,20 @@ def add_arguments(p: argparse.ArgumentParser, *, turns_help: str = "tool-calling
     p.add_argument("--serve-scripted", type=int, default=None, help=argparse.SUPPRESS)
 
 
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def mul(a: int, b: int) -> int:
+    """Multiply two integers."""
+    return a * b
+
+
 def tool_turns(turns: int, done_of):
-    """The scripted model: a tool call (`mul`, then `add`, alternating) until `done_of(body)`,
-    the tool results the request carries, reaches `turns`; then a final answer."""
+    """The scripted model: a call of the tool `mul`, then `add`, alternating (each framework
+    wraps the two functions above as its tools), until `done_of(body)`, the tool results
+    the request carries, reaches `turns`; then a final answer."""
     from tests.support import chat_server as chat
 
     def script(body):
