@@ -93,7 +93,7 @@ def hint_tables(endpoint: str, api_key: str | None = None) -> dict[str, float]:
     out = {k: v for k, v in stats.stats.items() if k in ("aeg_sessions", "aeg_workflows", "sessions_live",
                                                   "open_tool_calls", "afs_tenants_active")}
     if stats.HasField("engine"):
-        out.update({k: v for k, v in stats.engine.counters.items() if k.startswith("table_")})
+        out.update({f"table_{k}": v for k, v in stats.engine.tables.items()})
         out["held_sessions"] = stats.engine.held_sessions
     return out
 

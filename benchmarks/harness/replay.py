@@ -204,8 +204,8 @@ def sent_workload(tasks: list[Task], delays: list[float]) -> list[dict]:
 # tier of --tier-x pools (`--kv-offloading-size`: stock vLLM's is dropped LRU, SAGA's
 # in its own order).
 MODES = {"saga": (True, {}, False), "saga-request-fcfs": (True, {"SAGA_SENIORITY_WINDOW_S": "0"}, False),
-         "saga-no-admit": (True, {"SAGA_ADMISSION": "0"}, False), "no-saga": (False, {}, False),
-         "saga-tier": (True, {}, True), "saga-tier-no-admit": (True, {"SAGA_ADMISSION": "0"}, True),
+         "saga-no-admit": (True, {"SAGA_OFF": "admit"}, False), "no-saga": (False, {}, False),
+         "saga-tier": (True, {}, True), "saga-tier-no-admit": (True, {"SAGA_OFF": "admit"}, True),
          "no-saga-tier": (False, {}, True)}
 BASELINES = ("no-saga", "no-saga-tier")
 KV_BYTES_PER_TOKEN = 23_040  # SmolLM2-135M: 30 layers x K and V x 3 KV heads x 64 dims x 2 bytes

@@ -79,8 +79,8 @@ ROOMS: dict[str, Room] = {
         "`saga serve` runs vLLM as a child process and names SAGA's classes to it as strings; "
         "it checks the keys, the identity headers and the record file before vLLM starts and prepares the model",
         saga=("saga_server.record", "saga_server.rpc.keys", "saga_server.rpc.reload", "saga_server.core.identity",
-              "saga_server.core.mechanisms", "saga_server.settings", "saga_server.state_file",
-              "saga_server.serve_child"),
+              "saga_server.core.mechanisms", "saga_server.serve_child", "saga_server.settings",
+              "saga_server.state_file"),
         third_party=("torch", "transformers"),
         never=("saga_server.engines", "saga_server.router", "saga_server.proxy", "saga_server.bench",
                "saga_server.rpc.service", "vllm", "ray") + FRAMEWORKS),
@@ -98,9 +98,8 @@ ROOMS: dict[str, Room] = {
     "saga_server.router": Room(
         "`saga router`: Ray Serve replicas running `saga serve`'s engine; session placement from the core's "
         "routing, hints fanned out over the wire contract",
-        saga=("saga_server.core.routing", "saga_server.core.cluster_share", "saga_server.engines.vllm.intake",
-              "saga_server.rpc", "saga_server.serve.cli", "saga_server.serve.model", "saga_server.settings",
-              "saga_server.serve_child",
+        saga=("saga_server.core.routing", "saga_server.core.cluster_share", "saga_server.rpc",
+              "saga_server.serve.cli", "saga_server.serve.model", "saga_server.serve_child", "saga_server.settings",
               "saga_proto", "saga_sdk"),
         third_party=("ray", "httpx", "grpc", "prometheus_client"),
         never=("saga_server.engines.sim", "saga_server.proxy", "saga_server.bench", "saga_server.core.workflow",
