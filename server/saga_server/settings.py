@@ -74,6 +74,12 @@ class EngineSettings:
         "per-session table with it)", 1, 1e8)
     session_idle_s: float = _knob(
         "SAGA_SESSION_IDLE_S", CoreConfig().session_idle_s, "a session silent this long is forgotten", 1e-3)
+    metrics_port: int | None = _knob(
+        "SAGA_METRICS_PORT", None,
+        "a port of its own for SAGA's Prometheus metrics, where vLLM's `/metrics` does not carry them (no "
+        "`PROMETHEUS_MULTIPROC_DIR`: your own launch; `saga serve` sets that up)", 1, 65535)
+    metrics_host: str = _knob(
+        "SAGA_METRICS_HOST", "127.0.0.1", "the address that port listens on")
     nixl_keep_pinning: bool = _knob(
         "SAGA_NIXL_KEEP_PINNING", False,
         "`1` keeps the core NIXL pins the engine's worker to (`--kv-transfer nixl`); by default the worker's "

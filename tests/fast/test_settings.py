@@ -19,12 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_every_knob_is_read_from_its_variable():
     env = {"SAGA_HINT_ADDR": "127.0.0.1:5", "SAGA_SCOPED_SESSION_IDS": "1", "SAGA_OFF": "admit, shape",
            "SAGA_PIN_MAX_FRACTION": "0.25", "SAGA_SENIORITY_WINDOW_S": "0", "SAGA_MAX_SESSIONS": "7",
-           "SAGA_SESSION_IDLE_S": "2.5", "SAGA_NIXL_KEEP_PINNING": "1", "SAGA_NIXL_PROGRESS_THREAD": "0"}
+           "SAGA_SESSION_IDLE_S": "2.5", "SAGA_METRICS_PORT": "9464", "SAGA_METRICS_HOST": "0.0.0.0",
+           "SAGA_NIXL_KEEP_PINNING": "1", "SAGA_NIXL_PROGRESS_THREAD": "0"}
     s = EngineSettings.from_env(env)
     assert s == EngineSettings(hint_addr="127.0.0.1:5", scoped_session_ids=True,
                                off=frozenset({Mechanism.ADMIT, Mechanism.SHAPE}), pin_max_fraction=0.25,
-                               seniority_window_s=0.0, max_sessions=7, session_idle_s=2.5, nixl_keep_pinning=True,
-                               nixl_progress_thread=False)
+                               seniority_window_s=0.0, max_sessions=7, session_idle_s=2.5, metrics_port=9464,
+                               metrics_host="0.0.0.0", nixl_keep_pinning=True, nixl_progress_thread=False)
     assert {f.metadata["knob"].env for f in fields(EngineSettings)} == set(env)
     assert not s.on(Mechanism.ADMIT) and s.on(Mechanism.TTL)
 
@@ -32,7 +33,8 @@ def test_every_knob_is_read_from_its_variable():
 @pytest.mark.parametrize("env, value", [
     ("SAGA_PIN_MAX_FRACTION", "1.5"), ("SAGA_PIN_MAX_FRACTION", "nan"), ("SAGA_PIN_MAX_FRACTION", "lots"),
     ("SAGA_SENIORITY_WINDOW_S", "-1"), ("SAGA_MAX_SESSIONS", "2.5"), ("SAGA_MAX_SESSIONS", "0"),
-    ("SAGA_SCOPED_SESSION_IDS", "yes"), ("SAGA_OFF", "admit,steal"), ("SAGA_OFF", "lru")])
+    ("SAGA_SCOPED_SESSION_IDS", "yes"), ("SAGA_OFF", "admit,steal"), ("SAGA_OFF", "lru"),
+    ("SAGA_METRICS_PORT", "0"), ("SAGA_METRICS_PORT", "http")])
 def test_a_bad_value_is_logged_and_its_default_kept(env, value, caplog):
     with caplog.at_level(logging.WARNING, logger="saga.settings"):
         assert EngineSettings.from_env({env: value}) == EngineSettings()

@@ -54,18 +54,16 @@ class SagaMetrics:
         self.afs_priority.labels(label).set(priority)
 
     @staticmethod
-    def maybe_start_exporter() -> int | None:
-        """Without a multiprocess dir, export from this process on SAGA_METRICS_PORT."""
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            return None
-        port = os.environ.get("SAGA_METRICS_PORT")
-        if not port:
+    def maybe_start_exporter(port: int | None, host: str) -> int | None:
+        """Without a multiprocess dir (vLLM's own, where `saga serve` runs it), export
+        from this process on `port` (`EngineSettings.metrics_port`; None: no exporter)."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR") or not port:
             return None
         from prometheus_client import start_http_server  # noqa: PLC0415
 
-        start_http_server(int(port), addr=os.environ.get("SAGA_METRICS_HOST", "127.0.0.1"))
-        log.info("SAGA metrics exporter on port %s", port)
-        return int(port)
+        start_http_server(port, addr=host)
+        log.info("SAGA metrics exporter on %s:%s", host, port)
+        return port
 
 
 class PluginCounters:

@@ -212,7 +212,7 @@ class SagaPlugin:
                                               scope_agent_ids=settings.scoped_session_ids) if start_hints else None
         if tenant_limits is None and self.hint_server is not None and self.hint_server.keys is not None:
             self.tenant_limits = self.hint_server.keys.limits
-        SagaMetrics.maybe_start_exporter()
+        SagaMetrics.maybe_start_exporter(settings.metrics_port, settings.metrics_host)
         log.info("SAGA scheduler active: %d KV blocks of %d tokens, pin budget %.0f%%",
                  self.ledger.capacity_blocks, self.block_size, fraction * 100)
 
