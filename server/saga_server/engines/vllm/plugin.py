@@ -161,42 +161,14 @@ class SagaPlugin:
             log.warning("SAGA: prefix caching is off, so there is no KV to keep: pins/WA-LRU/prefetch disabled")
         if settings.off:
             log.warning("SAGA: switched off: %s", ", ".join(sorted(settings.off)))
-        pool = scheduler.kv_cache_manager.block_pool
         self.block_size = scheduler.block_size
-        fraction = settings.pin_max_fraction
         self.tenant_limits = tenant_limits or _no_limits  # the hint service's keys replace it below
-        self.ledger = HoldLedger(VllmBlockPool(pool), pool.num_gpu_blocks - 1, max_pin_fraction=fraction,
-                                 on_release=self._released,
-                                 owner_pin_cap=lambda tenant: self.tenant_limits(tenant).max_pinned_blocks)
-        admission = None
-        if self.enabled and settings.on(Mechanism.ADMIT):
-            pool_tokens = self.ledger.capacity_blocks * self.block_size
-            admission = functools.partial(SessionAdmission, self.core, pool_tokens,
-                                          host_tokens=_host_tier_tokens(scheduler, pool_tokens),
-                                          return_s=self._recompute_s)
-        rules = WorkflowRules(self.core, wa_lru=settings.on(Mechanism.WALRU), pins=settings.on(Mechanism.TTL))
-        # CPU engines add each prefill token's cost to the step: no prefill rides free,
-        # so the thin budget is one block.
-        shaper = (DeadlineShaper(self.core.deadline_class, prefill_budget_tokens=self.block_size)
-                  if settings.on(Mechanism.SHAPE) else None)
-        self.engine = EnginePolicy(
-            self.ledger, rules, block_tokens=self.block_size, core=self.core, count=self.counters.count,
-            mechanisms=ENGINE_MECHANISMS - settings.off, shaper=shaper,
-            admission=(lambda parkable: admission(parkable=parkable)) if admission else None)
-        self.kv, self.admission = self.engine.kv, self.engine.admission
+        self.engine = self._engine_policy(scheduler, settings)
         self.prefetcher = Prefetcher(scheduler, self.core, self.kv, self.counters, self.clock)
         self._prefetching = self.enabled and settings.on(Mechanism.PREFETCH)
         self.kv.on_forget(lambda sid, how: self.prefetcher.forget(sid, ended=how == Departure.ENDED))
         self._pace = _StepPace()
-        connector = getattr(scheduler, "connector", None)
-        self.pulls = getattr(connector, "pulls", None)  # SAGA's NixlConnector
-        if self.pulls is not None:
-            self.pulls.listener = self._pulled
-        self.tier_loads = getattr(connector, "tier_loads", None)  # SAGA's OffloadingConnector (`tier`)
-        if self.tier_loads is not None:
-            self.tier_loads.listener = self._loaded_from_tier
-        self._tier_blocks = getattr(connector, "tier_blocks", None)
-        self._tier_blocks_counted: dict[str, int] = {}
+        self._listen_to_connector(getattr(scheduler, "connector", None))
         self._request_sessions = RequestSessions()  # for vLLM's CPU offload tier (`offload`), past a request's end
         self.kv.on_forget(lambda sid, how: self._request_sessions.forget(sid))
         attach(self)
@@ -214,7 +186,55 @@ class SagaPlugin:
             self.tenant_limits = self.hint_server.keys.limits
         SagaMetrics.maybe_start_exporter(settings.metrics_port, settings.metrics_host)
         log.info("SAGA scheduler active: %d KV blocks of %d tokens, pin budget %.0f%%",
-                 self.ledger.capacity_blocks, self.block_size, fraction * 100)
+                 self.ledger.capacity_blocks, self.block_size, settings.pin_max_fraction * 100)
+
+    def _engine_policy(self, scheduler, settings: EngineSettings) -> EnginePolicy:
+        """The engine's policy over vLLM's block pool, with the mechanisms the settings
+        leave on."""
+        pool = scheduler.kv_cache_manager.block_pool
+        ledger = HoldLedger(VllmBlockPool(pool), pool.num_gpu_blocks - 1, max_pin_fraction=settings.pin_max_fraction,
+                            on_release=self._released,
+                            owner_pin_cap=lambda tenant: self.tenant_limits(tenant).max_pinned_blocks)
+        admission = None
+        if self.enabled and settings.on(Mechanism.ADMIT):
+            pool_tokens = ledger.capacity_blocks * self.block_size
+            admission = functools.partial(SessionAdmission, self.core, pool_tokens,
+                                          host_tokens=_host_tier_tokens(scheduler, pool_tokens),
+                                          return_s=self._recompute_s)
+        rules = WorkflowRules(self.core, wa_lru=settings.on(Mechanism.WALRU), pins=settings.on(Mechanism.TTL))
+        # CPU engines add each prefill token's cost to the step: no prefill rides free,
+        # so the thin budget is one block.
+        shaper = (DeadlineShaper(self.core.deadline_class, prefill_budget_tokens=self.block_size)
+                  if settings.on(Mechanism.SHAPE) else None)
+        return EnginePolicy(
+            ledger, rules, block_tokens=self.block_size, core=self.core, count=self.counters.count,
+            mechanisms=ENGINE_MECHANISMS - settings.off, shaper=shaper,
+            admission=(lambda parkable: admission(parkable=parkable)) if admission else None)
+
+    def _listen_to_connector(self, connector) -> None:
+        """What SAGA's KV connectors report: NIXL pulls (`nixl`) and host-tier loads and
+        blocks (`tier`); None where the engine runs another connector or none."""
+        self.pulls = getattr(connector, "pulls", None)
+        if self.pulls is not None:
+            self.pulls.listener = self._pulled
+        self.tier_loads = getattr(connector, "tier_loads", None)
+        if self.tier_loads is not None:
+            self.tier_loads.listener = self._loaded_from_tier
+        self._tier_blocks = getattr(connector, "tier_blocks", None)
+        self._tier_blocks_counted: dict[str, int] = {}
+
+    @property
+    def kv(self):
+        """The engine's KV policy (`EnginePolicy.kv`)."""
+        return self.engine.kv
+
+    @property
+    def ledger(self) -> HoldLedger:
+        return self.engine.ledger
+
+    @property
+    def admission(self):
+        return self.engine.admission
 
     # -- requests ------------------------------------------------------------------
 
