@@ -166,13 +166,13 @@ def test_a_step_below_the_clocks_resolution_still_finishes_the_prefill():
 
     cost = make_cost_model()
     w = Worker(0, PrefixCache(100), None)
-    w.t = 18837.393367155288
-    r = Request(None, 10, 1, 0, 1, w.t)
+    w.at = 18837.393367155288
+    r = Request(None, 10, 1, 0, 1, w.at)
     r.work = 0.0
-    w.pf_done = w.pf_total = 622497.00846281
+    w.prefill_done = w.prefill_total = 622497.00846281
     w.start_prefill(r)
-    w.pf_total = r.pf_end = 622497.008463898  # 1.09e-6 left: just above the tolerance
-    now = w.t + w.replan(cost)
-    assert now > w.t
+    w.prefill_total = r.prefill_end = 622497.008463898  # 1.09e-6 left: just above the tolerance
+    now = w.at + w.replan(cost)
+    assert now > w.at
     w.advance(now)
     assert w.take_finished() == [r]

@@ -58,7 +58,7 @@ from .host import HostOffload, HostTier
 from .moves import KvMoves
 from .policy import SimPolicy
 from .results import SimConfig, SimResult, TaskRecord, turn_deadline_s, unloaded_time_s
-from .session import ARRIVE, Request, Session, request_key
+from .session import ARRIVE, Request, Session, StepPhase, request_key
 from .tasks import TaskInstance
 from .worker import Worker
 
@@ -194,7 +194,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
 
     def _arrive(self, s: Session) -> None:
         """The session's next step reaches its worker."""
-        s.state = "queued"
+        s.state = StepPhase.QUEUED
         s.next_use = self.now
         self.policy.on_llm_start(s, self.now)
         self.workers[s.worker].engine.arrived(LiveRequest(request_key(s), s.session_id, s.tenant,
@@ -263,7 +263,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             w.host.drop(sid)
         w.offloaded.discard(sid)
         s = w.gated.pop(sid, None)
-        if s is not None and s.state != "ended":
+        if s is not None and s.state != StepPhase.ENDED:
             self._enqueue(s, gate=False)
 
     def _pin_expiry(self, w: Worker, hold) -> None:
@@ -287,8 +287,8 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         if w.queue:
             self._admit(w)
         if w.engine.shaper is not None:
-            w.pf_cap = w.engine.prefill_budget(w.pf[0].key if w.pf else None,
-                                               self.cost.step_s(len(w.dec), 0, w.ctx))
+            w.prefill_cap = w.engine.prefill_budget(w.prefilling[0].key if w.prefilling else None,
+                                               self.cost.step_s(len(w.decoding), 0, w.context))
         dt = w.replan(self.cost)
         if dt is not None:
             self._push(self.now + dt, WORKER, w, w.version)
@@ -327,7 +327,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             w.offloaded.discard(sid)
             back = s.back_from_children
             s.back_from_children = False
-            s.state = "running"
+            s.state = StepPhase.RUNNING
             w.running += 1
             r.scheduled_at = now
             hit = min(s.base + hit_b * bt, r.prompt) if (pol.caches and r.reuse) else 0
@@ -376,7 +376,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             w.start_prefill(r)
             return
         ahead = 0
-        for queued in w.pf:
+        for queued in w.prefilling:
             if not engine.urgent(queued.key):
                 break
             ahead += 1
@@ -404,7 +404,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         last = s.step + 1 == len(s.task.steps)
         if last or st.human:  # the agent hands the turn back (or ends): the turn is done
             s.turn_spans.append(now - s.turn_started_at)
-        s.state = "ended" if last else "tool"
+        s.state = StepPhase.ENDED if last else StepPhase.TOOL
         s.next_use = now + (0.0 if last else st.gap_s)
         s.tool_names = () if last else tuple(t.name for t in st.tools)
         # The engine's facts, then the agent's hints, in the order the plugin sees them.

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from .tasks import TaskInstance
 
-__all__ = ["Session", "Request", "ARRIVE", "request_key"]
+__all__ = ["Session", "Request", "StepPhase", "ARRIVE", "request_key"]
 
 ARRIVE = "arrive"  # Session.awaiting_kv: its next request arrived while its KV was in flight
+
+
+class StepPhase(StrEnum):
+    """Where a replayed session is in its step. The core's `SessionPhase` sees the first
+    two as one (`llm`) and has no `queued`: the engine's queue is the simulator's."""
+
+    QUEUED = "queued"  # its request waits at its worker (gate, queue, or its KV on the way)
+    RUNNING = "running"  # its request is in the batch
+    TOOL = "tool"  # its tools run, or its person answers
+    ENDED = "ended"
 
 
 class Session:
@@ -25,7 +37,7 @@ class Session:
         self.step = 0
         self.started_at = now
         self.last_access = now
-        self.state = "queued"  # queued, running, tool, ended
+        self.state = StepPhase.QUEUED
         self.next_use = now
         self.tool_names: tuple[str, ...] = ()
         self.kv_tokens = 0
@@ -47,7 +59,7 @@ class Session:
 
 
 class Request:
-    __slots__ = ("sess", "key", "prompt", "output", "reuse", "work", "pf_end", "ctx_weight",
+    __slots__ = ("sess", "key", "prompt", "output", "reuse", "work", "prefill_end", "context_weight",
                  "seq", "arrived_at", "scheduled_at", "first_token_at", "recomputed")
 
     def __init__(self, sess: Session, prompt: int, output: int, reuse: int, seq: int,
@@ -58,8 +70,8 @@ class Request:
         self.output = output
         self.reuse = reuse
         self.work = 0.0
-        self.pf_end = 0.0
-        self.ctx_weight = prompt + output / 2.0
+        self.prefill_end = 0.0
+        self.context_weight = prompt + output / 2.0
         self.seq = seq
         self.arrived_at = now  # when the step reached its worker (before any admission wait)
         self.scheduled_at = now  # admitted to the batch (vLLM: queued -> scheduled)

@@ -28,23 +28,23 @@ _EPS = 1e-6
 
 
 class Worker:
-    __slots__ = ("wid", "cache", "host", "queue", "dec", "pf", "pf_total", "pf_done",
-                 "dec_clock", "ctx", "tau", "pf_rate", "t", "version", "busy", "running",
-                 "link_free", "net_free", "live", "offloaded", "engine", "gated", "iterations", "pf_cap")
+    __slots__ = ("wid", "cache", "host", "queue", "decoding", "prefilling", "prefill_total", "prefill_done",
+                 "decode_clock", "context", "step_s", "prefill_rate", "at", "version", "busy", "running",
+                 "link_free", "net_free", "live", "offloaded", "engine", "gated", "iterations", "prefill_cap")
 
     def __init__(self, wid: int, cache: PrefixCache, host: HostTier | None) -> None:
         self.wid = wid
         self.cache = cache
         self.host = host
         self.queue: list[tuple[float, int, Request]] = []
-        self.dec: list[tuple[float, int, Request]] = []
-        self.pf: deque[Request] = deque()
-        self.pf_total = self.pf_done = 0.0
-        self.dec_clock = 0.0
-        self.ctx = 0.0
-        self.tau = 1.0
-        self.pf_rate = 0.0
-        self.t = 0.0
+        self.decoding: list[tuple[float, int, Request]] = []
+        self.prefilling: deque[Request] = deque()
+        self.prefill_total = self.prefill_done = 0.0
+        self.decode_clock = 0.0
+        self.context = 0.0
+        self.step_s = 1.0
+        self.prefill_rate = 0.0
+        self.at = 0.0
         self.version = 0  # bumped on every replan: older worker events are stale
         self.busy = 0.0
         self.iterations = 0.0  # engine steps run (fluid: a fraction between events)
@@ -55,37 +55,37 @@ class Worker:
         self.offloaded: set[str] = set()  # sessions with a host copy beyond their GPU prefix
         self.engine = None  # its EnginePolicy (set by the simulator): every KV and deadline decision
         self.gated: dict[str, Session] = {}  # sessions whose request waits for admission
-        self.pf_cap = 0  # > 0: prefill tokens per iteration for now (the shaper's budget)
+        self.prefill_cap = 0  # > 0: prefill tokens per iteration for now (the shaper's budget)
 
     def advance(self, now: float) -> None:
         """Progress the batch to `now`."""
-        dt = now - self.t
-        if dt > 0.0 and (self.dec or self.pf):
-            iters = dt / self.tau
+        dt = now - self.at
+        if dt > 0.0 and (self.decoding or self.prefilling):
+            iters = dt / self.step_s
             self.busy += dt
             self.iterations += iters
-            self.dec_clock += iters
-            if self.pf:
-                self.pf_done = min(self.pf_total, self.pf_done + iters * self.pf_rate)
-        self.t = now
+            self.decode_clock += iters
+            if self.prefilling:
+                self.prefill_done = min(self.prefill_total, self.prefill_done + iters * self.prefill_rate)
+        self.at = now
 
     def take_finished(self) -> list[Request]:
         """Move prefilled requests to decoding and return those done (at `advance`'s time)."""
-        pf, dec = self.pf, self.dec
+        prefilling, decoding = self.prefilling, self.decoding
         finished = []
-        while pf and pf[0].pf_end <= self.pf_done + _EPS:
-            r = pf.popleft()
-            r.first_token_at = self.t
+        while prefilling and prefilling[0].prefill_end <= self.prefill_done + _EPS:
+            r = prefilling.popleft()
+            r.first_token_at = self.at
             if r.output <= 1:
                 finished.append(r)
             else:
-                heapq.heappush(dec, (self.dec_clock + r.output - 1, r.seq, r))
-                self.ctx += r.ctx_weight
-        if not pf:
-            self.pf_done = self.pf_total  # absorb rounding
-        while dec and dec[0][0] <= self.dec_clock + _EPS:
-            r = heapq.heappop(dec)[2]
-            self.ctx -= r.ctx_weight
+                heapq.heappush(decoding, (self.decode_clock + r.output - 1, r.seq, r))
+                self.context += r.context_weight
+        if not prefilling:
+            self.prefill_done = self.prefill_total  # absorb rounding
+        while decoding and decoding[0][0] <= self.decode_clock + _EPS:
+            r = heapq.heappop(decoding)[2]
+            self.context -= r.context_weight
             finished.append(r)
         return finished
 
@@ -93,39 +93,39 @@ class Worker:
         """Queue `r`'s prefill: last in line, or, with `ahead_of` = k > 0, ahead of all
         but the first k - 1 queued prefills (the deadline shaper's at-risk requests go
         first; the partly done head keeps its progress, only finishing later)."""
-        if not self.pf:
-            self.pf_done = self.pf_total
+        if not self.prefilling:
+            self.prefill_done = self.prefill_total
         work = max(r.work, _EPS)
-        self.pf_total += work
-        pf = self.pf
-        i = min(ahead_of - 1, len(pf)) if ahead_of > 0 else len(pf)
-        r.pf_end = (pf[i - 1].pf_end if i > 0 else self.pf_done) + work
-        for later in itertools.islice(pf, i, None):
-            later.pf_end += work
-        pf.insert(i, r)
+        self.prefill_total += work
+        prefilling = self.prefilling
+        i = min(ahead_of - 1, len(prefilling)) if ahead_of > 0 else len(prefilling)
+        r.prefill_end = (prefilling[i - 1].prefill_end if i > 0 else self.prefill_done) + work
+        for later in itertools.islice(prefilling, i, None):
+            later.prefill_end += work
+        prefilling.insert(i, r)
 
     def replan(self, cost: CostModel) -> float | None:
         """Fix the batch until the next event; returns seconds until a request finishes
         prefill or decoding (None: the batch is empty)."""
         self.version += 1
-        n = len(self.dec)
-        if not self.dec and not self.pf:
+        n = len(self.decoding)
+        if not self.decoding and not self.prefilling:
             return None
-        if self.pf:
+        if self.prefilling:
             # The step runs its chunk whole: a prefill shorter than the budget still
             # takes the full (cheaper) iteration, not a fraction of a budget-sized one.
-            budget = min(cost.token_budget, self.pf_cap) if self.pf_cap > 0 else cost.token_budget
-            chunk = min(max(budget - n, cost.block_tokens), self.pf_total - self.pf_done)
+            budget = min(cost.token_budget, self.prefill_cap) if self.prefill_cap > 0 else cost.token_budget
+            chunk = min(max(budget - n, cost.block_tokens), self.prefill_total - self.prefill_done)
             rate = max(chunk, _EPS)
         else:
             rate = chunk = 0.0
-        tau = cost.step_s(n, chunk, self.ctx)
-        self.tau, self.pf_rate = tau, rate
+        step_s = cost.step_s(n, chunk, self.context)
+        self.step_s, self.prefill_rate = step_s, rate
         dt = math.inf
-        if self.dec:
-            dt = (self.dec[0][0] - self.dec_clock) * tau
-        if self.pf:
-            dt = min(dt, (self.pf[0].pf_end - self.pf_done) / rate * tau)
+        if self.decoding:
+            dt = (self.decoding[0][0] - self.decode_clock) * step_s
+        if self.prefilling:
+            dt = min(dt, (self.prefilling[0].prefill_end - self.prefill_done) / rate * step_s)
         # At least a nanosecond (and a few ulps of the clock): a step below the clock's
         # resolution would not move time, and the batch would spin in place.
-        return max(dt, 1e-9, self.t * 1e-14)
+        return max(dt, 1e-9, self.at * 1e-14)
