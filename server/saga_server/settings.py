@@ -1,16 +1,21 @@
-"""Typed settings: every knob of SAGA's engine process, read in one place.
+"""Typed settings: every knob of SAGA's processes, one frozen object per process kind.
 
-`EngineSettings` is what the SAGA scheduler inside vLLM's engine process reads: one
-frozen object, made once from the environment (`from_env`) by the plugin, written by
-`saga serve` (`to_env`) into the engine's environment (the engine process is vLLM's
-child, so the environment is the one channel into it). Each knob declares its
-variable, its default, its range and one line of why; `knob_table` renders them for
-docs/OPERATING.md ("Configuration (engine side)"), and a test keeps that table equal
-to this module.
+- `EngineSettings`: what the SAGA scheduler inside vLLM's engine process reads, made
+  once from the environment (`from_env`) by the plugin, written by `saga serve` and
+  the Ray replica (`write`) into the engine's environment (the engine process is
+  vLLM's child, so the environment is the one channel into it).
+- `HintServiceSettings`: `saga hints`, the hint service on its own.
+- `ProxySettings`: `saga proxy`, and the same rules on the engine's own HTTP port
+  (`proxy.engine_port`, in vLLM's API server process).
+
+A command-line flag wins over its variable: the CLIs take their defaults from
+`from_env`. Each knob declares its variable, its default, its range and one line of
+why; `knob_table` renders a kind's for docs/OPERATING.md, and a test keeps those
+tables equal to this module.
 
 A malformed or out-of-range value is logged and its default kept: serving never fails
 over a SAGA knob. This module imports no engine, transport or framework; its defaults
-that the core also uses are the core's own (`FairShareConfig`, `CoreConfig`).
+that the core also uses are the core's own (`FairShareConfig`, `core.sessions`).
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ from typing import Any, Callable, Mapping
 
 from .core.fairshare import FairShareConfig
 from .core.mechanisms import ENGINE_MECHANISMS, Mechanism, parse_mechanisms
-from .core.workflow import CoreConfig
+from .core.sessions import MAX_SESSIONS, SESSION_IDLE_S
 
-__all__ = ["EngineSettings", "Knob", "knob_table"]
+__all__ = ["EngineSettings", "HintServiceSettings", "ProxySettings", "Knob", "knob_table"]
 
 log = logging.getLogger("saga.settings")
 
@@ -45,62 +50,28 @@ def _knob(env: str, default: Any, why: str, lo: float = -math.inf, hi: float = m
     return field(default=default, metadata={"knob": Knob(env, why, lo, hi)})
 
 
-@dataclass(frozen=True)
-class EngineSettings:
-    """The engine process's knobs (module docstring)."""
+def _api_keys() -> Any:
+    return _knob("SAGA_API_KEYS", None,
+                 "the keys file (`key tenant role [limits]` a line; SIGHUP reloads it): callers must present a "
+                 "key and act as its tenant (`--api-keys`; docs/OPERATING.md, \"Configuration (tenants and API keys)\")")
 
-    hint_addr: str | None = _knob(
-        "SAGA_HINT_ADDR", None,
-        "where the hint service listens, inside the engine process (`saga serve` sets it); unset: no hint service")
-    scoped_session_ids: bool = _knob(
-        "SAGA_SCOPED_SESSION_IDS", False,
-        "`1`: an agent's unscoped session ids are put in its tenant's scope, as the engine's port puts its "
-        "requests' (`saga serve --api-keys` sets it)")
-    off: frozenset[Mechanism] = _knob(
-        "SAGA_OFF", frozenset(),
-        "mechanisms switched off, comma-separated (`saga serve --off`): `walru` (evict by recency), `ttl` (no "
-        "pins), `prefetch`, `afs` (arrival order), `admit` (no session admission), `shape` (no deadline shaping); "
-        "only to compare, each falls back to what stock vLLM does there")
-    pin_max_fraction: float = _knob(
-        "SAGA_PIN_MAX_FRACTION", 0.5, "most of the KV pool that TTL pins may hold", 0.0, 1.0)
-    seniority_window_s: float = _knob(
-        "SAGA_SENIORITY_WINDOW_S", FairShareConfig().seniority_window_s,
-        "within a tenant, a request ranks by its task's start (a session with a person in the loop: its running "
-        "user turn's), but no earlier than this many seconds before it arrived; so it can be overtaken only by "
-        "requests arriving within this window after it (`0`: request-level FCFS, as stock vLLM)", 0.0)
-    max_sessions: int = _knob(
-        "SAGA_MAX_SESSIONS", CoreConfig().max_sessions,
-        "sessions the engine's core keeps at most (the least recently active go first; each leaves every "
-        "per-session table with it)", 1, 1e8)
-    session_idle_s: float = _knob(
-        "SAGA_SESSION_IDLE_S", CoreConfig().session_idle_s, "a session silent this long is forgotten", 1e-3)
-    metrics_port: int | None = _knob(
-        "SAGA_METRICS_PORT", None,
-        "a port of its own for SAGA's Prometheus metrics, where vLLM's `/metrics` does not carry them (no "
-        "`PROMETHEUS_MULTIPROC_DIR`: your own launch; `saga serve` sets that up)", 1, 65535)
-    metrics_host: str = _knob(
-        "SAGA_METRICS_HOST", "127.0.0.1", "the address that port listens on")
-    nixl_keep_pinning: bool = _knob(
-        "SAGA_NIXL_KEEP_PINNING", False,
-        "`1` keeps the core NIXL pins the engine's worker to (`--kv-transfer nixl`); by default the worker's "
-        "own CPU affinity is restored, so co-hosted engines do not share one core")
-    nixl_progress_thread: bool | None = _knob(
-        "SAGA_NIXL_PROGRESS_THREAD", None,
-        "`1` / `0` force NIXL's progress thread on / off; unset: on for device engines, off on CPU engines "
-        "(there it keeps a core busy in every idle engine)")
+
+def _api_key() -> Any:
+    return _knob("SAGA_API_KEY", None,
+                 "one shared key callers must send, one tenant, admin (`saga serve --hint-api-key`, `saga hints "
+                 "--api-key`); with a keys file, the key the proxy sends its hints with")
+
+
+class _Settings:
+    """What every kind's settings do (the fields are each kind's own)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             if not _valid(f, getattr(self, f.name)):
                 raise ValueError(f"{f.name}={getattr(self, f.name)!r}: {_want(f)}")
 
-    def on(self, mechanism: Mechanism) -> bool:
-        """Whether the mechanism runs (is not switched off)."""
-        return mechanism not in self.off
-
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, logger: logging.Logger | None = None
-                 ) -> "EngineSettings":
+    def from_env(cls, env: Mapping[str, str] | None = None, logger: logging.Logger | None = None):
         """The settings the environment gives; a malformed or out-of-range value is
         logged and its default kept."""
         env = os.environ if env is None else env
@@ -109,7 +80,7 @@ class EngineSettings:
         for f in fields(cls):
             k: Knob = f.metadata["knob"]
             raw = env.get(k.env)
-            if raw is None:
+            if raw is None or (raw == "" and f.default is None):
                 continue
             try:
                 value = _PARSE[_kind(f)](raw)
@@ -134,11 +105,88 @@ class EngineSettings:
             env.pop(f.metadata["knob"].env, None)
         env.update(self.to_env())
 
-    def with_(self, **changes: Any) -> "EngineSettings":
+    def with_(self, **changes: Any):
         return replace(self, **changes)
 
 
-def knob_table(cls: type = EngineSettings) -> str:
+@dataclass(frozen=True)
+class EngineSettings(_Settings):
+    """The engine process's knobs (module docstring)."""
+
+    hint_addr: str | None = _knob(
+        "SAGA_HINT_ADDR", None,
+        "where the hint service listens, inside the engine process (`saga serve` sets it); unset: no hint service")
+    scoped_session_ids: bool = _knob(
+        "SAGA_SCOPED_SESSION_IDS", False,
+        "`1`: an agent's unscoped session ids are put in its tenant's scope, as the engine's port puts its "
+        "requests' (`saga serve --api-keys` sets it)")
+    api_keys: str | None = _api_keys()
+    api_key: str | None = _api_key()
+    off: frozenset[Mechanism] = _knob(
+        "SAGA_OFF", frozenset(),
+        "mechanisms switched off, comma-separated (`saga serve --off`): `walru` (evict by recency), `ttl` (no "
+        "pins), `prefetch`, `afs` (arrival order), `admit` (no session admission), `shape` (no deadline shaping); "
+        "only to compare, each falls back to what stock vLLM does there")
+    pin_max_fraction: float = _knob(
+        "SAGA_PIN_MAX_FRACTION", 0.5, "most of the KV pool that TTL pins may hold", 0.0, 1.0)
+    seniority_window_s: float = _knob(
+        "SAGA_SENIORITY_WINDOW_S", FairShareConfig().seniority_window_s,
+        "within a tenant, a request ranks by its task's start (a session with a person in the loop: its running "
+        "user turn's), but no earlier than this many seconds before it arrived; so it can be overtaken only by "
+        "requests arriving within this window after it (`0`: request-level FCFS, as stock vLLM)", 0.0)
+    max_sessions: int = _knob(
+        "SAGA_MAX_SESSIONS", MAX_SESSIONS,
+        "sessions the engine's core keeps at most (the least recently active go first; each leaves every "
+        "per-session table with it)", 1, 1e8)
+    session_idle_s: float = _knob(
+        "SAGA_SESSION_IDLE_S", SESSION_IDLE_S, "a session silent this long is forgotten", 1e-3)
+    metrics_port: int | None = _knob(
+        "SAGA_METRICS_PORT", None,
+        "a port of its own for SAGA's Prometheus metrics, where vLLM's `/metrics` does not carry them (no "
+        "`PROMETHEUS_MULTIPROC_DIR`: your own launch; `saga serve` sets that up)", 1, 65535)
+    metrics_host: str = _knob(
+        "SAGA_METRICS_HOST", "127.0.0.1", "the address that port listens on")
+    nixl_keep_pinning: bool = _knob(
+        "SAGA_NIXL_KEEP_PINNING", False,
+        "`1` keeps the core NIXL pins the engine's worker to (`--kv-transfer nixl`); by default the worker's "
+        "own CPU affinity is restored, so co-hosted engines do not share one core")
+    nixl_progress_thread: bool | None = _knob(
+        "SAGA_NIXL_PROGRESS_THREAD", None,
+        "`1` / `0` force NIXL's progress thread on / off; unset: on for device engines, off on CPU engines "
+        "(there it keeps a core busy in every idle engine)")
+
+    def on(self, mechanism: Mechanism) -> bool:
+        """Whether the mechanism runs (is not switched off)."""
+        return mechanism not in self.off
+
+
+@dataclass(frozen=True)
+class HintServiceSettings(_Settings):
+    """`saga hints`'s knobs (module docstring); its flags take their defaults from here."""
+
+    api_keys: str | None = _api_keys()
+    api_key: str | None = _api_key()
+
+
+@dataclass(frozen=True)
+class ProxySettings(_Settings):
+    """`saga proxy`'s knobs and the engine port's (module docstring)."""
+
+    upstream: str | None = _knob(
+        "SAGA_UPSTREAM", None, "the OpenAI base URL the proxy forwards to (`saga proxy --upstream`)")
+    api_keys: str | None = _api_keys()
+    api_key: str | None = _api_key()
+    session_headers: str = _knob(
+        "SAGA_SESSION_HEADERS", "",
+        "more session headers, read before the built-in ones (format and table: \"Coding agents as they are\" in "
+        "docs/AGENTS.md); a malformed value stops `saga serve` and `saga proxy` at start")
+    cache_salt_secret: str = _knob(
+        "SAGA_CACHE_SALT_SECRET", "",
+        "the HMAC key of each tenant's `cache_salt`, where clients can reach the engine directly (see "
+        "\"Tenants and the prefix cache\")")
+
+
+def knob_table(cls: type) -> str:
     """The settings as docs/OPERATING.md's markdown table (variable, default, meaning)."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for f in fields(cls):
@@ -210,5 +258,9 @@ def _render(value: Any) -> str:
     return str(value)
 
 
-if __name__ == "__main__":  # python -m saga_server.settings: the table docs/OPERATING.md holds
-    print(knob_table(), end="")
+KINDS = {"engine": EngineSettings, "hints": HintServiceSettings, "proxy": ProxySettings}
+
+if __name__ == "__main__":  # python -m saga_server.settings KIND: the table docs/OPERATING.md holds
+    import sys
+
+    print(knob_table(KINDS[sys.argv[1] if len(sys.argv) > 1 else "engine"]), end="")

@@ -47,7 +47,8 @@ ROOMS: dict[str, Room] = {
                                          "httpx") + HEAVY + FRAMEWORKS),
     "saga_server.rpc": Room(
         "the hint service: gRPC in, validated core events out; `saga hints` keeps what its core learnt",
-        saga=("saga_server.core", "saga_proto", "saga_server.state_file"), third_party=("grpc",),
+        saga=("saga_server.core", "saga_proto", "saga_server.settings", "saga_server.state_file"),
+        third_party=("grpc",),
         never=("saga_server.engines", "saga_server.router", "saga_server.serve", "saga_server.proxy",
                "saga_server.record", "saga_server.bench") + HEAVY + FRAMEWORKS),
     "saga_server.record": Room(
@@ -89,7 +90,7 @@ ROOMS: dict[str, Room] = {
         "its hints are the core's event dataclasses; it shares the keys file and the recorder, "
         "never an engine or the core's scheduler; its tenant rules also guard the engine's own port "
         "(vLLM loads that middleware by name)",
-        saga=("saga_server.core.categories", "saga_server.core.events", "saga_server.core.identity",
+        saga=("saga_server.core.categories", "saga_server.core.events", "saga_server.core.identity", "saga_server.settings",
               "saga_server.core.scopes", "saga_server.record",
               "saga_server.rpc.keys", "saga_server.rpc.reload", "saga_server.state_file", "saga_sdk"),
         third_party=("httpx", "starlette", "uvicorn", "anyio"),
@@ -107,7 +108,7 @@ ROOMS: dict[str, Room] = {
     "saga_server.settings": Room(
         "the typed settings of SAGA's processes: read once, written by the front doors; the core's defaults, "
         "no engine or transport",
-        saga=("saga_server.core.fairshare", "saga_server.core.mechanisms", "saga_server.core.workflow"),
+        saga=("saga_server.core.fairshare", "saga_server.core.mechanisms", "saga_server.core.sessions"),
         never=ENGINES_AND_FRONT_DOORS + ("saga_server.record", "saga_sdk", "saga_proto", "grpc") + HEAVY
         + FRAMEWORKS),
     "saga_server.state_file": Room(

@@ -11,18 +11,20 @@ from pathlib import Path
 import pytest
 
 from saga_server.core.mechanisms import Mechanism, parse_mechanisms
-from saga_server.settings import EngineSettings, knob_table
+from saga_server.settings import KINDS, EngineSettings, HintServiceSettings, ProxySettings, knob_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_knob_is_read_from_its_variable():
-    env = {"SAGA_HINT_ADDR": "127.0.0.1:5", "SAGA_SCOPED_SESSION_IDS": "1", "SAGA_OFF": "admit, shape",
+    env = {"SAGA_HINT_ADDR": "127.0.0.1:5", "SAGA_SCOPED_SESSION_IDS": "1", "SAGA_API_KEYS": "/etc/saga/keys",
+           "SAGA_API_KEY": "a-shared-key", "SAGA_OFF": "admit, shape",
            "SAGA_PIN_MAX_FRACTION": "0.25", "SAGA_SENIORITY_WINDOW_S": "0", "SAGA_MAX_SESSIONS": "7",
            "SAGA_SESSION_IDLE_S": "2.5", "SAGA_METRICS_PORT": "9464", "SAGA_METRICS_HOST": "0.0.0.0",
            "SAGA_NIXL_KEEP_PINNING": "1", "SAGA_NIXL_PROGRESS_THREAD": "0"}
     s = EngineSettings.from_env(env)
-    assert s == EngineSettings(hint_addr="127.0.0.1:5", scoped_session_ids=True,
+    assert s == EngineSettings(hint_addr="127.0.0.1:5", scoped_session_ids=True, api_keys="/etc/saga/keys",
+                               api_key="a-shared-key",
                                off=frozenset({Mechanism.ADMIT, Mechanism.SHAPE}), pin_max_fraction=0.25,
                                seniority_window_s=0.0, max_sessions=7, session_idle_s=2.5, metrics_port=9464,
                                metrics_host="0.0.0.0", nixl_keep_pinning=True, nixl_progress_thread=False)
@@ -57,8 +59,20 @@ def test_settings_outside_their_range_cannot_be_built():
         parse_mechanisms("steal", frozenset(Mechanism) - {Mechanism.STEAL})
 
 
-def test_the_operating_guide_holds_the_generated_table():
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_operating_guide_holds_each_kinds_generated_table(kind):
     text = (ROOT / "docs" / "OPERATING.md").read_text()
-    start = text.index("<!-- engine-settings")
-    block = text[text.index("\n", start) + 1:text.index("<!-- /engine-settings -->")]
-    assert block == knob_table(), "regenerate it: python -m saga_server.settings"
+    start = text.index(f"<!-- {kind}-settings")
+    block = text[text.index("\n", start) + 1:text.index(f"<!-- /{kind}-settings -->")]
+    assert block == knob_table(KINDS[kind]), f"regenerate it: python -m saga_server.settings {kind}"
+
+
+def test_the_hint_service_and_the_proxy_take_their_flags_defaults_from_their_settings(monkeypatch):
+    from saga_server.proxy.cli import build_parser
+
+    monkeypatch.setenv("SAGA_UPSTREAM", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("SAGA_API_KEYS", "/etc/saga/keys")
+    args = build_parser().parse_args([])
+    assert (args.upstream, args.api_keys) == ("http://127.0.0.1:9/v1", "/etc/saga/keys")
+    assert ProxySettings.from_env().with_(upstream=None).to_env() == {"SAGA_API_KEYS": "/etc/saga/keys"}
+    assert HintServiceSettings.from_env() == HintServiceSettings(api_keys="/etc/saga/keys")

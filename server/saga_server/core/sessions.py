@@ -112,6 +112,11 @@ from .turns import begin_turn, end_turn, sooner, turn_open
 __all__ = ["Session", "SessionTable", "Tracker", "SessionGone", "ParentChanged", "TurnEnded", "Departure"]
 
 
+# An engine's or a hint service's table, unless configured: the bound that holds its
+# memory, and how long a silent session is kept.
+MAX_SESSIONS = 50_000
+SESSION_IDLE_S = 1800.0
+
 class Departure(enum.StrEnum):
     """How a session stopped being live somewhere: the table publishes the first
     three ("Lifecycle" above); an engine's KV policy adds `MOVED`. The values are

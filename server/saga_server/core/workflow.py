@@ -29,7 +29,7 @@ from .fairshare import FairShare, FairShareConfig, seniority, urgency
 from .graph import Prediction
 from .pinning import PinConfig, PinDecision, decide_pin
 from .prefetch import PrefetchAction, PrefetchCandidate, PrefetchConfig, plan_prefetch
-from .sessions import Departure, ParentChanged, SessionRecord, SessionGone, SessionTable
+from .sessions import MAX_SESSIONS, SESSION_IDLE_S, Departure, ParentChanged, SessionRecord, SessionGone, SessionTable
 
 __all__ = ["CoreConfig", "WorkflowCore", "KvOutlook"]
 
@@ -38,8 +38,8 @@ __all__ = ["CoreConfig", "WorkflowCore", "KvOutlook"]
 class CoreConfig:
     """Knobs of the core; each policy's own config documents its fields."""
 
-    max_sessions: int = 50_000
-    session_idle_s: float = 1800.0
+    max_sessions: int = MAX_SESSIONS
+    session_idle_s: float = SESSION_IDLE_S
     # A session waiting on its user's turn (a `human` call open) is kept this long: a
     # person may come back the next day; the table's size bound holds memory, not this.
     human_idle_s: float = 86_400.0

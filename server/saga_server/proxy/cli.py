@@ -24,13 +24,14 @@ import re
 import sys
 
 from ..record import options as record_options
-from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing
+from ..rpc.keys import KeyRing
 from ..rpc.reload import reload_on_sighup
 from ..state_file import StateKeeper, add_state_arguments, state_path_of
-from ..core.identity import SESSION_HEADERS_ENV, problem_with
+from ..core.identity import problem_with
+from ..settings import ProxySettings
 from . import recording
 from .actions import TextActions
-from .tenants import SALT_SECRET_ENV, Tenants
+from .tenants import Tenants
 
 __all__ = ["main", "build_parser"]
 
@@ -38,14 +39,15 @@ __all__ = ["main", "build_parser"]
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="saga proxy", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--upstream", default=os.environ.get("SAGA_UPSTREAM"),
+    env = ProxySettings.from_env()
+    p.add_argument("--upstream", default=env.upstream,
                    help="OpenAI base URL of the upstream, e.g. http://127.0.0.1:8000/v1 (env SAGA_UPSTREAM)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--hint-endpoint", default=None,
                    help="host:port of the hint service (default: SAGA_ENDPOINT or 127.0.0.1:50051)")
     p.add_argument("--no-hints", action="store_true", help="infer and tag sessions but send no hints")
-    p.add_argument("--api-keys", default=os.environ.get(KEYS_FILE_ENV), metavar="FILE",
+    p.add_argument("--api-keys", default=env.api_keys, metavar="FILE",
                    help="keys file: one `key tenant role [limits]` per line; callers must present a key "
                         "and act as its tenant (default: $SAGA_API_KEYS)")
     p.add_argument("--no-body-session-id", action="store_true",
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.upstream:
         print("saga proxy: --upstream (or SAGA_UPSTREAM) is required", file=sys.stderr)
         return 2
-    problem = problem_with(os.environ.get(SESSION_HEADERS_ENV, ""))
+    settings = ProxySettings.from_env()
+    problem = problem_with(settings.session_headers)
     if problem:
         print(f"saga proxy: {problem}", file=sys.stderr)
         return 2
@@ -94,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                              max_sessions=args.max_sessions, idle_ttl_s=args.idle_ttl_s, idle_min_s=args.idle_min_s,
                              text_actions=actions, read_timeout_s=args.read_timeout_s)
         # $SAGA_API_KEY beside the file is one more admin key (tenant ""), as at the hint service
-        keys = KeyRing(args.api_keys, shared_key=os.environ.get(SHARED_KEY_ENV) or None) if args.api_keys else None
+        keys = KeyRing(args.api_keys, shared_key=settings.api_key) if args.api_keys else None
         recorder = recording.from_args(args)
     except (OSError, ValueError, re.error) as exc:  # KeysFileError is a ValueError
         print(f"saga proxy: {exc}", file=sys.stderr)
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"enabled": False} if args.no_hints else {}
     if args.hint_endpoint:
         overrides["endpoint"] = args.hint_endpoint
-    if keys is not None and not os.environ.get(SHARED_KEY_ENV) and keys.admin_key():
+    if keys is not None and not settings.api_key and keys.admin_key():
         overrides["api_key"] = keys.admin_key()
     try:
         hints = HintClient(**overrides)
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"saga proxy: {refused}", file=sys.stderr)
             hints.close(0)
             return 2
-        tenants = Tenants(keys, salt_secret=os.environ.get(SALT_SECRET_ENV, "").encode())
+        tenants = Tenants(keys, salt_secret=settings.cache_salt_secret.encode())
         reload_on_sighup(keys)
     tracker = tracker_for(config)
     state = StateKeeper.started(state_path_of(args, "proxy", args.port), "proxy", tracker.learnt,

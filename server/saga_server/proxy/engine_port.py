@@ -68,12 +68,13 @@ from typing import Any, Awaitable, Callable
 
 from ..core.scopes import scoped
 from ..core.events import ADMIN
-from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing
+from ..rpc.keys import KeyRing
+from ..settings import ProxySettings
 from ..rpc.reload import register_for_reload, reload_on_sighup
 from .agent_hints import agent_hints
 from .cache_hints import cache_ttl_s
 from ..core.identity import Identity
-from .tenants import SALT_SECRET_ENV, Tenants
+from .tenants import Tenants
 from .exchanges import headers_identity
 
 __all__ = ["AGENT_PATHS", "MAX_BODY_BYTES", "OPEN_PATHS", "SESSION_ROUTES", "SessionIdentityMiddleware",
@@ -134,13 +135,14 @@ class TenantKeysMiddleware:
     def __init__(self, app, keys: KeyRing | None = None) -> None:
         self.app = app
         if keys is None:
-            path = os.environ.get(KEYS_FILE_ENV)
+            settings = ProxySettings.from_env()
+            path = settings.api_keys
             if not path:
-                raise RuntimeError(f"TenantKeysMiddleware needs ${KEYS_FILE_ENV}: the keys file")
-            keys = KeyRing(path, shared_key=os.environ.get(SHARED_KEY_ENV) or None)
+                raise RuntimeError("TenantKeysMiddleware needs $SAGA_API_KEYS: the keys file")
+            keys = KeyRing(path, shared_key=settings.api_key)
             if reload_on_sighup(keys):
                 register_for_reload()
-        self.tenants = Tenants(keys, salt_secret=os.environ.get(SALT_SECRET_ENV, "").encode())
+        self.tenants = Tenants(keys, salt_secret=ProxySettings.from_env().cache_salt_secret.encode())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket") or _is_preflight(scope) or _path(scope) in OPEN_PATHS:

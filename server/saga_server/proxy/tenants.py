@@ -56,9 +56,8 @@ from ..core.scopes import namespaced
 if TYPE_CHECKING:  # the ring's module pulls in gRPC; the tracker imports this one
     from ..rpc.keys import ApiKey, KeyRing
 
-__all__ = ["SALT_SECRET_ENV", "TenantStats", "Tenants", "api_key", "namespaced"]
+__all__ = ["TenantStats", "Tenants", "api_key", "namespaced"]
 
-SALT_SECRET_ENV = "SAGA_CACHE_SALT_SECRET"
 _SALT_DOMAIN = b"saga-proxy/cache-salt/1:"
 
 

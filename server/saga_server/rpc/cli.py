@@ -16,7 +16,8 @@ import sys
 import threading
 
 from ..core import CoreConfig, WorkflowCore
-from .keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError
+from ..settings import HintServiceSettings
+from .keys import KeyRing, KeysFileError
 from .reload import reload_on_sighup
 from ..state_file import StateKeeper, add_state_arguments, state_path_of
 from .service import HintServer
@@ -27,9 +28,10 @@ __all__ = ["main"]
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="saga hints", description=__doc__.splitlines()[0])
     parser.add_argument("--listen", default="127.0.0.1:50051", help="host:port (port 0: any free port)")
-    parser.add_argument("--api-key", default=os.environ.get(SHARED_KEY_ENV),
+    env = HintServiceSettings.from_env()
+    parser.add_argument("--api-key", default=env.api_key,
                         help="shared token clients must send, one tenant, admin (default: $SAGA_API_KEY)")
-    parser.add_argument("--api-keys", default=os.environ.get(KEYS_FILE_ENV), metavar="FILE",
+    parser.add_argument("--api-keys", default=env.api_keys, metavar="FILE",
                         help="keys file: one `key tenant role [limits]` per line (default: $SAGA_API_KEYS)")
     parser.add_argument("--max-sessions", type=int, default=CoreConfig().max_sessions,
                         help="sessions the core keeps at most (least recently active go first)")

@@ -159,11 +159,10 @@ class KeyRing:
         self._keys = self._load()
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "KeyRing | None":
-        """From `$SAGA_API_KEYS` (a keys file) and `$SAGA_API_KEY` (the shared key);
-        None when neither is set (no auth). Raises `KeysFileError`."""
-        path, shared = env.get(KEYS_FILE_ENV) or None, env.get(SHARED_KEY_ENV) or None
-        return cls(path, shared_key=shared) if path or shared else None
+    def of(cls, path: str | None, shared_key: str | None) -> "KeyRing | None":
+        """From a keys file and a shared key (the settings' `api_keys`, `api_key`);
+        None when neither is given (no auth). Raises `KeysFileError`."""
+        return cls(path, shared_key=shared_key) if path or shared_key else None
 
     def reload(self) -> int:
         """Re-read the keys file; returns how many keys it has. A file that cannot

@@ -201,17 +201,16 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
         cls = SAGA_SCHEDULER if (not is_gpu_build() or async_off) else SAGA_ASYNC_SCHEDULER
         args += ["--scheduler-cls", cls]
         hint_addr = f"{opts.hint_host or opts.host}:{opts.hint_port}"
-        settings = EngineSettings.from_env(env).with_(
-            hint_addr=hint_addr, scoped_session_ids=bool(opts.api_keys or env.get(KEYS_FILE_ENV)))
+        settings = EngineSettings.from_env(env).with_(hint_addr=hint_addr)
+        if opts.hint_api_key:
+            settings = settings.with_(api_key=opts.hint_api_key)
+        if opts.api_keys:
+            settings = settings.with_(api_keys=os.path.abspath(opts.api_keys))
         if opts.pin_max_fraction is not None:
             settings = settings.with_(pin_max_fraction=opts.pin_max_fraction)
         if opts.off is not None:
             settings = settings.with_(off=opts.off)
-        settings.write(env)
-        if opts.hint_api_key:
-            env[SHARED_KEY_ENV] = opts.hint_api_key
-        if opts.api_keys:
-            env[KEYS_FILE_ENV] = os.path.abspath(opts.api_keys)
+        settings.with_(scoped_session_ids=settings.api_keys is not None).write(env)
         env.update(record_options.to_env(opts, opts.record_idle_s))
         state = state_path_of(opts, "engine", opts.port, env)
         if state is not None:
@@ -220,7 +219,7 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
         raise SystemExit("saga serve: --record needs the SAGA scheduler (it records in its process); "
                          "record a --no-saga run with saga proxy --record")
     else:
-        EngineSettings().write(env)  # stock vLLM: no SAGA knob reaches it
+        EngineSettings.from_env(env).with_(hint_addr=None).write(env)  # stock vLLM: no hint service
     args += _http_keys(opts, passthrough, env)
     if opts.kv_transfer == "nixl":
         args += _nixl_args(opts, passthrough, env)

@@ -7,6 +7,7 @@ import signal
 
 import pytest
 
+from saga_server.settings import HintServiceSettings
 from saga_server.core import ADMIN, AGENT, Caller, TenantLimits
 from saga_server.rpc import KeyRing, KeysFileError, reload_on_sighup
 from saga_server.rpc.keys import parse_keys
@@ -81,11 +82,12 @@ def test_the_shared_key_is_one_tenant_admin_and_a_file_line_overrides_it(tmp_pat
     assert KeyRing(str(path), shared_key="shared-secret").admin_key() == "key-router-0001"
 
 
-def test_from_env_reads_the_file_and_the_shared_key(tmp_path):
+def test_the_settings_keys_file_and_shared_key_make_the_ring(tmp_path):
     path = tmp_path / "keys"
     path.write_text(GOOD)
-    assert KeyRing.from_env({}) is None
-    ring = KeyRing.from_env({"SAGA_API_KEYS": str(path), "SAGA_API_KEY": "shared-secret"})
+    assert KeyRing.of(None, None) is None
+    settings = HintServiceSettings.from_env({"SAGA_API_KEYS": str(path), "SAGA_API_KEY": "shared-secret"})
+    ring = KeyRing.of(settings.api_keys, settings.api_key)
     assert len(ring) == 5 and ring.limits("team-a").max_sessions == 20 and ring.limits("nobody") == TenantLimits()
 
 

@@ -50,6 +50,7 @@ from saga_server.core import (
     ToolCallEnd,
     ToolCallStart,
 )
+from saga_server.settings import EngineSettings
 
 # Under "vllm." so vLLM's own log handler (and level) shows these lines.
 log = logging.getLogger("vllm.saga")
@@ -161,20 +162,22 @@ def _best_effort(hook: Callable, *args) -> None:
         log.exception("hint accept hook failed")
 
 
-def start_hint_service(sink: EngineHintSink, address: str | None, *, scope_agent_ids: bool = False):
-    """Start the gRPC hint service for `sink` on `address` (`EngineSettings.hint_addr`),
-    with the keys of the environment; `scope_agent_ids`: `EngineSettings.scoped_session_ids`. Returns the server, or None when no address is
-    configured. A port already in use, or a keys file that cannot be used, is logged
-    and skipped: the engine keeps serving without hints (never without the keys)."""
+def start_hint_service(sink: EngineHintSink, settings: EngineSettings):
+    """Start the gRPC hint service for `sink` as the engine's settings say (its
+    address, its keys, `scoped_session_ids`). Returns the server, or None when no
+    address is configured. A port already in use, or a keys file that cannot be used,
+    is logged and skipped: the engine keeps serving without hints (never without the
+    keys)."""
+    address = settings.hint_addr
     if not address:
         return None
     from saga_server.rpc import HintServer, KeyRing  # noqa: PLC0415  (grpc only when used)
     from saga_server.rpc.reload import register_for_reload, reload_on_sighup  # noqa: PLC0415
 
     try:
-        keys = KeyRing.from_env()
+        keys = KeyRing.of(settings.api_keys, settings.api_key)
         server = HintServer(sink, address, keys=keys,
-                            scope_agent_ids=scope_agent_ids).start()
+                            scope_agent_ids=settings.scoped_session_ids).start()
     except Exception:
         log.exception("SAGA hint service could not start on %s; serving without hints", address)
         return None

@@ -180,8 +180,7 @@ class SagaPlugin:
                                    on_accept=self._core_gauges,
                                    on_event=self.recording.hint if self.recording is not None else None,
                                    held_blocks=self.ledger.blocks_of, block_tokens=self.block_size)
-        self.hint_server = start_hint_service(self.sink, settings.hint_addr,
-                                              scope_agent_ids=settings.scoped_session_ids) if start_hints else None
+        self.hint_server = start_hint_service(self.sink, settings) if start_hints else None
         if tenant_limits is None and self.hint_server is not None and self.hint_server.keys is not None:
             self.tenant_limits = self.hint_server.keys.limits
         SagaMetrics.maybe_start_exporter(settings.metrics_port, settings.metrics_host)
