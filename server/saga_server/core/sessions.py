@@ -109,13 +109,14 @@ from .scopes import owns_scope, tag
 from .tool_keys import NO_TOOL, ToolKey
 from .turns import begin_turn, end_turn, sooner, turn_open
 
-__all__ = ["Session", "SessionTable", "Tracker", "SessionGone", "ParentChanged", "TurnEnded", "Departure"]
+__all__ = ["SessionRecord", "SessionTable", "MAX_SESSIONS", "SESSION_IDLE_S", "Tracker", "SessionGone", "ParentChanged", "TurnEnded", "Departure"]
 
 
 # An engine's or a hint service's table, unless configured: the bound that holds its
 # memory, and how long a silent session is kept.
 MAX_SESSIONS = 50_000
 SESSION_IDLE_S = 1800.0
+
 
 class Departure(enum.StrEnum):
     """How a session stopped being live somewhere: the table publishes the first
@@ -130,7 +131,7 @@ class Departure(enum.StrEnum):
 
 SessionGone = Callable[[str, Departure], None]  # (session id, how: ENDED / EXPIRED / EVICTED)
 ParentChanged = Callable[[str, bool], None]  # (parent id, a child started (True) or stopped (False))
-TurnEnded = Callable[["Session", float], None]  # (the session's record, the turn's span in seconds)
+TurnEnded = Callable[["SessionRecord", float], None]  # (the session's record, the turn's span in seconds)
 
 _SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
 _MAX_DEPTH = 64  # ancestors a link checks for a cycle; deeper trees are refused

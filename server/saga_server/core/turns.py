@@ -34,12 +34,12 @@ if TYPE_CHECKING:  # `sessions` calls these rules as hints move a record
 __all__ = ["begin_turn", "end_turn", "turn_open", "sooner"]
 
 
-def turn_open(s: "Session") -> bool:
+def turn_open(s: "SessionRecord") -> bool:
     """Whether the session's user turn is running (not waiting on its user)."""
     return s.turn_started_at is not None
 
 
-def begin_turn(s: "Session", t: float) -> None:
+def begin_turn(s: "SessionRecord", t: float) -> None:
     """The session's user gave it a turn at `t`: its turn deadline, if any, runs."""
     s.turn_started_at = t
     s.turn_steps = s.steps
@@ -47,7 +47,7 @@ def begin_turn(s: "Session", t: float) -> None:
     s.deadline_at = sooner(s.task_deadline_at, turn_due)
 
 
-def end_turn(s: "Session", t: float) -> float | None:
+def end_turn(s: "SessionRecord", t: float) -> float | None:
     """The session handed the turn back (or ended) at `t`. Returns the turn's span
     in seconds, None when no turn was running."""
     if s.turn_started_at is None:

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from typing import Any, Awaitable, Callable
 
 from ..core.scopes import scoped

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Mapping
