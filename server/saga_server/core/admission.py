@@ -87,6 +87,11 @@ class AdmissionState(enum.StrEnum):
     WAITING = "waiting"  # a request waits to be admitted
 
 
+# The members as module names: an enum member read off its class is a metaclass lookup,
+# several times a plain global's, and the plan's loops read them for every session.
+ACTIVE, PARKED, WAITING = AdmissionState.ACTIVE, AdmissionState.PARKED, AdmissionState.WAITING
+
+
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
     target: float = 0.9  # the limit's share of the tiers: headroom for growth within a step
@@ -152,10 +157,10 @@ class SessionAdmission:
         True: it may run now (the session is active); False: it waits for `plan`."""
         e = self._entries.get(session_id)
         if e is None:
-            e = self._entries[session_id] = _Entry(session_id, tenant, AdmissionState.WAITING, tokens)
+            e = self._entries[session_id] = _Entry(session_id, tenant, WAITING, tokens)
         e.pending += 1
         e.waiting_since = self.core.now()
-        if e.state == AdmissionState.ACTIVE:
+        if e.state == ACTIVE:
             self._resize(e, tokens)
             return True
         e.ws = tokens
@@ -171,7 +176,7 @@ class SessionAdmission:
         if e.pending:
             return
         outlook = self.core.kv_outlook(session_id)
-        if outlook is not None and e.state == AdmissionState.ACTIVE:
+        if outlook is not None and e.state == ACTIVE:
             self._resize(e, outlook.next_tokens)
 
     def served(self, session_id: str, held_tokens: int, recomputed_tokens: int) -> None:
@@ -180,7 +185,7 @@ class SessionAdmission:
         evidence either way), `recomputed_tokens`: how much of that it had to
         recompute. Adapts the limit (module docstring)."""
         e = self._entries.get(session_id)
-        if e is None or e.state != AdmissionState.ACTIVE:
+        if e is None or e.state != ACTIVE:
             return
         if e.returning:  # back from parking: a miss is the price of parking, not overload
             e.returning = False
@@ -197,7 +202,7 @@ class SessionAdmission:
         e = self._entries.pop(session_id, None)
         if e is None:
             return
-        if e.state == AdmissionState.ACTIVE:
+        if e.state == ACTIVE:
             self.active_tokens -= e.ws
 
     def state(self, session_id: str) -> AdmissionState | None:
@@ -223,7 +228,7 @@ class SessionAdmission:
         admit: list[str] = []
         park: list[str] = []
         park += self._relieve_overflow()
-        queue = sorted((e for e in self._entries.values() if e.pending and e.state != AdmissionState.ACTIVE),
+        queue = sorted((e for e in self._entries.values() if e.pending and e.state != ACTIVE),
                        key=self._rank)
         now = self.core.now()
         for e in queue:
@@ -247,16 +252,16 @@ class SessionAdmission:
         return self.core.request_rank(e.session_id, e.tenant, e.waiting_since)
 
     def _someone_waits(self) -> bool:
-        return any(x.pending and x.state != AdmissionState.ACTIVE for x in self._entries.values())
+        return any(x.pending and x.state != ACTIVE for x in self._entries.values())
 
     def _busy(self) -> bool:
-        return any(x.pending for x in self._entries.values() if x.state == AdmissionState.ACTIVE)
+        return any(x.pending for x in self._entries.values() if x.state == ACTIVE)
 
     def _activate(self, e: _Entry, now: float) -> None:
         self.counts.admitted += 1
         self.counts.wait_s += max(0.0, now - e.waiting_since)
-        e.returning = e.state == AdmissionState.PARKED
-        e.state = AdmissionState.ACTIVE
+        e.returning = e.state == PARKED
+        e.state = ACTIVE
         self.active_tokens += e.ws
 
     def _resize(self, e: _Entry, ws: int) -> None:
@@ -276,7 +281,7 @@ class SessionAdmission:
         now = self.core.now()
         cands = []
         for e in self._entries.values():
-            if e.state != AdmissionState.ACTIVE or e.pending or not self._parkable(e.session_id):
+            if e.state != ACTIVE or e.pending or not self._parkable(e.session_id):
                 continue
             if payback:
                 outlook = self.core.kv_outlook(e.session_id)
@@ -295,6 +300,6 @@ class SessionAdmission:
             return []
         for e in chosen:
             self.active_tokens -= e.ws
-            e.state = AdmissionState.PARKED
+            e.state = PARKED
             self.counts.parked += 1
         return [e.session_id for e in chosen]

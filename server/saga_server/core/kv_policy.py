@@ -48,7 +48,7 @@ import collections
 import math
 from typing import Callable, Protocol, Sequence
 
-from .admission import AdmissionPlan, AdmissionState
+from .admission import ACTIVE, AdmissionPlan, AdmissionState
 from .holds import PINNED, PROTECTED, SOFT, Hold, HoldLedger, Release
 from .pinning import PinDecision
 from .sessions import Departure
@@ -144,7 +144,7 @@ class SessionKvPolicy:
         or admission always; else once admission has admitted the session."""
         if self.admission is None or session_id is None:
             return True
-        return self.admission.state(session_id) in (None, AdmissionState.ACTIVE)
+        return self.admission.state(session_id) in (None, ACTIVE)
 
     def parkable(self, session_id: str) -> bool:
         """Admission may park a session unless the engine promised to keep its KV (a pin)."""

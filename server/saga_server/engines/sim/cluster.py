@@ -58,7 +58,7 @@ from .host import HostOffload, HostTier
 from .moves import KvMoves
 from .policy import SimPolicy
 from .results import SimConfig, SimResult, TaskRecord, turn_deadline_s, unloaded_time_s
-from .session import ARRIVE, Request, Session, StepPhase, request_key
+from .session import ARRIVE, ENDED, QUEUED, RUNNING, TOOL, Request, Session, request_key
 from .tasks import TaskInstance
 from .worker import Worker
 
@@ -194,7 +194,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
 
     def _arrive(self, s: Session) -> None:
         """The session's next step reaches its worker."""
-        s.state = StepPhase.QUEUED
+        s.state = QUEUED
         s.next_use = self.now
         self.policy.on_llm_start(s, self.now)
         self.workers[s.worker].engine.arrived(LiveRequest(request_key(s), s.session_id, s.tenant,
@@ -263,7 +263,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             w.host.drop(sid)
         w.offloaded.discard(sid)
         s = w.gated.pop(sid, None)
-        if s is not None and s.state != StepPhase.ENDED:
+        if s is not None and s.state != ENDED:
             self._enqueue(s, gate=False)
 
     def _pin_expiry(self, w: Worker, hold) -> None:
@@ -327,7 +327,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             w.offloaded.discard(sid)
             back = s.back_from_children
             s.back_from_children = False
-            s.state = StepPhase.RUNNING
+            s.state = RUNNING
             w.running += 1
             r.scheduled_at = now
             hit = min(s.base + hit_b * bt, r.prompt) if (pol.caches and r.reuse) else 0
@@ -404,7 +404,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         last = s.step + 1 == len(s.task.steps)
         if last or st.human:  # the agent hands the turn back (or ends): the turn is done
             s.turn_spans.append(now - s.turn_started_at)
-        s.state = StepPhase.ENDED if last else StepPhase.TOOL
+        s.state = ENDED if last else TOOL
         s.next_use = now + (0.0 if last else st.gap_s)
         s.tool_names = () if last else tuple(t.name for t in st.tools)
         # The engine's facts, then the agent's hints, in the order the plugin sees them.

@@ -21,7 +21,7 @@ from saga_server.core.host_tier import HostTierOrder
 
 from .cache import Eviction
 from .events import PREFETCH
-from .session import Session, StepPhase
+from .session import ENDED, TOOL, Session
 
 if TYPE_CHECKING:  # pragma: no cover
     from .worker import Worker
@@ -100,7 +100,7 @@ class HostOffload:
         sessions = self.sessions
         for e in evs:
             s = sessions[e.session_id]
-            if s.state == StepPhase.ENDED or s.worker != w.wid:
+            if s.state == ENDED or s.worker != w.wid:
                 continue
             host.offload(e.session_id, e.from_blocks, w.engine.key_of(e.session_id, s.kv_tokens, s.last_access))
             w.offloaded.add(e.session_id)
@@ -111,7 +111,7 @@ class HostOffload:
         cands = []
         for sid in sorted(w.offloaded):
             s = self.sessions[sid]
-            if s.state != StepPhase.TOOL:
+            if s.state != TOOL:
                 continue
             missing = host.end(sid) - cache.cached(sid)
             if missing > 0:
@@ -123,7 +123,7 @@ class HostOffload:
 
     def _prefetch(self, s: Session, _unused) -> None:
         w = self.workers[s.worker]
-        if s.state != StepPhase.TOOL or w.host is None:
+        if s.state != TOOL or w.host is None:
             return
         cache = w.cache
         missing = w.host.end(s.session_id) - cache.cached(s.session_id)

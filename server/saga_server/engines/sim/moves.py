@@ -29,7 +29,7 @@ from saga_server.core.routing import ReplicaView, Steal
 
 from .cache import PINNED
 from .events import MOVED, STEAL
-from .session import ARRIVE, Session, StepPhase, request_key
+from .session import ARRIVE, QUEUED, TOOL, Session, request_key
 
 __all__ = ["KvMoves"]
 
@@ -50,7 +50,7 @@ class KvMoves:
             if w.cache.holds(sid) or blocks > 0:
                 held[w.wid].append(sid)
                 sizes[w.wid][sid] = blocks * bt
-                if s.state == StepPhase.TOOL:
+                if s.state == TOOL:
                     in_tool[w.wid].append(sid)
         cap = self.capacity_blocks
         return [ReplicaView(names[w.wid], queue_len=len(w.queue) + w.running,
@@ -77,7 +77,7 @@ class KvMoves:
             return
         s.move_to = dst
         s.move_in_tool = steal.in_tool
-        if not s.in_transit and s.state in (StepPhase.TOOL, StepPhase.QUEUED):
+        if not s.in_transit and s.state in (TOOL, QUEUED):
             self._start_move(s)
         # running: moves when its request finishes; in transit: when the KV lands
 
@@ -90,7 +90,7 @@ class KvMoves:
         gated = sid in src.gated
         if gated:
             queued = ARRIVE  # its request arrives at the target with the KV
-        elif s.state == StepPhase.QUEUED:  # its request leaves this queue and waits for the KV there
+        elif s.state == QUEUED:  # its request leaves this queue and waits for the KV there
             q = src.queue
             i = next(i for i, item in enumerate(q) if item[2].sess is s)
             queued = q[i]
@@ -159,7 +159,7 @@ class KvMoves:
             self.result.move_dropped_tokens += max(blocks - have - put - max(parked, 0), 0) * bt
             waiting = s.awaiting_kv if isinstance(s.awaiting_kv, tuple) else None  # a queued request moves with it
             w.engine.loaded(sid, self.now, queued_at=waiting[2].arrived_at if waiting is not None else None,
-                        pin_until=pin_until if tier == PINNED and s.state == StepPhase.TOOL else 0.0)
+                        pin_until=pin_until if tier == PINNED and s.state == TOOL else 0.0)
             self._pin_expiry(w, cache.ledger.get(sid))
         waiting, s.awaiting_kv = s.awaiting_kv, None
         if waiting is ARRIVE:
@@ -168,7 +168,7 @@ class KvMoves:
             heapq.heappush(w.queue, waiting)
             w.engine.admitted(waiting[2].key)
             self._touch(w)
-        if s.move_to >= 0 and s.state in (StepPhase.TOOL, StepPhase.QUEUED):
+        if s.move_to >= 0 and s.state in (TOOL, QUEUED):
             self._start_move(s)
 
 

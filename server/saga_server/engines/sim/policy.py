@@ -52,7 +52,7 @@ from saga_server.core.admission import AdmissionPlan, AdmissionState
 from saga_server.core.kv_policy import KvRules
 from saga_server.core.pinning import PinDecision
 
-from .session import StepPhase
+from .session import ENDED, TOOL
 
 if TYPE_CHECKING:  # pragma: no cover
     from saga_server.core.routing import ReplicaView, Steal
@@ -236,9 +236,9 @@ class KvFlow(SimPolicy):
     _STEP = 1e9  # seconds; larger than any simulated time
 
     def key(self, s: "Session", now: float) -> float:
-        if s.state == StepPhase.ENDED:
+        if s.state == ENDED:
             return -math.inf
-        steps = 1 if s.state == StepPhase.TOOL else 0
+        steps = 1 if s.state == TOOL else 0
         return s.last_access - steps * self._STEP
 
     def plan_prefetch(self, worker_id, candidates, free_tokens, now):
@@ -349,6 +349,6 @@ class Belady(SimPolicy):
     bound = True
 
     def key(self, s: "Session", now: float) -> float:
-        if s.state == StepPhase.ENDED:
+        if s.state == ENDED:
             return -math.inf
         return -s.next_use

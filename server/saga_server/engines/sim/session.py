@@ -6,7 +6,7 @@ from enum import StrEnum
 
 from .tasks import TaskInstance
 
-__all__ = ["Session", "Request", "StepPhase", "ARRIVE", "request_key"]
+__all__ = ["Session", "Request", "StepPhase", "QUEUED", "RUNNING", "TOOL", "ENDED", "ARRIVE", "request_key"]
 
 ARRIVE = "arrive"  # Session.awaiting_kv: its next request arrived while its KV was in flight
 
@@ -19,6 +19,11 @@ class StepPhase(StrEnum):
     RUNNING = "running"  # its request is in the batch
     TOOL = "tool"  # its tools run, or its person answers
     ENDED = "ended"
+
+
+# The members as module names: read off the class, a member is a metaclass lookup, and
+# the router's views and prefetch plans read a phase for every live session.
+QUEUED, RUNNING, TOOL, ENDED = StepPhase.QUEUED, StepPhase.RUNNING, StepPhase.TOOL, StepPhase.ENDED
 
 
 class Session:
@@ -37,7 +42,7 @@ class Session:
         self.step = 0
         self.started_at = now
         self.last_access = now
-        self.state = StepPhase.QUEUED
+        self.state = QUEUED
         self.next_use = now
         self.tool_names: tuple[str, ...] = ()
         self.kv_tokens = 0
