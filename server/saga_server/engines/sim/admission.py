@@ -10,8 +10,8 @@ the KV of admitted sessions; the simulator moves an admitted session's waiting r
 into the queue. A task's completion time counts
 from its arrival, so time spent waiting for admission is part of it.
 
-`AdmissionGate` is mixed into `Simulator`: it uses the simulator's workers, sessions,
-clock, result and cost model.
+`AdmissionGate` is one part of a `Simulator` (`sim`), built by it: it works on the simulator's
+workers, sessions, clock, result and event queue.
 """
 
 from __future__ import annotations
@@ -21,37 +21,43 @@ from typing import TYPE_CHECKING
 from .session import Session, request_key
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .cluster import Simulator
     from .worker import Worker
 
 __all__ = ["AdmissionGate"]
 
 
 class AdmissionGate:
-    def _admitted(self, w: "Worker", s: Session, tokens: int, reusable: int) -> bool:
+    def __init__(self, sim: "Simulator") -> None:
+        self.sim = sim
+
+    def admitted(self, w: "Worker", s: Session, tokens: int, reusable: int) -> bool:
         """The session's request (needing `tokens` of KV, continuing `reusable` of what
         the session held) joins the worker's queue; whether it may now. If not it
         waits at the gate until a plan admits it."""
-        if w.engine.queued(request_key(s), tokens, self.now, reusable_tokens=reusable):
+        sim = self.sim
+        if w.engine.queued(request_key(s), tokens, sim.now, reusable_tokens=reusable):
             return True
         w.gated[s.session_id] = s
-        self._rebalance(w, arriving=s.session_id)
+        self.rebalance(w, arriving=s.session_id)
         return s.session_id not in w.gated
 
-    def _rebalance(self, w: "Worker", arriving: str | None = None) -> None:
+    def rebalance(self, w: "Worker", arriving: str | None = None) -> None:
         """Carry out the policy's admission plan (it parks and protects the KV itself);
         an admitted `arriving` session is left to the caller, which is enqueueing it."""
+        sim = self.sim
         plan = w.engine.plan()
-        res = self.result
+        res = sim.result
         res.parked += len(plan.park)
         for sid in plan.admit:
             s = w.gated.pop(sid, None)
             if s is not None and sid != arriving:
                 res.admitted_after_wait += 1
-                self._enqueue(s, gate=False)
+                sim._enqueue(s, gate=False)
 
-    def _leave_gate(self, w: "Worker", s: Session) -> None:
+    def leave(self, w: "Worker", s: Session) -> None:
         """The session ended or left the worker (the policy forgot its admission
         state): a request of it no longer waits, and others may be admitted."""
         w.gated.pop(s.session_id, None)
         if w.engine.admission is not None:
-            self._rebalance(w)
+            self.rebalance(w)

@@ -65,12 +65,16 @@ from .worker import Worker
 __all__ = ["SimConfig", "Simulator", "SimResult", "TaskRecord", "unloaded_time_s"]
 
 
-class Simulator(KvMoves, HostOffload, AdmissionGate):
+class Simulator:
     def __init__(self, cost: CostModel, policy: SimPolicy, instances: Sequence[TaskInstance],
                  config: SimConfig = SimConfig(),
                  progress: Callable[[int], None] | None = None) -> None:
         self.cost = cost
         self.policy = policy
+        # Its parts, each one side of the same event loop over the same workers.
+        self.gate = AdmissionGate(self)  # requests waiting for their session's admission
+        self.tiers = HostOffload(self)  # what leaves a pool for the host tier, and comes back
+        self.moves = KvMoves(self)  # the router's view, and sessions stolen with their KV
         self.cfg = config
         self.instances = list(instances)
         self.progress = progress
@@ -149,15 +153,15 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         elif kind == PIN_EXPIRE:
             self._pin_expire(a)
         elif kind == PREFETCH:
-            self._prefetch(a, b)
+            self.tiers.prefetch(a, b)
         elif kind == TASK_START:
             self._start_task(a)
         elif kind == SAMPLE:
             self._sample()
         elif kind == STEAL:
-            self._steal_tick()
+            self.moves.steal_tick()
         elif kind == MOVED:
-            self._moved(a, b)
+            self.moves.moved(a, b)
 
     # --- sessions ------------------------------------------------------
     def _start_task(self, inst: TaskInstance) -> None:
@@ -171,7 +175,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         s.turn_deadline_s = turn_deadline_s(inst.task, inst.turn_deadline_factor, self.cost)
         self.sessions[s.session_id] = s
         self._live_sessions[s.session_id] = s
-        target = self.policy.place(s, self.views(), self.now) if self.policy.steals else None
+        target = self.policy.place(s, self.moves.views(), self.now) if self.policy.steals else None
         if target is not None:
             w = self.workers[self._wid[target]]
         else:
@@ -211,7 +215,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
         st = s.task.steps[s.step]
         w = self.workers[s.worker]
         reuse = st.reused_tokens if s.step > 0 else min(s.task.shared_prefix_tokens, st.prompt_tokens)
-        if gate and not self._admitted(w, s, st.prompt_tokens + st.output_tokens - s.base, max(reuse - s.base, 0)):
+        if gate and not self.gate.admitted(w, s, st.prompt_tokens + st.output_tokens - s.base, max(reuse - s.base, 0)):
             return
         r = Request(s, st.prompt_tokens, st.output_tokens, reuse, self._next_seq(), s.next_use, request_key(s))
         heapq.heappush(w.queue, (self.policy.queue_priority(s, now), r.seq, r))
@@ -322,7 +326,7 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
             heapq.heappop(w.queue)
             evs = cache.admit(sid, hit_b, total)
             if evs:
-                self._evicted(w, evs)
+                self.tiers.evicted(w, evs)
             held = own_reuse // bt * bt
             w.offloaded.discard(sid)
             back = s.back_from_children
@@ -420,18 +424,18 @@ class Simulator(KvMoves, HostOffload, AdmissionGate):
                 self._spawn(s, st.spawns)
             self._push(now + st.gap_s, TOOL_END, s)
             if engine.admission is not None:
-                self._rebalance(w)
+                self.gate.rebalance(w)
             if w.host is not None and w.offloaded:
-                self._plan_prefetch(w)
+                self.tiers.plan_prefetch(w)
             if s.move_to >= 0:  # stolen while running: it moves now, behind its tool
-                self._start_move(s)
+                self.moves.start_move(s)
         else:
             s.move_to = -1
             pol.on_session_end(s, now)
             cache.flush_time()
             engine.session_ended(sid)
             w.live -= 1
-            self._leave_gate(w, s)
+            self.gate.leave(w, s)
             self._end_task(s)
 
     def _end_task(self, s: Session) -> None:

@@ -9,8 +9,8 @@ tier (`SimConfig.disk_tier_factor`), what the host tier drops is kept on disk an
 back at `CostModel.disk_bw` after the host tier's part; prefetch does not read from
 disk (not built).
 
-`HostOffload` is mixed into `Simulator`: it uses the simulator's workers, sessions,
-clock, result and event queue.
+`HostOffload` is one part of a `Simulator` (`sim`), built by it: it works on the simulator's
+workers, sessions, clock, result and event queue.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from .events import PREFETCH
 from .session import ENDED, TOOL, Session
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .cluster import Simulator
     from .worker import Worker
 
 __all__ = ["HostTier", "HostOffload"]
@@ -92,12 +93,16 @@ class HostTier:
 
 
 class HostOffload:
-    def _evicted(self, w: Worker, evs: list[Eviction]) -> None:
+    def __init__(self, sim: "Simulator") -> None:
+        self.sim = sim
+
+    def evicted(self, w: Worker, evs: list[Eviction]) -> None:
+        sim = self.sim
         host = w.host
-        self.result.evicted_blocks += sum(e.from_blocks - e.to_blocks for e in evs)
+        sim.result.evicted_blocks += sum(e.from_blocks - e.to_blocks for e in evs)
         if host is None:
             return
-        sessions = self.sessions
+        sessions = sim.sessions
         for e in evs:
             s = sessions[e.session_id]
             if s.state == ENDED or s.worker != w.wid:
@@ -105,12 +110,13 @@ class HostOffload:
             host.offload(e.session_id, e.from_blocks, w.engine.key_of(e.session_id, s.kv_tokens, s.last_access))
             w.offloaded.add(e.session_id)
 
-    def _plan_prefetch(self, w: Worker) -> None:
-        cache, host, cost = w.cache, w.host, self.cost
+    def plan_prefetch(self, w: Worker) -> None:
+        sim = self.sim
+        cache, host, cost = w.cache, w.host, sim.cost
         bt = cost.block_tokens
         cands = []
         for sid in sorted(w.offloaded):
-            s = self.sessions[sid]
+            s = sim.sessions[sid]
             if s.state != TOOL:
                 continue
             missing = host.end(sid) - cache.cached(sid)
@@ -118,11 +124,12 @@ class HostOffload:
                 cands.append((sid, missing * bt, cost.transfer_s(missing * bt)))
         if not cands:
             return
-        for sid, start_at in self.policy.plan_prefetch(w.wid, cands, cache.free_blocks * bt, self.now):
-            self._push(max(start_at, self.now), PREFETCH, self.sessions[sid], None)
+        for sid, start_at in sim.policy.plan_prefetch(w.wid, cands, cache.free_blocks * bt, sim.now):
+            sim._push(max(start_at, sim.now), PREFETCH, sim.sessions[sid], None)
 
-    def _prefetch(self, s: Session, _unused) -> None:
-        w = self.workers[s.worker]
+    def prefetch(self, s: Session, _unused) -> None:
+        sim = self.sim
+        w = sim.workers[s.worker]
         if s.state != TOOL or w.host is None:
             return
         cache = w.cache
@@ -131,10 +138,10 @@ class HostOffload:
         if blocks <= 0:
             return
         cache.grow(s.session_id, blocks)
-        w.engine.loaded(s.session_id, self.now)
+        w.engine.loaded(s.session_id, sim.now)
         if blocks == missing:
             w.offloaded.discard(s.session_id)
-        tokens = blocks * self.cost.block_tokens
-        w.link_free = max(self.now, w.link_free) + self.cost.transfer_s(tokens)
+        tokens = blocks * sim.cost.block_tokens
+        w.link_free = max(sim.now, w.link_free) + sim.cost.transfer_s(tokens)
         s.prefetch_ready_at = w.link_free
-        self.result.prefetched_tokens += tokens
+        sim.result.prefetched_tokens += tokens

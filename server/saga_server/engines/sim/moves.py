@@ -17,13 +17,14 @@
   in the order); a running request finishes where it is and the session moves as its
   tool starts. A request arriving while its KV is in flight waits for it.
 
-`KvMoves` is mixed into `Simulator`: it uses the simulator's workers, sessions, clock,
-result and event queue.
+`KvMoves` is one part of a `Simulator` (`sim`), built by it: it works on the simulator's
+workers, sessions, clock, result and event queue.
 """
 
 from __future__ import annotations
 
 import heapq
+from typing import TYPE_CHECKING
 
 from saga_server.core.routing import ReplicaView, Steal
 
@@ -31,18 +32,25 @@ from .cache import PINNED
 from .events import MOVED, STEAL
 from .session import ARRIVE, QUEUED, TOOL, Session, request_key
 
+if TYPE_CHECKING:  # pragma: no cover
+    from .cluster import Simulator
+
 __all__ = ["KvMoves"]
 
 
 class KvMoves:
+    def __init__(self, sim: "Simulator") -> None:
+        self.sim = sim
+
     def views(self) -> list[ReplicaView]:
         """What each worker would report to the router now (see the module doc)."""
-        names, workers = self._names, self.workers
+        sim = self.sim
+        names, workers = sim._names, sim.workers
         held: list[list[str]] = [[] for _ in workers]
         in_tool: list[list[str]] = [[] for _ in workers]
         sizes: list[dict[str, int]] = [{} for _ in workers]
-        bt = self.cost.block_tokens
-        for sid, s in self._live_sessions.items():
+        bt = sim.cost.block_tokens
+        for sid, s in sim._live_sessions.items():
             if s.in_transit:
                 continue
             w = workers[s.worker]
@@ -52,24 +60,26 @@ class KvMoves:
                 sizes[w.wid][sid] = blocks * bt
                 if s.state == TOOL:
                     in_tool[w.wid].append(sid)
-        cap = self.capacity_blocks
+        cap = sim.capacity_blocks
         return [ReplicaView(names[w.wid], queue_len=len(w.queue) + w.running,
                             kv_usage=min(w.cache.useful_blocks / cap, 1.0),
                             sessions=frozenset(held[w.wid]), in_tool=frozenset(in_tool[w.wid]),
                             kv_tokens=sizes[w.wid])
                 for w in workers]
 
-    def _steal_tick(self) -> None:
-        if self._done >= len(self.instances):
+    def steal_tick(self) -> None:
+        sim = self.sim
+        if sim._done >= len(sim.instances):
             return
-        steal = self.policy.plan_steal(self.views(), self.now)
+        steal = sim.policy.plan_steal(self.views(), sim.now)
         if steal is not None:
             self._apply_steal(steal)
-        self._push(self.now + self.cfg.steal_period_s, STEAL)
+        sim._push(sim.now + sim.cfg.steal_period_s, STEAL)
 
     def _apply_steal(self, steal: Steal) -> None:
-        s = self._live_sessions.get(steal.session_id)
-        dst = self._wid.get(steal.target)
+        sim = self.sim
+        s = sim._live_sessions.get(steal.session_id)
+        dst = sim._wid.get(steal.target)
         if s is None or dst is None:
             return
         if dst == s.worker:
@@ -78,12 +88,13 @@ class KvMoves:
         s.move_to = dst
         s.move_in_tool = steal.in_tool
         if not s.in_transit and s.state in (TOOL, QUEUED):
-            self._start_move(s)
+            self.start_move(s)
         # running: moves when its request finishes; in transit: when the KV lands
 
-    def _start_move(self, s: Session) -> None:
+    def start_move(self, s: Session) -> None:
         """Send the session's resident KV to `s.move_to` and free it here."""
-        src, dst = self.workers[s.worker], self.workers[s.move_to]
+        sim = self.sim
+        src, dst = sim.workers[s.worker], sim.workers[s.move_to]
         s.move_to = -1
         sid = s.session_id
         queued = None
@@ -101,41 +112,42 @@ class KvMoves:
         if request is not None:
             dst.engine.joined(request)
         blocks = 0
-        if self.policy.caches:
+        if sim.policy.caches:
             blocks = max(src.cache.cached(sid), _tiered(src.host, sid))
         tier, pin_until = src.cache.tier(sid), src.cache.pin_expires_at(sid)
         src.cache.flush_time()
         src.engine.moved(sid)  # admission is per worker: the target decides afresh
-        self._leave_gate(src, s)
+        sim.gate.leave(src, s)
         if src.host is not None:
             src.host.drop(sid)
         src.offloaded.discard(sid)
         src.live -= 1
         dst.live += 1
         s.worker = dst.wid
-        tokens = blocks * self.cost.block_tokens
-        dur = self.cost.move_s(tokens) if tokens else 0.0
-        start = max(self.now, src.net_free, dst.net_free, s.prefetch_ready_at)
+        tokens = blocks * sim.cost.block_tokens
+        dur = sim.cost.move_s(tokens) if tokens else 0.0
+        start = max(sim.now, src.net_free, dst.net_free, s.prefetch_ready_at)
         end = start + dur
         if tokens:
             src.net_free = dst.net_free = end
         s.prefetch_ready_at = 0.0
         s.in_transit = True
         s.awaiting_kv = queued
-        res = self.result
+        res = sim.result
         res.steals += 1
         res.steals_in_tool += s.move_in_tool
         res.move_s += dur
-        res.steal_log.append((self.now, sid, src.wid, dst.wid, s.move_in_tool, tokens))
-        self._push(end, MOVED, s, (blocks, tier, pin_until))
+        res.steal_log.append((sim.now, sid, src.wid, dst.wid, s.move_in_tool, tokens))
+        sim._push(end, MOVED, s, (blocks, tier, pin_until))
         if queued is not None:
-            self._touch(src)  # the queue head may have changed
+            sim._touch(src)  # the queue head may have changed
 
-    def _moved(self, s: Session, what: tuple[int, int | None]) -> None:
+    def moved(self, s: Session, what: tuple[int, int | None]) -> None:
         """The KV of a moved session lands on its new worker."""
+        sim = self.sim
         blocks, tier, pin_until = what
-        w = self.workers[s.worker]
-        cache, bt = w.cache, self.cost.block_tokens
+        w = sim.workers[s.worker]
+        cache, bt = w.cache, sim.cost.block_tokens
         s.in_transit = False
         sid = s.session_id
         if blocks > 0:
@@ -145,7 +157,7 @@ class KvMoves:
                 cache.flush_time()
                 evs = cache.evictions(w.engine.room_for_move(need))
                 if evs:
-                    self._evicted(w, evs)
+                    sim.tiers.evicted(w, evs)
             put = max(min(need, cache.free_blocks), 0)
             if put:
                 cache.grow(sid, put)
@@ -155,21 +167,21 @@ class KvMoves:
                 parked = _tiered(w.host, sid) - have - put  # in the host tier, or already on to disk
                 if w.host.end(sid) > have + put:
                     w.offloaded.add(sid)
-            self.result.moved_tokens += (put + max(parked, 0)) * bt
-            self.result.move_dropped_tokens += max(blocks - have - put - max(parked, 0), 0) * bt
+            sim.result.moved_tokens += (put + max(parked, 0)) * bt
+            sim.result.move_dropped_tokens += max(blocks - have - put - max(parked, 0), 0) * bt
             waiting = s.awaiting_kv if isinstance(s.awaiting_kv, tuple) else None  # a queued request moves with it
-            w.engine.loaded(sid, self.now, queued_at=waiting[2].arrived_at if waiting is not None else None,
+            w.engine.loaded(sid, sim.now, queued_at=waiting[2].arrived_at if waiting is not None else None,
                         pin_until=pin_until if tier == PINNED and s.state == TOOL else 0.0)
-            self._pin_expiry(w, cache.ledger.get(sid))
+            sim._pin_expiry(w, cache.ledger.get(sid))
         waiting, s.awaiting_kv = s.awaiting_kv, None
         if waiting is ARRIVE:
-            self._enqueue(s)
+            sim._enqueue(s)
         elif waiting is not None:
             heapq.heappush(w.queue, waiting)
             w.engine.admitted(waiting[2].key)
-            self._touch(w)
+            sim._touch(w)
         if s.move_to >= 0 and s.state in (TOOL, QUEUED):
-            self._start_move(s)
+            self.start_move(s)
 
 
 def _tiered(host, session_id: str) -> int:
