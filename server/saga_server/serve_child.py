@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -82,8 +83,9 @@ class ServeChild:
 
     def wait_ready(self, timeout_s: float = 900) -> None:
         """Until the child serves; then `ready_s` (seconds since its start) and `model`
-        (the served model's id) are set. A child that exits or is not ready within
-        `timeout_s` is stopped and raises `ServeChildError`."""
+        (the served model's id; empty where the port wants a key) are set. A child
+        that exits or is not ready within `timeout_s` is stopped and raises
+        `ServeChildError`."""
         deadline = time.monotonic() + timeout_s
         while not self._log_says_ready():
             if self.proc.poll() is not None:
@@ -95,8 +97,13 @@ class ServeChild:
                                       f"the end of {self.log_path}:\n{self.log_tail()}")
             time.sleep(0.5)
         self.ready_s = time.monotonic() - self.started
-        with urllib.request.urlopen(self.base_url + "/v1/models", timeout=10) as resp:
-            self.model = json.loads(resp.read())["data"][0]["id"]
+        try:
+            with urllib.request.urlopen(self.base_url + "/v1/models", timeout=10) as resp:
+                self.model = json.loads(resp.read())["data"][0]["id"]
+        except urllib.error.HTTPError as exc:
+            if exc.code != 401:
+                raise
+            self.model = ""  # its port wants a key (`--api-keys`): the caller names the model
 
     def _log_says_ready(self) -> bool:
         try:
