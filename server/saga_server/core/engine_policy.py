@@ -29,8 +29,9 @@ And what the engine asks: `may_schedule` (admission, then the deadline hold), `r
 (`loaded`, `moved`, `room_for_move`, pins' expiry, the core's lifecycle) pass to the
 KV policy unchanged.
 
-Without a core (a simulated baseline), nothing is reported to a core and requests
-rank by arrival. Not thread-safe: owned by one engine loop.
+Without a core (a simulated baseline), nothing is reported to a core, no service is
+counted, and `rank` is not asked (the simulator orders a baseline's queue by its own
+rule). Not thread-safe: owned by one engine loop.
 """
 
 from __future__ import annotations

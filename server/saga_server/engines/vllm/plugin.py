@@ -194,12 +194,12 @@ class SagaPlugin:
         ledger = HoldLedger(VllmBlockPool(pool), pool.num_gpu_blocks - 1, max_pin_fraction=settings.pin_max_fraction,
                             on_release=self._released,
                             owner_pin_cap=lambda tenant: self.tenant_limits(tenant).max_pinned_blocks)
-        admission = None
-        if self.enabled and settings.on(Mechanism.ADMIT):
-            pool_tokens = ledger.capacity_blocks * self.block_size
-            admission = functools.partial(SessionAdmission, self.core, pool_tokens,
-                                          host_tokens=_host_tier_tokens(scheduler, pool_tokens),
-                                          return_s=self._recompute_s)
+        pool_tokens = ledger.capacity_blocks * self.block_size
+        host_tokens = _host_tier_tokens(scheduler, pool_tokens)
+
+        def admission(parkable):
+            return SessionAdmission(self.core, pool_tokens, host_tokens=host_tokens, return_s=self._recompute_s,
+                                    parkable=parkable)
         rules = WorkflowRules(self.core, wa_lru=settings.on(Mechanism.WALRU), pins=settings.on(Mechanism.TTL))
         # CPU engines add each prefill token's cost to the step: no prefill rides free,
         # so the thin budget is one block.
@@ -208,7 +208,7 @@ class SagaPlugin:
         return EnginePolicy(
             ledger, rules, block_tokens=self.block_size, core=self.core, count=self.counters.count,
             mechanisms=ENGINE_MECHANISMS - settings.off, shaper=shaper,
-            admission=(lambda parkable: admission(parkable=parkable)) if admission else None)
+            admission=admission if self.enabled and settings.on(Mechanism.ADMIT) else None)
 
     def _listen_to_connector(self, connector) -> None:
         """What SAGA's KV connectors report: NIXL pulls (`nixl`) and host-tier loads and
