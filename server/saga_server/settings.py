@@ -253,8 +253,9 @@ def _render(value: Any) -> str:
         return "1" if value else "0"
     if isinstance(value, frozenset):
         return ",".join(sorted(value))
-    if isinstance(value, float):
-        return f"{value:g}"
+    if isinstance(value, float):  # exact, so that what is written reads back the same
+        text = repr(value)
+        return text[:-2] if text.endswith(".0") else text
     return str(value)
 
 

@@ -76,3 +76,8 @@ def test_the_hint_service_and_the_proxy_take_their_flags_defaults_from_their_set
     assert (args.upstream, args.api_keys) == ("http://127.0.0.1:9/v1", "/etc/saga/keys")
     assert ProxySettings.from_env().with_(upstream=None).to_env() == {"SAGA_API_KEYS": "/etc/saga/keys"}
     assert HintServiceSettings.from_env() == HintServiceSettings(api_keys="/etc/saga/keys")
+
+
+def test_a_number_written_for_the_engine_reads_back_exactly():
+    s = EngineSettings(session_idle_s=1234567.5, seniority_window_s=0.1, pin_max_fraction=1 / 3)
+    assert EngineSettings.from_env(s.to_env()) == s
