@@ -79,6 +79,9 @@ def _first_call_then_a_tool(cluster, hints: HintClient, sid: str, home: str) -> 
     messages = [{"role": "system", "content": f"Session {sid}. {LONG}"},
                 {"role": "user", "content": "List three prime numbers."}]
     first = cluster.chat(messages, session_id=sid, max_tokens=16, temperature=0)
+    deadline = time.monotonic() + 30  # a replica busy starting may miss one read's 2 s timeout
+    while sid not in cluster.resident().get(home, ()) and time.monotonic() < deadline:
+        time.sleep(1)
     assert sid in cluster.resident()[home]
     hints.tool_call_start(sid, "run_tests", call_id="t1")
     hints.flush(5)
