@@ -103,6 +103,12 @@ METRICS: tuple[Metric, ...] = (
            "tokens"),
     Metric("kv_tier_used_chunks", G, "Host tier chunks holding KV", "chunks"),
     Metric("kv_tier_chunks", G, "Host tier capacity in chunks", "chunks"),
+    # The disk KV tier below the host tier
+    Metric("kv_disk_chunks", C, "Disk tier chunks by what happened to them", "chunks", label="what",
+           values=("written", "read", "evicted", "write_failed", "read_failed", "skipped_full", "skipped_slow",
+                   "slow_reads")),
+    Metric("kv_disk_used_chunks", G, "Disk tier chunks holding KV", "chunks"),
+    Metric("kv_disk_capacity_chunks", G, "Disk tier capacity in chunks", "chunks"),
     # The plugin itself
     Metric("hints_dropped", C, "Hint events the engine queue dropped (flood)", in_stats=False,
            prometheus="saga_engine_hints_dropped"),

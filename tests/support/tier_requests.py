@@ -15,7 +15,7 @@ __all__ = ["BLOCK", "TIER_METRICS", "cached", "counting", "run"]
 
 BLOCK = 32  # tokens a KV block holds on the CPU engine
 TIER_METRICS = ("vllm:external_prefix_cache_hits", "vllm:kv_offload_load_bytes", "vllm:kv_offload_store_bytes",
-                "saga_kv_tier")
+                "saga_kv_tier", "saga_kv_disk")
 
 
 def counting(engine: OwnEngine, model: str, label: str, start: int, n: int) -> list[int]:

@@ -81,6 +81,7 @@ SAGA_ASYNC_SCHEDULER = "saga_server.engines.vllm.SagaAsyncScheduler"
 OFFLOAD_POLICY_MODULE = "saga_server.engines.vllm.offload"
 HOST_KV_MODULE = "saga_server.engines.vllm.host_kv"
 TIER_CONNECTOR_MODULE = "saga_server.engines.vllm.tier"
+DISK_TIER_MODULE = "saga_server.engines.vllm.disk_tier"
 HTTP_KEYS_MIDDLEWARE = "saga_server.proxy.engine_port.TenantKeysMiddleware"
 HTTP_IDENTITY_MIDDLEWARE = "saga_server.proxy.engine_port.SessionIdentityMiddleware"
 NIXL_CONNECTOR_MODULE = "saga_server.engines.vllm.nixl"
@@ -119,10 +120,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--record-idle-s", type=float, default=None, metavar="S",
                    help="write a session silent for S seconds as ended (truncated; default: the engine's "
                         "session idle timeout, 1800)")
-    p.add_argument("--kv-tier-order", choices=["saga", "lru"], default="saga",
+    p.add_argument("--kv-tier-order", choices=["saga", "lru", "arc"], default="saga",
                    help="with --kv-offloading-size GiB (a host KV tier): which KV the full tier drops "
-                        "first: saga (the session away longest, tail first; default) or lru (vLLM's "
-                        "own, the baseline); --no-saga always runs lru")
+                        "first: saga (the session away longest, tail first; default) or vLLM's own lru "
+                        "or arc (baselines); --no-saga runs lru unless told arc")
+    p.add_argument("--kv-disk-dir", default=None, metavar="DIR",
+                   help="with --kv-offloading-size: a disk KV tier below the host tier, in DIR (scratch "
+                        "space: what an earlier run left there is removed)")
+    p.add_argument("--kv-disk-size", type=float, default=None, metavar="GiB",
+                   help="the disk tier's size (with --kv-disk-dir)")
     p.add_argument("--kv-transfer", choices=["nixl"], default=None,
                    help="let other engines pull sessions' KV from this one and this one from them: "
                         "nixl (vLLM's NixlConnector, engines/vllm/nixl.py)")
@@ -225,9 +231,12 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
         args += _nixl_args(opts, passthrough, env)
     if _has_flag(passthrough, "--kv-offloading-size") and not _has_flag(passthrough, "--kv-transfer-config"):
         passthrough, transfer = host_tier_config(passthrough, gpu=is_gpu_build(), with_saga=not opts.no_saga,
-                                                 saga_order=opts.kv_tier_order == "saga")
+                                                 order=opts.kv_tier_order, disk_dir=opts.kv_disk_dir,
+                                                 disk_gib=opts.kv_disk_size)
         if transfer:
             args += ["--kv-transfer-config", json.dumps(transfer)]
+    elif opts.kv_disk_dir is not None:
+        raise SystemExit("saga serve: --kv-disk-dir needs --kv-offloading-size GiB (the host tier above it)")
     args += passthrough
     if not is_gpu_build():
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -243,25 +252,47 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
     return ServeConfig(args, env, url, hint_addr, not opts.no_saga, model_dir)
 
 
-def host_tier_config(passthrough: list[str], gpu: bool, with_saga: bool,
-                     saga_order: bool) -> tuple[list[str], dict | None]:
-    """vLLM's flags for `--kv-offloading-size GiB` (a host KV tier): the passthrough
-    left, and the `--kv-transfer-config` to add (None: vLLM's own as it is).
+def host_tier_config(passthrough: list[str], gpu: bool, with_saga: bool, order: str = "saga",
+                     disk_dir: str | None = None, disk_gib: float | None = None) -> tuple[list[str], dict | None]:
+    """vLLM's flags for `--kv-offloading-size GiB` (a host KV tier), with a disk tier
+    below it when `disk_dir` is given: the passthrough left, and the
+    `--kv-transfer-config` to add (None: vLLM's own as it is).
 
     On a CPU engine the tier's worker is SAGA's host copy (engines/vllm/host_kv.py;
     vLLM's needs CUDA). With SAGA the connector is SAGA's (engines/vllm/tier.py: it
-    counts the tier's transfers), so the flag becomes the connector's
-    `cpu_bytes_to_use` (vLLM's flag would name vLLM's connector), the tier drops in
-    SAGA's order (engines/vllm/offload.py) unless `--kv-tier-order lru`, and a load
-    that fails is recomputed by its request (vLLM's default fails the request). Module
-    names are spelled out so this command does not import vLLM."""
-    extra: dict = {} if gpu else {"spec_name": "HostOffloadingSpec", "spec_module_path": HOST_KV_MODULE}
-    if not with_saga:
+    counts the tier's transfers), the tier drops in `order` (`saga`:
+    engines/vllm/offload.py; `lru`, `arc`: vLLM's own), and a load that fails is
+    recomputed by its request (vLLM's default fails the request). A disk tier makes it
+    vLLM's tiered offload (`TieringOffloadingSpec`) with SAGA's bounded disk tier of
+    `disk_gib` GiB below the host tier (engines/vllm/disk_tier.py; it drops in SAGA's
+    order under SAGA, by last use under stock vLLM). The flag becomes the connector's
+    `cpu_bytes_to_use` whenever vLLM's own flag would not say all this. Module names
+    are spelled out so this command does not import vLLM."""
+    tiered = disk_dir is not None
+    if tiered and not disk_gib:
+        raise SystemExit("saga serve: --kv-disk-dir needs --kv-disk-size GiB")
+    if order == "saga" and not with_saga:
+        order = "lru"  # SAGA's order needs SAGA's scheduler: stock vLLM runs its own
+    if gpu:
+        extra: dict = {"spec_name": "TieringOffloadingSpec"} if tiered else {}
+    else:
+        extra = {"spec_name": "TieredHostOffloadingSpec" if tiered else "HostOffloadingSpec",
+                 "spec_module_path": HOST_KV_MODULE}
+    if not with_saga and not tiered and order == "lru":
         return passthrough, {"kv_connector_extra_config": extra} if extra else None
     rest, gib = _take_flag(passthrough, "--kv-offloading-size")
     extra["cpu_bytes_to_use"] = int(float(gib) * 2**30)
-    if saga_order:
+    if order == "saga":
         extra.update(eviction_policy="SagaCachePolicy", cache_policy_module_path=OFFLOAD_POLICY_MODULE)
+    elif order != "lru":  # vLLM's default is lru
+        extra["eviction_policy"] = order
+    if tiered:
+        extra["secondary_tiers"] = [{"type": "SagaDiskTier", "module_path": DISK_TIER_MODULE,
+                                     "root_dir": os.path.abspath(disk_dir),
+                                     "capacity_bytes": int(float(disk_gib) * 2**30)}]
+    if not with_saga:
+        return rest, {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                      "kv_connector_extra_config": extra}
     return rest, {"kv_connector": "SagaOffloadingConnector", "kv_connector_module_path": TIER_CONNECTOR_MODULE,
                   "kv_role": "kv_both", "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
 

@@ -28,7 +28,7 @@ HIST = 64  # 4 full blocks
 def evicted_history(tiny_model, fail_loads: bool):
     """A 64-token prompt has run (its blocks stored to the tier), then a prompt that
     needs every usable pool block has pushed it out of the pool."""
-    _, transfer = host_tier_config(["--kv-offloading-size", "0.001"], gpu=False, with_saga=True, saga_order=False)
+    _, transfer = host_tier_config(["--kv-offloading-size", "0.001"], gpu=False, with_saga=True, order="lru")
     s = make_scheduler(SagaScheduler, tiny_model, start_hints=False, num_blocks=16, block_size=BS,
                        kv_transfer=KVTransferConfig(**transfer))
     worker, R = OffloadWorker(fail_loads=fail_loads), Requests(BS)

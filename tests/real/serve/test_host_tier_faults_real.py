@@ -37,7 +37,7 @@ def kill_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(saga_server, tmp_path_factory, kill_file):
-    _, transfer = host_tier_config(["--kv-offloading-size", "0.1"], gpu=False, with_saga=True, saga_order=True)
+    _, transfer = host_tier_config(["--kv-offloading-size", "0.1"], gpu=False, with_saga=True, order="saga")
     transfer["kv_connector_extra_config"].update(spec_name=failing_tier.FailingTierSpec.__name__,
                                                  spec_module_path=failing_tier.__name__,
                                                  fail_loads_while=str(kill_file))

@@ -49,14 +49,18 @@ from vllm.v1.kv_offload.base import (
     OffloadingWorker,
     TransferResult,
 )
+from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-__all__ = ["HostOffloadingSpec", "HostCopyWorker", "SPEC_CONFIG"]
+__all__ = ["HostOffloadingSpec", "TieredHostOffloadingSpec", "HostCopyWorker", "SPEC_CONFIG", "TIERED_SPEC_CONFIG"]
 
 log = logging.getLogger("vllm.saga.host_kv")  # under "vllm." so vLLM's log handler shows it
 
 # The connector's extra config that selects this spec.
 SPEC_CONFIG = {"spec_name": "HostOffloadingSpec", "spec_module_path": __name__}
+# ... and the one that selects vLLM's tiered offload (a host tier with tiers below it).
+TIERED_SPEC_CONFIG = {"spec_name": "TieredHostOffloadingSpec", "spec_module_path": __name__}
 
 
 class HostOffloadingSpec(CPUOffloadingSpec):
@@ -67,6 +71,22 @@ class HostOffloadingSpec(CPUOffloadingSpec):
             return super().get_worker(kv_caches)
         if self._worker is None:
             self._worker = HostCopyWorker(kv_caches, self.blocks_per_chunk, self.num_chunks)
+        return self._worker
+
+
+class TieredHostOffloadingSpec(TieringOffloadingSpec):
+    """vLLM's tiered offloading spec (a host tier, secondary tiers below it); on a CPU
+    engine its worker copies host to host into the region the secondary tiers read."""
+
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if not current_platform.is_cpu():
+            return super().get_worker(kv_caches)
+        if self._worker is None:
+            rank = 0 if self.replicated_layout else self.config.parallel.rank
+            region = SharedOffloadRegion(engine_id=self._engine_id, num_chunks=self.num_chunks, rank=rank,
+                                         kv_bytes_per_chunk=self.kv_bytes_per_chunk,
+                                         cpu_page_size=self.cpu_page_size_per_worker)
+            self._worker = HostCopyWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, region)
         return self._worker
 
 
@@ -84,18 +104,26 @@ class HostCopyWorker(OffloadingWorker):
     of `num_chunks` chunks of `blocks_per_chunk` blocks, on one thread (see the module
     docstring for the contract)."""
 
-    def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_chunks: int) -> None:
+    def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_chunks: int,
+                 region: SharedOffloadRegion | None = None) -> None:
+        """`region`: the tier's buffer is this shared region (vLLM's tiered offload,
+        whose lower tiers read and write chunks there), else a private one."""
         self._blocks_per_chunk = blocks_per_chunk
+        self._region = region
         self._engine: list[torch.Tensor] = []  # per tensor: (engine blocks, page bytes)
-        self._tier: list[torch.Tensor] = []  # per tensor: (chunks * blocks_per_chunk, page bytes)
+        self._tier: list[torch.Tensor] = []  # per tensor: (chunks, blocks_per_chunk, page bytes)
         for t in kv_caches.tensors:
             engine = t.tensor.view(torch.int8).view(-1, t.page_size_bytes)
             if engine.device.type != "cpu":
                 raise ValueError(f"HostCopyWorker copies host tensors; the engine's KV is on {engine.device}")
             self._engine.append(engine)
-            # empty, not zeros: the manager loads only chunks it stored, and untouched
-            # pages cost no memory, so the tier's resident size grows with its use
-            self._tier.append(torch.empty((num_chunks * blocks_per_chunk, t.page_size_bytes), dtype=torch.int8))
+            if region is not None:  # the tensor's part of each chunk's row of the region
+                view = region.create_next_worker_view(blocks_per_chunk * t.page_size_bytes)
+                self._tier.append(view.unflatten(1, (blocks_per_chunk, t.page_size_bytes)))
+            else:
+                # empty, not zeros: the manager loads only chunks it stored, and untouched
+                # pages cost no memory, so the tier's resident size grows with its use
+                self._tier.append(torch.empty((num_chunks, blocks_per_chunk, t.page_size_bytes), dtype=torch.int8))
         # Each group's distinct tensors (aliased layers share one).
         self._group_tensors = [sorted({ref.tensor_idx for ref in refs}) for refs in kv_caches.group_data_refs]
         self._page_bytes = [t.page_size_bytes for t in kv_caches.tensors]
@@ -136,6 +164,9 @@ class HostCopyWorker(OffloadingWorker):
     def shutdown(self) -> None:
         self._jobs.put(None)
         self._thread.join(timeout=30)
+        if self._region is not None:
+            self._tier.clear()
+            self._region.cleanup()
 
     # -- failures --------------------------------------------------------------------------
 
@@ -214,13 +245,15 @@ class HostCopyWorker(OffloadingWorker):
 
     def _copy(self, job: _Job) -> int:
         nbytes = 0
+        bpc = self._blocks_per_chunk
         for group, start, count in job.groups:
             engine_ids = torch.from_numpy(job.engine_ids[start:start + count])
             tier_ids = torch.from_numpy(job.tier_ids[start:start + count])
+            chunk, sub = tier_ids // bpc, tier_ids % bpc
             for t in self._group_tensors[group]:
                 if job.store:
-                    self._tier[t].index_copy_(0, tier_ids, self._engine[t].index_select(0, engine_ids))
+                    self._tier[t][chunk, sub] = self._engine[t].index_select(0, engine_ids)
                 else:
-                    self._engine[t].index_copy_(0, engine_ids, self._tier[t].index_select(0, tier_ids))
+                    self._engine[t].index_copy_(0, engine_ids, self._tier[t][chunk, sub])
                 nbytes += count * self._page_bytes[t]
         return nbytes

@@ -92,6 +92,8 @@ from saga_server.state_file import StateKeeper
 from .holds import VllmBlockPool, cached_prefix_blocks
 from .intake import EngineHintSink, ReleaseKv, start_hint_service
 from .metrics import PluginCounters, SagaMetrics
+from . import session_chunks
+from .disk_tier import disk_counts, disk_occupancy
 from .offload import RequestSessions, attach, tier_occupancy
 from .prefetch import Prefetcher, is_prefetch
 from .queue import RankedRequestQueue
@@ -172,6 +174,8 @@ class SagaPlugin:
         self._request_sessions = RequestSessions()  # for vLLM's CPU offload tier (`offload`), past a request's end
         self.kv.on_forget(lambda sid, how: self._request_sessions.forget(sid))
         attach(self)
+        session_chunks.attach(self)
+        self._disk_counted: dict[str, int] = {}
         self._core_gauges_at = -math.inf
         self.recording = EngineRecording.from_env(scheduler, self.core, self.clock)
         if self.recording is not None:
@@ -534,6 +538,14 @@ class SagaPlugin:
             used, capacity = tier_occupancy()
             self.counters.set("kv_tier_used_chunks", used)
             self.counters.set("kv_tier_chunks", capacity)
+            used, capacity = disk_occupancy()
+            if capacity:
+                self.counters.set("kv_disk_used_chunks", used)
+                self.counters.set("kv_disk_capacity_chunks", capacity)
+                for what, n in disk_counts().items():
+                    if n != self._disk_counted.get(what, 0):
+                        self.counters.count("kv_disk_chunks", what, n - self._disk_counted.get(what, 0))
+                        self._disk_counted[what] = n
         self._core_gauges()
 
     def _core_gauges(self, min_interval_s: float = 0.5) -> None:
