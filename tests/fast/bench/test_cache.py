@@ -95,16 +95,18 @@ def test_host_tier_drops_the_lowest_key_tail_first_beyond_capacity():
     assert host.end("c") == 0 and host.end("a") == 6 and host.end("b") == 4
 
 
-def test_what_the_host_tier_drops_goes_to_its_disk_tier_in_the_same_order():
+def test_what_the_host_tier_takes_is_written_to_its_disk_tier_too_which_drops_in_the_same_order():
     host = HostTier(10, disk_blocks=20)
     host.offload("a", 6, key=1.0)
+    assert host.disk_end("a") == 6  # written through
     host.offload("b", 6, key=2.0)  # two over: a (lowest key) loses its last two blocks
     assert host.end("a") == 4 and host.disk_end("a") == 6  # the disk keeps a's whole copy
-    host.offload("c", 9, key=3.0)  # nine over: the rest of a, then five of b, go down
+    assert host.reach("a") == 6
+    host.offload("c", 9, key=3.0)  # nine over here: the rest of a, then five of b; one over on disk
     assert (host.end("a"), host.end("b"), host.end("c")) == (0, 1, 9)
-    assert (host.disk_end("a"), host.disk_end("b"), host.disk_end("c")) == (6, 6, 0)
-    host.offload("d", 9, key=0.1)  # d has the lowest key: all of it goes down, and the
-    assert host.end("d") == 0 and host.disk_end("d") == 8  # full disk drops d's tail first
+    assert (host.disk_end("a"), host.disk_end("b"), host.disk_end("c")) == (5, 6, 9)  # a's tail first
+    host.offload("d", 8, key=0.1)  # d has the lowest key: both tiers drop all of it first
+    assert host.end("d") == host.disk_end("d") == 0
     host.drop("a")  # a session forgotten: both copies go
     assert host.end("a") == host.disk_end("a") == 0
     assert HostTier(10).disk_end("a") == 0  # no disk tier: nothing below

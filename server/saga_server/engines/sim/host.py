@@ -5,9 +5,11 @@ With a host tier (policies with `host_tier`), every tail evicted from a live ses
 GPU prefix is copied to host memory; the next admission of that session loads the
 contiguous copy over the host link before its prefill, and a policy's `plan_prefetch`
 may load it earlier, during the session's tool call, into free GPU blocks. With a disk
-tier (`SimConfig.disk_tier_factor`), what the host tier drops is kept on disk and read
-back at `CostModel.disk_bw` after the host tier's part; prefetch does not read from
-disk (not built).
+tier (`SimConfig.disk_tier_factor`), every copy the host tier takes is written to disk
+too (vLLM's tiered offload cascades each stored chunk to its lower tiers, and SAGA's
+disk tier on the engine keeps what its bound allows in the same order), so what the
+host tier drops may still be on disk; it is read back at `CostModel.disk_bw` after the
+host tier's part, by a request or by a prefetch.
 
 `HostOffload` is one part of a `Simulator` (`sim`), built by it: it works on the simulator's
 workers, sessions, clock, result and event queue.
@@ -37,14 +39,14 @@ class HostTier:
     a write-through tier holds it); when full it drops in the core's host-tier order
     (`saga_server.core.host_tier`, as vLLM's CPU tier under SAGA does): the session of
     lowest key first, its tail first. The key is the worker's KV policy's, taken when
-    the session's KV is offloaded. With a disk tier below (`disk`, the same class), a
-    session this tier trims is written there first, as vLLM's tiering spec demotes a
-    CPU tier's evictions to its file-system tier; the disk drops in the same order."""
+    the session's KV is offloaded. With a disk tier below (`disk`, the same class),
+    every copy is written there as well (write-through, as vLLM's tiering spec cascades
+    a CPU tier's stores to its file-system tier); the disk drops in the same order."""
 
     def __init__(self, capacity_blocks: int, disk_blocks: int = 0) -> None:
         """`disk_blocks` > 0: a disk tier below, of that many blocks, in the same order:
-        what this tier drops goes there (a copy of the session's range from block 0,
-        like this one), and what the disk drops is gone."""
+        what this tier takes is written there too (a copy of the session's range from
+        block 0, like this one), and what the disk drops is gone."""
         self.capacity_blocks = capacity_blocks
         self._ends: dict[str, int] = {}
         self._keys: dict[str, float] = {}
@@ -59,6 +61,8 @@ class HostTier:
         self._keys[session_id] = key
         self._total += new - old
         self._order.put(session_id, key)
+        if self.disk is not None:
+            self.disk.offload(session_id, new, key)
         if self._total > self.capacity_blocks:
             for sid, blocks in self._order.victims(self._total - self.capacity_blocks, self._ends.__getitem__):
                 self._trim(sid, blocks)
@@ -70,6 +74,10 @@ class HostTier:
         """The end (in blocks) of the session's copy on the disk tier (0: none)."""
         return self.disk.end(session_id) if self.disk is not None else 0
 
+    def reach(self, session_id: str) -> int:
+        """How far (blocks) the session's copies in this tier and the disk's reach."""
+        return max(self.end(session_id), self.disk_end(session_id))
+
     def drop(self, session_id: str) -> None:
         """Forget the session's copies, this tier's and the disk's."""
         self._total -= self._ends.pop(session_id, 0)
@@ -79,9 +87,7 @@ class HostTier:
             self.disk.drop(session_id)
 
     def _trim(self, session_id: str, blocks: int) -> None:
-        """Drop the last `blocks` of the session's copy (to the disk tier, if any)."""
-        if self.disk is not None:
-            self.disk.offload(session_id, self._ends[session_id], self._keys[session_id])
+        """Drop the last `blocks` of the session's copy (the disk tier has its own)."""
         left = self._ends[session_id] - blocks
         if left <= 0:
             self._total -= self._ends.pop(session_id)
@@ -119,9 +125,10 @@ class HostOffload:
             s = sim.sessions[sid]
             if s.state != TOOL:
                 continue
-            missing = host.end(sid) - cache.cached(sid)
+            have = cache.cached(sid)
+            missing = host.reach(sid) - have
             if missing > 0:
-                cands.append((sid, missing * bt, cost.transfer_s(missing * bt)))
+                cands.append((sid, missing * bt, self._load_s(host, sid, have, missing)))
         if not cands:
             return
         for sid, start_at in sim.policy.plan_prefetch(w.wid, cands, cache.free_blocks * bt, sim.now):
@@ -133,7 +140,8 @@ class HostOffload:
         if s.state != TOOL or w.host is None:
             return
         cache = w.cache
-        missing = w.host.end(s.session_id) - cache.cached(s.session_id)
+        have = cache.cached(s.session_id)
+        missing = w.host.reach(s.session_id) - have
         blocks = min(missing, cache.free_blocks)
         if blocks <= 0:
             return
@@ -142,6 +150,13 @@ class HostOffload:
         if blocks == missing:
             w.offloaded.discard(s.session_id)
         tokens = blocks * sim.cost.block_tokens
-        w.link_free = max(sim.now, w.link_free) + sim.cost.transfer_s(tokens)
+        w.link_free = max(sim.now, w.link_free) + self._load_s(w.host, s.session_id, have, blocks)
         s.prefetch_ready_at = w.link_free
         sim.result.prefetched_tokens += tokens
+
+    def _load_s(self, host: HostTier, session_id: str, have: int, blocks: int) -> float:
+        """Seconds to load `blocks` past the first `have` of the session's prefix: over
+        the host link, plus the disk read of the part only the disk tier holds."""
+        cost = self.sim.cost
+        from_disk = max(have + blocks - max(host.end(session_id), have), 0)
+        return cost.transfer_s(blocks * cost.block_tokens) + cost.disk_s(from_disk * cost.block_tokens)

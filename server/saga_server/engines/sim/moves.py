@@ -186,4 +186,4 @@ class KvMoves:
 
 def _tiered(host, session_id: str) -> int:
     """How far (blocks) the session's copies in a worker's host and disk tiers reach."""
-    return max(host.end(session_id), host.disk_end(session_id)) if host is not None else 0
+    return host.reach(session_id) if host is not None else 0
