@@ -22,7 +22,11 @@ Both servers run with the same vLLM flags and a KV cache of --kv-blocks blocks o
 32 tokens, small enough that LRU evicts paused sessions. Modes (--modes): `saga`,
 `saga-request-fcfs` (SAGA with request-level FCFS inside a tenant, i.e. without
 task seniority: what the cache policies alone give) and `no-saga` (stock vLLM,
-prefix caching on). Reported per mode: task
+prefix caching on); `*-tier` with a host KV tier of --tier-x pools; `*-disk` with a
+disk tier of --disk-x pools below it (`no-saga-disk-arc`: vLLM's ARC for the host
+tier); and `bound`, the same engine with a pool that holds every session's KV (no
+eviction, no tier): the workload's limit on this host, which every mode is also
+reported against (`harness/replay.py`, `MODES`). Reported per mode: task
 completion time (first request to last answer) mean, p90 and worst, the ratios
 stock/SAGA, prefix-hit rate (cached / prompt tokens) and regen share (tokens
 computed before and recomputed now / prompt tokens).
@@ -81,6 +85,8 @@ def main() -> int:
     add_workload_arguments(p)
     p.add_argument("--tier-x", type=float, default=2.0,
                    help="host KV tier of the *-tier modes, in pools (--kv-blocks) of KV")
+    p.add_argument("--disk-x", type=float, default=8.0,
+                   help="disk KV tier of the *-disk modes (below the host tier), in pools of KV")
     p.add_argument("--modes", default="saga,saga-request-fcfs,no-saga", help=f"comma-separated, of {sorted(MODES)}")
     p.add_argument("--compiled", action="store_true", help="start without --enforce-eager")
     p.add_argument("--json", type=Path, help="also write the results here")
@@ -112,14 +118,21 @@ def main() -> int:
         print(json.dumps({k: v for k, v in r.items() if k not in ("metrics", "tct_s")}), flush=True)
         out.append(r)
     print()
-    rows = ["tct_mean_s", "tct_p90_s", "tct_max_s", "step_latency_mean_s", "hit_rate", "tier_hit_share", "regen_share",
-            "prompt_tokens",
+    rows = ["tct_mean_s", "tct_p90_s", "tct_max_s", "step_latency_mean_s", "hit_rate", "tier_hit_share",
+            "disk_hit_share", "regen_share", "kv_blocks", "prompt_tokens",
             "cached_tokens", "wall_s", "ready_s", "rss_gb", "sessions_ok"]
     print(f"{'':22}" + "".join(f"{r['mode']:>19}" for r in out))
     for k in rows:
         print(f"{k:22}" + "".join(f"{r[k]:>19.3f}" if isinstance(r[k], float) else f"{r[k]:>19}" for r in out))
     by = {r["mode"]: r for r in out}
-    for base in (b for b in BASELINES if b in by):
+    if "bound" in by:  # how far each mode is from the workload's limit on this engine
+        b = by["bound"]
+        print()
+        for mode in (m for m in modes if m != "bound"):
+            s = by[mode]
+            print(f"task completion time, {mode} / bound: mean {s['tct_mean_s'] / b['tct_mean_s']:.2f}x, "
+                  f"p90 {s['tct_p90_s'] / b['tct_p90_s']:.2f}x")
+    for base in (b for b in BASELINES if b in by and b != "bound"):
         n = by[base]
         print()
         for mode in (m for m in modes if m not in BASELINES):

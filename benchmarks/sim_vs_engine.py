@@ -17,6 +17,9 @@ the engine's speed). Modes and their simulated policies:
     no-saga-tier        apc-lru-offload  (stock vLLM with its host tier, dropped LRU)
     saga-tier           saga             with the host tier
     saga-tier-no-admit  saga-no-admit    with the host tier
+    saga-disk           saga             with the host tier and a disk tier of --disk-x pools
+    no-saga-disk        apc-lru-offload  with both tiers
+    bound               apc-lru          with a pool that holds every session's KV
 
 Prints, per mode, measured against predicted: mean, p90 and worst task completion
 time, prefix-hit rate (cached / prompt tokens) and regen share (recomputed / prompt
@@ -75,6 +78,8 @@ def main() -> int:
     p.add_argument("--max-num-seqs", type=int, default=2)
     p.add_argument("--stagger-s", type=float, default=3.0)
     p.add_argument("--tier-x", type=float, default=2.0, help="host KV tier of the *-tier modes, in pools")
+    p.add_argument("--disk-x", type=float, default=8.0,
+                   help="disk KV tier of the *-disk modes (below the host tier), in pools of KV")
     p.add_argument("--modes", default="saga,saga-request-fcfs,no-saga")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calibration", type=Path, help="saga calibrate --out file (default: the cpu-2core preset)")

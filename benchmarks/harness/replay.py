@@ -9,8 +9,11 @@ replayed and how.
 from __future__ import annotations
 
 import json
+import math
 import random
+import shutil
 import statistics
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -198,24 +201,64 @@ def sent_workload(tasks: list[Task], delays: list[float]) -> list[dict]:
     return out
 
 
-# Modes: (SAGA on, its knobs, with a host KV tier). SAGA as shipped; SAGA with
-# request-level FCFS inside a tenant (no task seniority: what the cache policies
-# alone give); SAGA without session admission; stock vLLM; and each with a host KV
-# tier of --tier-x pools (`--kv-offloading-size`: stock vLLM's is dropped LRU, SAGA's
-# in its own order).
-MODES = {"saga": (True, {}, False), "saga-request-fcfs": (True, {"SAGA_SENIORITY_WINDOW_S": "0"}, False),
-         "saga-no-admit": (True, {"SAGA_OFF": "admit"}, False), "no-saga": (False, {}, False),
-         "saga-tier": (True, {}, True), "saga-tier-no-admit": (True, {"SAGA_OFF": "admit"}, True),
-         "no-saga-tier": (False, {}, True)}
-BASELINES = ("no-saga", "no-saga-tier")
+@dataclass(frozen=True)
+class ReplayMode:
+    """One way to serve the replay. `saga`: SAGA's scheduler (else stock vLLM), `env`:
+    its knobs; `host_tier`: a host KV tier of --tier-x pools (`--kv-offloading-size`);
+    `disk_tier`: a disk tier of --disk-x pools below it (`--kv-disk-dir`); `tier_order`:
+    the host tier's order (`--kv-tier-order`: SAGA's own under SAGA, vLLM's LRU under
+    stock vLLM unless told `arc`); `bound`: a pool that holds every session's KV (no
+    eviction, no tier), the physical limit of the workload on this engine."""
+
+    saga: bool
+    env: dict = field(default_factory=dict)
+    host_tier: bool = False
+    disk_tier: bool = False
+    tier_order: str | None = None
+    bound: bool = False
+    sim_policy: str = ""  # the simulator's policy for this mode (`sim_vs_engine.py`)
+
+
+MODES = {
+    "saga": ReplayMode(True, sim_policy="saga"),
+    # request-level FCFS inside a tenant (no task seniority: what the cache policies alone give)
+    "saga-request-fcfs": ReplayMode(True, {"SAGA_SENIORITY_WINDOW_S": "0"}, sim_policy="saga-request-fcfs"),
+    "saga-no-admit": ReplayMode(True, {"SAGA_OFF": "admit"}, sim_policy="saga-no-admit"),
+    "no-saga": ReplayMode(False, sim_policy="apc-lru"),
+    "saga-tier": ReplayMode(True, host_tier=True, sim_policy="saga"),
+    "saga-tier-no-admit": ReplayMode(True, {"SAGA_OFF": "admit"}, host_tier=True, sim_policy="saga-no-admit"),
+    "no-saga-tier": ReplayMode(False, host_tier=True, sim_policy="apc-lru-offload"),
+    "saga-disk": ReplayMode(True, host_tier=True, disk_tier=True, sim_policy="saga"),
+    "no-saga-disk": ReplayMode(False, host_tier=True, disk_tier=True, sim_policy="apc-lru-offload"),
+    "no-saga-disk-arc": ReplayMode(False, host_tier=True, disk_tier=True, tier_order="arc"),
+    "bound": ReplayMode(False, bound=True, sim_policy="apc-lru"),
+}
+BASELINES = ("no-saga", "no-saga-tier", "no-saga-disk", "no-saga-disk-arc", "bound")
+MODE_POLICY = {name: m.sim_policy for name, m in MODES.items() if m.sim_policy}
 KV_BYTES_PER_TOKEN = 23_040  # SmolLM2-135M: 30 layers x K and V x 3 KV heads x 64 dims x 2 bytes
 
 
+def bound_blocks(sent: list[dict]) -> int:
+    """A pool that holds every session's whole KV at once (blocks of 32 tokens, one
+    spare a session), for the sessions as sent (`sent_workload`)."""
+    return sum(-(-(t["steps"][-1]["prompt_tokens"] + t["steps"][-1]["output_tokens"]) // 32) + 1 for t in sent)
+
+
 def replay(mode: str, tasks: list[Task], tokens: TokenSource, args) -> dict:
-    saga, env, tier = MODES[mode]
-    vllm_args = ["--num-gpu-blocks-override", str(args.kv_blocks), "--max-num-seqs", str(args.max_num_seqs)]
-    if tier:
+    m = MODES[mode]
+    saga, env = m.saga, m.env
+    blocks = bound_blocks(sent_workload(tasks, [0.0] * len(tasks))) if m.bound else args.kv_blocks
+    vllm_args = ["--num-gpu-blocks-override", str(blocks), "--max-num-seqs", str(args.max_num_seqs)]
+    if m.bound:  # the pool itself must fit: the default 1 GiB of KV space holds ~46k tokens of this model
+        vllm_args += ["--kv-space", str(max(1, math.ceil(blocks * 32 * KV_BYTES_PER_TOKEN / 2**30 * 1.2)))]
+    if m.host_tier:
         vllm_args += ["--kv-offloading-size", f"{tier_gib(args):.4f}"]
+    if m.tier_order:
+        vllm_args += ["--kv-tier-order", m.tier_order]
+    disk_dir = None
+    if m.disk_tier:
+        disk_dir = tempfile.mkdtemp(prefix=f"saga-replay-{mode}-disk-")
+        vllm_args += ["--kv-disk-dir", disk_dir, "--kv-disk-size", f"{disk_gib(args):.4f}"]
     if saga and args.record:  # the engine writes what it saw (`saga serve --record`)
         args.record.mkdir(parents=True, exist_ok=True)
         vllm_args += ["--record", str(args.record / f"{mode}.jsonl")]
@@ -241,12 +284,14 @@ def replay(mode: str, tasks: list[Task], tokens: TokenSource, args) -> dict:
                                                                *PHASE_METRICS.values(), "vllm:e2e_request_latency",
                                                                "vllm:num_preemptions", "vllm:external_prefix_cache",
                                                                "vllm:kv_offload_load", "vllm:kv_offload_store",
-                                                               "saga_kv_tier"))
+                                                               "saga_kv_tier", "saga_kv_disk"))
         except Exception as exc:
             metrics = {"error": repr(exc)}
         rss = server.rss_bytes()
     finally:
         server.stop()
+        if disk_dir is not None:
+            shutil.rmtree(disk_dir, ignore_errors=True)
     wall = time.monotonic() - t0
     ok = [r for r in results if not r.error]
     tct = [r.end - r.start for r in ok]
@@ -262,7 +307,9 @@ def replay(mode: str, tasks: list[Task], tokens: TokenSource, args) -> dict:
         "regen_share": max(0, prompt - cached - new) / prompt if prompt else 0.0,
         # of the cached tokens, those loaded from the host tier (vLLM counts them as cached)
         "tier_hit_share": metrics.get("vllm:external_prefix_cache_hits_total", 0.0) / prompt if prompt else 0.0,
-        "wall_s": wall, "ready_s": server.ready_s, "rss_gb": rss / 2**30, "metrics": metrics,
+        # of those, the tokens read from the disk tier (chunks of one 32-token block)
+        "disk_hit_share": metrics.get("saga_kv_disk_chunks_total{what=read}", 0.0) * 32 / prompt if prompt else 0.0,
+        "kv_blocks": blocks, "wall_s": wall, "ready_s": server.ready_s, "rss_gb": rss / 2**30, "metrics": metrics,
     }
 
 
@@ -271,9 +318,9 @@ def tier_gib(args) -> float:
     return args.tier_x * args.kv_blocks * 32 * KV_BYTES_PER_TOKEN / 2**30
 
 
-MODE_POLICY = {"no-saga": "apc-lru", "saga": "saga", "saga-request-fcfs": "saga-request-fcfs",
-               "saga-no-admit": "saga-no-admit", "no-saga-tier": "apc-lru-offload", "saga-tier": "saga",
-               "saga-tier-no-admit": "saga-no-admit"}
+def disk_gib(args) -> float:
+    """The *-disk modes' `--kv-disk-size`: --disk-x pools of this model's KV."""
+    return args.disk_x * args.kv_blocks * 32 * KV_BYTES_PER_TOKEN / 2**30
 
 
 def simulate(workload: list[dict], mode: str, args) -> dict:
@@ -284,14 +331,17 @@ def simulate(workload: list[dict], mode: str, args) -> dict:
     from saga_server.engines.sim.hardware import load_calibration, make_cost_model  # noqa: PLC0415
 
     calibration = load_calibration(str(args.calibration)) if args.calibration else None
-    tier = MODES[mode][2]
+    m = MODES[mode]
+    tier = m.host_tier
+    blocks = bound_blocks(workload) if m.bound else args.kv_blocks
     cost = make_cost_model("cpu-2core", "smollm2-135m", calibration=calibration, host_tier=tier,
-                           kv_capacity_override=args.kv_blocks * 32, max_num_seqs=args.max_num_seqs)
+                           kv_capacity_override=blocks * 32, max_num_seqs=args.max_num_seqs)
     rng = random.Random(args.seed)
     insts = [TaskInstance(t["task_id"], materialize(t, rng), "swe", float(t["start_s"])) for t in workload]
     res = Simulator(cost, make_policy(MODE_POLICY[mode]), insts,
                     SimConfig(workers=1, concurrency=None, seed=args.seed,
-                              host_tier_factor=args.tier_x if tier else 0.0)).run()
+                              host_tier_factor=args.tier_x if tier else 0.0,
+                              disk_tier_factor=args.disk_x if m.disk_tier else 0.0)).run()
     tct = sorted(t.tct_s for t in res.tasks)
     prompt = res.prompt_tokens
     return {"mode": mode, "tct_mean_s": statistics.fmean(tct), "tct_p90_s": pct(tct, 0.9), "tct_max_s": tct[-1],
