@@ -24,9 +24,10 @@ Both servers run with the same vLLM flags and a KV cache of --kv-blocks blocks o
 task seniority: what the cache policies alone give) and `no-saga` (stock vLLM,
 prefix caching on); `*-tier` with a host KV tier of --tier-x pools; `*-disk` with a
 disk tier of --disk-x pools below it (`no-saga-disk-arc`: vLLM's ARC for the host
-tier); and `bound`, the same engine with a pool that holds every session's KV (no
-eviction, no tier): the workload's limit on this host, which every mode is also
-reported against (`harness/replay.py`, `MODES`). Reported per mode: task
+tier); and `bound`, SAGA on the same engine with a pool that holds every session's KV
+(no eviction, no tier): the workload's limit on this host under SAGA's scheduling,
+which every mode is also reported against (`no-saga-bound`: the same for stock vLLM;
+`harness/replay.py`, `MODES`). Reported per mode: task
 completion time (first request to last answer) mean, p90 and worst, the ratios
 stock/SAGA, prefix-hit rate (cached / prompt tokens) and regen share (tokens
 computed before and recomputed now / prompt tokens).
@@ -132,7 +133,7 @@ def main() -> int:
             s = by[mode]
             print(f"task completion time, {mode} / bound: mean {s['tct_mean_s'] / b['tct_mean_s']:.2f}x, "
                   f"p90 {s['tct_p90_s'] / b['tct_p90_s']:.2f}x")
-    for base in (b for b in BASELINES if b in by and b != "bound"):
+    for base in (b for b in BASELINES if b in by and not b.endswith("bound")):
         n = by[base]
         print()
         for mode in (m for m in modes if m not in BASELINES):

@@ -19,7 +19,8 @@ the engine's speed). Modes and their simulated policies:
     saga-tier-no-admit  saga-no-admit    with the host tier
     saga-disk           saga             with the host tier and a disk tier of --disk-x pools
     no-saga-disk        apc-lru-offload  with both tiers
-    bound               apc-lru          with a pool that holds every session's KV
+    bound               saga             with a pool that holds every session's KV
+    no-saga-bound       apc-lru          with a pool that holds every session's KV
 
 Prints, per mode, measured against predicted: mean, p90 and worst task completion
 time, prefix-hit rate (cached / prompt tokens) and regen share (recomputed / prompt

@@ -208,7 +208,7 @@ class ReplayMode:
     `disk_tier`: a disk tier of --disk-x pools below it (`--kv-disk-dir`); `tier_order`:
     the host tier's order (`--kv-tier-order`: SAGA's own under SAGA, vLLM's LRU under
     stock vLLM unless told `arc`); `bound`: a pool that holds every session's KV (no
-    eviction, no tier), the physical limit of the workload on this engine."""
+    eviction, no tier): the workload's limit on this engine under that scheduler."""
 
     saga: bool
     env: dict = field(default_factory=dict)
@@ -231,9 +231,11 @@ MODES = {
     "saga-disk": ReplayMode(True, host_tier=True, disk_tier=True, sim_policy="saga"),
     "no-saga-disk": ReplayMode(False, host_tier=True, disk_tier=True, sim_policy="apc-lru-offload"),
     "no-saga-disk-arc": ReplayMode(False, host_tier=True, disk_tier=True, tier_order="arc"),
-    "bound": ReplayMode(False, bound=True, sim_policy="apc-lru"),
+    # SAGA's scheduling with nothing ever evicted: what its modes are measured against
+    "bound": ReplayMode(True, bound=True, sim_policy="saga"),
+    "no-saga-bound": ReplayMode(False, bound=True, sim_policy="apc-lru"),
 }
-BASELINES = ("no-saga", "no-saga-tier", "no-saga-disk", "no-saga-disk-arc", "bound")
+BASELINES = ("no-saga", "no-saga-tier", "no-saga-disk", "no-saga-disk-arc", "bound", "no-saga-bound")
 MODE_POLICY = {name: m.sim_policy for name, m in MODES.items() if m.sim_policy}
 KV_BYTES_PER_TOKEN = 23_040  # SmolLM2-135M: 30 layers x K and V x 3 KV heads x 64 dims x 2 bytes
 
