@@ -30,12 +30,15 @@ those prefixes are recomputed, which is faster than waiting. All of these are co
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import shutil
 import time
 import weakref
 from typing import Iterable
+
+import numpy as np
 
 from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
 from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
@@ -120,8 +123,8 @@ class SagaDiskTier(FileSystemTierManager):
         self._writing.update(write)
         self._used(keys, job_metadata.req_context)
         self._stores[job_metadata.job_id] = write
-        super().submit_store(TransferJob(job_metadata.job_id, write, job_metadata.chunk_ids[new],
-                                         False, job_metadata.req_context, job_metadata.submit_time))
+        super().submit_store(dataclasses.replace(job_metadata, keys=write,
+                                                 chunk_ids=np.asarray(job_metadata.chunk_ids)[new]))
 
     def _make_room(self, n: int) -> int:
         """Delete chunks, in SAGA's order, until `n` more fit; how many fit."""

@@ -10,6 +10,11 @@ engine's KV tensors are host tensors, its worker is `HostCopyWorker`, which copi
 blocks host to host on one background thread. On a GPU build it is vLLM's worker.
 `saga serve` selects it through the connector's extra config (`spec_name`,
 `spec_module_path`: vLLM's `OffloadingSpecFactory` loads it out of tree).
+`TieredHostOffloadingSpec` is the same change to vLLM's tiered spec (`saga serve
+--kv-disk-dir`: tiers below the host tier, `disk_tier.py`), whose lower tiers read and
+write chunks in a region of shared memory both the scheduler and the worker map: there
+the worker's buffer is that region, each chunk's row holding each KV tensor's blocks
+in turn, as vLLM's own worker lays them out.
 
 The worker honours vLLM's `OffloadingWorker` contract: `submit_store`/`submit_load`
 return at once, jobs run in submission order, `get_finished` reports each job once
