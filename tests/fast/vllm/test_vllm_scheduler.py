@@ -27,7 +27,7 @@ from saga_server.core import (
 )
 from saga_server.core.pinning import PinConfig
 from saga_server.engines.vllm import SagaAsyncScheduler, SagaScheduler
-from vllm_builders import Requests, hit_tokens, make_scheduler, run_until_idle, step
+from vllm_builders import Requests, hit_tokens, make_scheduler, run_until_idle, runner_output, step
 
 BS = 16
 
@@ -316,13 +316,8 @@ def test_prefetch_recomputes_a_reclaimed_session_while_idle_and_hides_its_output
         out = s.schedule()
         outs.append(out)
         if out.total_num_scheduled_tokens:
-            from vllm.v1.outputs import ModelRunnerOutput
-
             ids = list(out.num_scheduled_tokens)
-            eco = s.update_from_output(out, ModelRunnerOutput(
-                req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                sampled_token_ids=[[7] for _ in ids], logprobs=None, prompt_logprobs_dict={},
-                pooler_output=[]))
+            eco = s.update_from_output(out, runner_output(ids, [[7] for _ in ids]))
             for o in eco.values():
                 assert not [x for x in o.outputs if x.request_id.startswith("saga-prefetch-")]
     assert s.saga.counters["prefetch", "issued"] == 1

@@ -7,6 +7,7 @@ that holds only `config.json` (so nothing touches the network), a one-group
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -93,9 +94,18 @@ def model_output(scheduler, out, token: int = 7, kv_connector_output=None) -> Mo
         req = scheduler.requests[rid]
         done = req.num_computed_tokens + out.num_scheduled_tokens[rid] >= req.num_tokens
         sampled.append([token] if done else [])
-    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                             sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
-                             pooler_output=[], kv_connector_output=kv_connector_output)
+    return runner_output(req_ids, sampled, kv_connector_output)
+
+
+def runner_output(req_ids: list[str], sampled: list[list[int]], kv_connector_output=None) -> ModelRunnerOutput:
+    """A `ModelRunnerOutput` in which request `req_ids[i]` sampled `sampled[i]`."""
+    # vLLM 0.34 reads a request's row from `req_ids` alone (no `req_id_to_index`)
+    index = {"req_id_to_index": {r: i for i, r in enumerate(req_ids)}} if _HAS_REQ_INDEX else {}
+    return ModelRunnerOutput(req_ids=req_ids, **index, sampled_token_ids=sampled, logprobs=None,
+                             prompt_logprobs_dict={}, pooler_output=[], kv_connector_output=kv_connector_output)
+
+
+_HAS_REQ_INDEX = "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}
 
 
 def step(scheduler, token: int = 7):
