@@ -58,6 +58,8 @@ from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
+from .compat import EngineBlocks, engine_blocks
+
 __all__ = ["HostOffloadingSpec", "TieredHostOffloadingSpec", "HostCopyWorker", "SPEC_CONFIG", "TIERED_SPEC_CONFIG"]
 
 log = logging.getLogger("vllm.saga.host_kv")  # under "vllm." so vLLM's log handler shows it
@@ -115,6 +117,7 @@ class HostCopyWorker(OffloadingWorker):
         whose lower tiers read and write chunks there), else a private one."""
         self._blocks_per_chunk = blocks_per_chunk
         self._region = region
+        self._kv_caches = kv_caches
         self._engine: list[torch.Tensor] = []  # per tensor: (engine blocks, page bytes)
         self._tier: list[torch.Tensor] = []  # per tensor: (chunks, blocks_per_chunk, page bytes)
         for t in kv_caches.tensors:
@@ -148,10 +151,15 @@ class HostCopyWorker(OffloadingWorker):
 
     # -- vLLM's OffloadingWorker --------------------------------------------------------
 
+    # The engine side is a GPULoadStoreSpec through vLLM 0.33, DevicePointers from 0.34 (`compat`).
+
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
         return self._submit(job_id, True, src_spec, dst_spec)
 
-    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
+                    expedited: bool = False) -> bool:
+        """`expedited` (vLLM 0.33 on): the step waits for it; one thread runs every job
+        in order here, so it changes nothing."""
         return self._submit(job_id, False, dst_spec, src_spec)
 
     def get_finished(self) -> list[TransferResult]:
@@ -189,15 +197,16 @@ class HostCopyWorker(OffloadingWorker):
 
     # -- the copies ------------------------------------------------------------------------
 
-    def _submit(self, job_id: int, store: bool, engine_spec: GPULoadStoreSpec, tier_spec: LoadStoreSpec) -> bool:
+    def _submit(self, job_id: int, store: bool, engine_side, tier_spec: LoadStoreSpec) -> bool:
         assert isinstance(tier_spec, BlockIDsLoadStoreSpec)
-        engine_ids, tier_ids, groups = self._block_pairs(engine_spec, tier_spec.block_ids)
+        engine_ids, tier_ids, groups = self._block_pairs(engine_blocks(engine_side, self._kv_caches),
+                                                         tier_spec.block_ids)
         with self._lock:
             self._pending.add(job_id)
         self._jobs.put(_Job(job_id, store, engine_ids, tier_ids, groups))
         return True
 
-    def _block_pairs(self, engine_spec: GPULoadStoreSpec, chunks: np.ndarray):
+    def _block_pairs(self, engine_spec: EngineBlocks, chunks: np.ndarray):
         """Engine block i pairs with tier sub-block i. Per group, the engine spec lists
         `count` blocks starting at the request's block `start`; the tier lists whole
         chunks, the first of which may begin before `start` (its leading sub-blocks are

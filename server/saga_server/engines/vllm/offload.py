@@ -17,6 +17,15 @@ there `attach`es itself, and tells which session each request belongs to. A sess
 the plugin's KV policy forgets (ended, idled out, evicted from the core's table,
 moved away) is forgotten here too: its chunks go first and its requests leave the
 request map. Without a plugin (plain vLLM) every chunk is ranked by its last use: LRU.
+
+A request's session is the one its `kv_hints` name (`compat.session_of_kv_hints`:
+a `session_id` in an action's payload), else the one the plugin saw it arrive with.
+
+One class for vLLM 0.32 to 0.34, whose `CachePolicy` differs (`compat`): `insert`
+takes the storing request's context where vLLM passes it (0.33 on), and then files
+the chunk under that request's session at once (0.32 files it when the request
+finishes); `touch` (0.32, 0.33) and `on_request_access` (0.33 on) both observe a
+request's use of resident chunks.
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus, order
 
 from saga_server.core.host_tier import HostTierOrder
 from saga_server.core.sessions import Departure
+
+from .compat import kv_hints_of, session_of_kv_hints
 
 __all__ = ["SagaCachePolicy", "attach", "tier_occupancy", "POLICY_CONFIG"]
 
@@ -111,13 +122,16 @@ class SagaCachePolicy(CachePolicy):
     def get(self, key: OffloadKey) -> ChunkStatus | None:
         return self.chunks.get(key)
 
-    def insert(self, key: OffloadKey, chunk: ChunkStatus) -> None:
+    def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: ReqContext | None = None) -> None:
+        """`req_context`: the storing request's (vLLM 0.33 on; 0.32 passes none)."""
         self.chunks[key] = chunk
         self._position.setdefault(key, 0)
         if self._session.setdefault(key, None) is None:
             self._order.put(key, _now(), -self._position[key])
         if chunk.ref_cnt == 0:
             self._evictable.add(key)
+        if req_context is not None:
+            self._observe([key], req_context, in_order=False)
 
     def remove(self, key: OffloadKey) -> None:
         del self.chunks[key]
@@ -148,21 +162,29 @@ class SagaCachePolicy(CachePolicy):
     # -- what requests did -----------------------------------------------------------
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        """vLLM 0.32 and 0.33 (0.34 has no `touch`)."""
         self._observe(list(keys), req_context)
+
+    def on_request_access(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        """vLLM 0.33 on: a request's first access to these keys (some maybe not
+        resident; only the new ones, so their order says nothing of their positions)."""
+        self._observe(list(keys), req_context, in_order=False)
 
     def on_request_finished(self, key_groups: Sequence[Sequence[OffloadKey]], insertion_only_keys: set[OffloadKey],
                             reused_keys: set[OffloadKey], req_context: ReqContext) -> None:
         self._observe(order_request_keys(key_groups, req_context), req_context)
 
-    def _observe(self, keys: list[OffloadKey], req_context: ReqContext) -> None:
-        """The keys (head to tail) belong to this request's session, used now."""
-        sid = _plugin.session_of_request(req_context.req_id) if _plugin is not None else None
+    def _observe(self, keys: list[OffloadKey], req_context: ReqContext, in_order: bool = True) -> None:
+        """The keys belong to this request's session, used now; `in_order`: they are
+        head to tail, so a key's index stands for its position where vLLM recorded none."""
+        sid = self._session_of(req_context)
         now = _now()
         for i, key in enumerate(keys):
             if key not in self.chunks:
                 continue
             position = req_context.get_offload_key_position(key)
-            self._position[key] = i if position is None else position
+            if position is not None or in_order:
+                self._position[key] = i if position is None else position
             if sid is None:
                 if self._session[key] is None:
                     self._order.put(key, now, -self._position[key])
@@ -177,6 +199,13 @@ class SagaCachePolicy(CachePolicy):
                 self._by_session.setdefault(sid, set()).add(key)
         if sid is not None and sid in self._by_session:
             self._order.put(sid, _plugin.offload_key(sid, now))
+
+    @staticmethod
+    def _session_of(req_context: ReqContext) -> str | None:
+        """The request's session: the one its kv_hints name, else the plugin's map."""
+        if _plugin is None:
+            return None
+        return session_of_kv_hints(kv_hints_of(req_context)) or _plugin.session_of_request(req_context.req_id)
 
     def forget(self, session_id: str) -> None:
         """The engine forgot the session: its chunks are the first to go."""
