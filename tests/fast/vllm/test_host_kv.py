@@ -6,8 +6,10 @@ reported once with its bytes, and `wait` returns only when the job is done."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -185,5 +187,45 @@ def test_without_recovery_a_failed_load_is_reported_failed():
         worker.submit_load(1, CPULoadStoreSpec([0]), engine_spec([2]))
         assert [r.success for r in finish(worker, 1)] == [False]
         assert worker.take_load_errors() == set()
+    finally:
+        worker.shutdown()
+
+
+def device_pointers(spec: GPULoadStoreSpec, caches: CanonicalKVCaches):
+    """The engine side of a job as vLLM 0.34's connector hands it to the worker
+    (`resolve_device_pointers`); on older vLLM, the same layout built here."""
+    try:
+        from vllm.v1.kv_offload.pointer_utils import resolve_device_pointers
+    except ImportError:  # vLLM before 0.34: the worker gets the spec itself
+        import types
+
+        ptrs = []
+        for count, refs, at in zip(spec.group_sizes, caches.group_data_refs,
+                                   itertools.accumulate(spec.group_sizes, initial=0)):
+            for ref in refs:
+                t = caches.tensors[ref.tensor_idx].tensor
+                ptrs += [t.data_ptr() + int(b) * t.stride(0) for b in spec.block_ids[at:at + count]]
+        return types.SimpleNamespace(ptrs=np.array(ptrs, dtype=np.uint64), group_block_counts=tuple(spec.group_sizes),
+                                     group_data_ref_counts=tuple(len(r) for r in caches.group_data_refs),
+                                     block_indices=tuple(spec.block_indices))
+    return resolve_device_pointers(spec, caches)
+
+
+def test_the_worker_takes_the_engine_blocks_as_device_pointers_too():
+    """vLLM 0.34 resolves a job's engine blocks to pointers before the worker sees them
+    (`compat.engine_blocks` turns them back): the same copies as from the spec."""
+    tensors, caches = engine_kv()
+    before = [t.clone() for t in tensors]
+    worker = HostCopyWorker(caches, blocks_per_chunk=2, num_chunks=4)
+    try:
+        assert worker.submit_store(1, device_pointers(engine_spec([3, 5, 7], first_block=1), caches),
+                                   CPULoadStoreSpec([2, 0]))
+        finish(worker, 1)
+        assert worker.submit_load(2, CPULoadStoreSpec([2, 0]),
+                                  device_pointers(engine_spec([10, 11, 12], first_block=1), caches))
+        (loaded,) = finish(worker, 2)
+        assert loaded.success and loaded.transfer_size == 3 * 3 * PAGE
+        for t, b in zip(tensors, before):
+            assert torch.equal(t[[10, 11, 12]], b[[3, 5, 7]])
     finally:
         worker.shutdown()

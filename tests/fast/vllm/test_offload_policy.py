@@ -4,10 +4,13 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 
-from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+from vllm.v1.kv_hints import KvHintAction, KvHintsEnvelope
+from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 
 from saga_server.core import (
     CoreConfig,
@@ -50,13 +53,37 @@ def keys(name: str, n: int) -> list:
     return [make_offload_key(f"{name}-{i}".encode(), 0) for i in range(n)]
 
 
-def store(manager, ks, rid):
-    ctx = ReqContext(req_id=rid)
+def store(manager, ks, rid, kv_hints=None, finish=True):
+    ctx = ReqContext(req_id=rid, kv_hints=kv_hints)
+    for i, key in enumerate(ks):  # where each chunk ends in the request, as vLLM's scheduler records
+        ctx.set_offload_key_position(key, (i + 1) * BS)
     out = manager.prepare_store(ks, ctx)
     assert out is not None
     manager.complete_store(ks, ctx)
-    manager.on_request_finished(ctx)
+    if finish:
+        manager.on_request_finished(ctx)
     return out
+
+
+def hints_naming(session_id: str) -> KvHintsEnvelope:
+    """A request's kv_hints whose one action names its session (`compat.session_of_kv_hints`)."""
+    return KvHintsEnvelope(protocol_version="1", message_id="m", actions=[
+        KvHintAction(action_id="a", action_type="session", action_version="1", payload={"session_id": session_id})])
+
+
+def sessions_testing_and_grepping(tiny_model):
+    """A learned scheduler whose sessions "testing" (a 60 s test run next) and
+    "grepping" (a 0.2 s grep next) each ran one request. Returns (scheduler, requests)."""
+    s = learned_scheduler(tiny_model)
+    core, clock, R = s.saga.core, s.saga.clock, Requests(BS)
+    reqs = {}
+    for sid, tool, cat in (("testing", "pytest", "test"), ("grepping", "grep", "search")):
+        core.accept(SessionStart(sid, clock()))
+        reqs[sid] = R.make(list(range(100, 164)), session_id=sid)
+        s.add_request(reqs[sid])
+        run_until_idle(s)
+        core.accept(ToolCallStart(sid, clock(), tool, category=cat))
+    return s, reqs
 
 
 def test_the_tier_drops_the_session_away_longest_first_tail_first_where_lru_would_not(tiny_model):
@@ -157,3 +184,65 @@ def test_a_session_the_engine_forgets_is_the_first_the_tier_drops_and_leaves_the
     assert s.saga.session_of_request(reqs["stays"].request_id) == "stays"
     ends = keys("ends", 4)
     assert store(manager, keys("new", 2), "anonymous").evicted_keys == [ends[3], ends[2]]
+
+
+# -- the installed vLLM's CachePolicy interface (engines/vllm/compat.py) ------------------
+
+def test_the_policy_stores_hits_and_evicts_through_the_installed_vllms_manager(tiny_model):
+    """Whatever this vLLM's CachePolicy calls look like (0.32: insert without the
+    request, touch; 0.33: insert with it, on_request_access; 0.34: no touch), its own
+    manager stores chunks in SAGA's policy, finds them, keeps a chunk being loaded,
+    and evicts in SAGA's order."""
+    s, reqs = sessions_testing_and_grepping(tiny_model)
+    manager = CPUOffloadingManager(num_chunks=8, cache_policy="SagaCachePolicy",
+                                   cache_policy_module_path=offload.__name__)
+    assert type(manager._policy) is offload.SagaCachePolicy
+    assert not getattr(offload.SagaCachePolicy, "__abstractmethods__", None)  # every abstract hook is there
+    testing, grepping = keys("testing", 4), keys("grepping", 4)
+    store(manager, testing, reqs["testing"].request_id)
+    store(manager, grepping, reqs["grepping"].request_id)
+    assert len(manager._policy.chunks) == 8
+    reader = ReqContext(req_id=reqs["testing"].request_id)
+    assert [manager.lookup(k, reader) for k in testing] == [LookupResult.HIT] * 4
+    assert manager.lookup(keys("absent", 1)[0], reader) == LookupResult.MISS
+    manager.prepare_load(testing[2:], reader)  # being loaded: not evictable until complete
+    evicted = store(manager, keys("new", 2), "anonymous").evicted_keys
+    assert evicted == [testing[1], testing[0]]  # the session away longest, what of it is not being loaded
+    manager.complete_load(testing[2:], reader)
+    manager.on_request_finished(reader)
+    assert store(manager, keys("newer", 2), "anonymous").evicted_keys == [testing[3], testing[2]]
+
+
+def test_a_request_whose_kv_hints_name_a_session_is_filed_under_it(tiny_model):
+    """ReqContext.kv_hints (a KvHintsEnvelope, Request.kv_hints) naming a session wins
+    over the plugin's request map: chunks of a request the plugin never saw are
+    ranked as that session's."""
+    s, reqs = sessions_testing_and_grepping(tiny_model)
+    manager = CPUOffloadingManager(num_chunks=8, cache_policy="SagaCachePolicy",
+                                   cache_policy_module_path=offload.__name__)
+    store(manager, keys("grepping", 4), reqs["grepping"].request_id)
+    s.saga.clock.t += 1.0
+    # most recently used, but by the session whose next request is farthest
+    store(manager, keys("hinted", 4), "unknown-to-the-plugin", kv_hints=hints_naming("testing"))
+    assert manager._policy._session[keys("hinted", 1)[0]] == "testing"
+    hinted = keys("hinted", 4)
+    assert store(manager, keys("new", 2), "anonymous").evicted_keys == [hinted[3], hinted[2]]
+
+
+def test_where_vllm_passes_the_storing_request_its_chunks_are_the_sessions_before_it_finishes(tiny_model):
+    """vLLM 0.33 on passes insert() the storing request's context: a chunk belongs to
+    its session from the start. 0.32 passes none: until the request finishes its
+    chunks are ranked by their last use alone."""
+    s, reqs = sessions_testing_and_grepping(tiny_model)
+    manager = CPUOffloadingManager(num_chunks=8, cache_policy="SagaCachePolicy",
+                                   cache_policy_module_path=offload.__name__)
+    store(manager, keys("grepping", 4), reqs["grepping"].request_id, finish=False)
+    store(manager, keys("testing", 4), reqs["testing"].request_id, finish=False)
+    owners = {manager._policy._session[k] for k in keys("testing", 4)}
+    evicted = store(manager, keys("new", 2), "anonymous").evicted_keys
+    if "req_context" in inspect.signature(CachePolicy.insert).parameters:
+        assert owners == {"testing"}
+        assert evicted == [keys("testing", 4)[3], keys("testing", 4)[2]]
+    else:
+        assert owners == {None}
+        assert evicted == keys("grepping", 4)[:2]  # stored first (LRU); positions unknown yet
