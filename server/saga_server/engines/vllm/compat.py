@@ -14,6 +14,10 @@ so the rest of `engines/vllm` is written once. The differences:
   the engine side of a job is a `GPULoadStoreSpec` (block ids); 0.34 resolves it to
   device pointers (`DevicePointers`) before the worker sees it. `engine_blocks`
   turns either back into block ids for `host_kv.HostCopyWorker`.
+- The NIXL worker's agent (`nixl/base_worker.py`): from 0.33 vLLM creates its backends
+  explicitly where the connector's extra config has `ucx_backend_params` or the model
+  runs in sleep mode; `nixl_agent_has_own_backends` says when, and `nixl.py` then keeps
+  vLLM's agent rather than one without a progress thread that would not copy them.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import numpy as np
 
 from .request_meta import _clean_id
 
-__all__ = ["VLLM_VERSION", "EngineBlocks", "engine_blocks", "kv_hints_of", "session_of_kv_hints"]
+__all__ = ["VLLM_VERSION", "EngineBlocks", "engine_blocks", "kv_hints_of", "session_of_kv_hints",
+           "nixl_agent_has_own_backends"]
 
 
 def _installed_version() -> tuple[int, ...]:
@@ -94,3 +99,16 @@ def engine_blocks(engine_side, kv_caches) -> EngineBlocks:
         at += count * refs
     ids = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
     return EngineBlocks(ids, list(engine_side.group_block_counts), list(engine_side.block_indices))
+
+
+# -- the NIXL worker's agent ------------------------------------------------------------------
+
+def nixl_agent_has_own_backends(vllm_config) -> bool:
+    """vLLM (0.33 on) builds the NIXL worker's agent with backends of its own making:
+    UCX parameters from `ucx_backend_params` in the connector's extra config, or the
+    sleep mode's unpinned UCX. 0.32 has neither."""
+    if VLLM_VERSION < (0, 33):
+        return False
+    params = vllm_config.kv_transfer_config.get_from_extra_config("ucx_backend_params", {})
+    sleep = bool(getattr(getattr(vllm_config, "model_config", None), "enable_sleep_mode", False))
+    return bool(params) or sleep

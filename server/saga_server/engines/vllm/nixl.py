@@ -47,6 +47,7 @@ from vllm.distributed.nixl_utils import NixlWrapper, nixl_agent_config
 
 from saga_server.settings import EngineSettings
 
+from .compat import nixl_agent_has_own_backends
 from .loads import LoadLog
 
 log = logging.getLogger(__name__)
@@ -69,11 +70,15 @@ class NixlConnector(_VllmNixlConnector):
             log.info("SAGA: NIXL pinned the engine worker to cores %s; restored %s",
                      sorted(pinned), sorted(placed))
         if role == KVConnectorRole.WORKER and not wants_progress_thread(vllm_config.kv_transfer_config):
-            # Nothing is registered with the agent before `register_kv_caches`, so the
-            # worker can still take another one; vLLM's is dropped, and its thread with it.
-            self.connector_worker.nixl_wrapper = agent_without_progress_thread(
-                vllm_config.kv_transfer_config)
-            log.info("SAGA: NIXL agent runs without its progress thread (engine steps progress it)")
+            if nixl_agent_has_own_backends(vllm_config):
+                log.info("SAGA: NIXL agent keeps its progress thread: vLLM built its backends "
+                         "(ucx_backend_params or sleep mode), which SAGA's agent would not copy")
+            else:
+                # Nothing is registered with the agent before `register_kv_caches`, so the
+                # worker can still take another one; vLLM's is dropped, and its thread with it.
+                self.connector_worker.nixl_wrapper = agent_without_progress_thread(
+                    vllm_config.kv_transfer_config)
+                log.info("SAGA: NIXL agent runs without its progress thread (engine steps progress it)")
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         # Called with the tokens the scheduler settled on loading, after its trims.
