@@ -121,7 +121,7 @@ if [ "$ENGINE" != "gpu" ]; then
     # Trap: CUDA builds of these break transformers on CPU; triton is unused.
     for pkg in torchvision torchaudio torchcodec triton; do
         if installed "$pkg"; then
-            say "removing $pkg (CUDA build, breaks CPU serving)"
+            say "removing $pkg (CUDA build: breaks CPU serving, unused on CPU)"
             "${PIP[@]}" uninstall -y "$pkg"
         fi
     done
@@ -156,4 +156,8 @@ if ! installed protobuf 5.29.6; then
 fi
 
 say "done: $("$VENV/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null || echo 'engine not importable')"
-say "first 'saga serve' converts the default model once (~20 s) into ${SAGA_CACHE_DIR:-~/.cache/saga}/models"
+if [ "$ENGINE" != "cuda-on-cpu" ]; then
+    say "first 'saga serve' converts the default model once (~20 s) into ${SAGA_CACHE_DIR:-~/.cache/saga}/models"
+else
+    say "this venv runs the plugin's vLLM tests only; it cannot serve a model on this host"
+fi
