@@ -13,10 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-kv_base = pytest.importorskip("vllm.v1.kv_offload.base")
-if not hasattr(kv_base, "CanonicalKVCaches"):
-    pytest.skip("this vLLM's offloading worker contract predates the host tier", allow_module_level=True)
-
 from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 

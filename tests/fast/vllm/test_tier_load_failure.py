@@ -11,10 +11,6 @@ engine in `tests/real/serve/test_host_tier_faults_real.py`.
 
 from __future__ import annotations
 
-import pytest
-
-pytest.importorskip("vllm.v1.kv_offload.base")
-
 from vllm.config import KVTransferConfig
 
 from saga_server.engines.vllm import SagaScheduler

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -150,9 +151,6 @@ class OffloadWorker:
         self.load_jobs: list[str] = []  # the request of every load job seen, in order
 
     def step(self, s, token: int = 7, loads_done: bool = True):
-        # here, not at the top: the builders also serve vLLM versions without this module
-        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
-
         out = s.schedule()
         meta = out.kv_connector_metadata
         kv_out = None

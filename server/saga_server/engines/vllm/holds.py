@@ -38,7 +38,7 @@ def cached_prefix_blocks(kv_cache_manager, request_id: str) -> list:
     out = []
     for group in kv_cache_manager.get_blocks(request_id).blocks:
         for block in group:
-            if block.block_hash is None or getattr(block, "is_null", False):
+            if block.block_hash is None or block.is_null:
                 break
             out.append(block)
     return out

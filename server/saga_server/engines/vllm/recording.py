@@ -60,8 +60,7 @@ __all__ = ["EngineFeed", "EngineRecording", "SOURCE"]
 SOURCE = "saga serve"
 _MAX_WAIT_S = 600.0  # a wall-clock step (NTP) must not move a call start by more
 _RECORDED_HINTS = (SessionStart, ToolCallStart, ToolCallEnd, SessionEnd)
-_FAILED = frozenset(getattr(RequestStatus, name) for name in ("FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_IGNORED")
-                    if hasattr(RequestStatus, name))
+_FAILED = frozenset((RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR, RequestStatus.FINISHED_IGNORED))
 
 
 class _Arrival(NamedTuple):
