@@ -25,7 +25,7 @@ from saga_server.core import (
 )
 from saga_server.core.pinning import PinConfig
 from saga_server.engines.vllm import SagaScheduler
-from saga_server.engines.vllm import offload
+from saga_server.engines.vllm import offload, session_chunks
 from saga_server.serve import cli
 from vllm_builders import Requests, make_scheduler, run_until_idle
 
@@ -113,7 +113,7 @@ def test_the_tier_drops_the_session_away_longest_first_tail_first_where_lru_woul
 
 
 def test_without_a_plugin_the_policy_is_lru():
-    offload.attach(None)
+    session_chunks.attach(None)
     manager = CPUOffloadingManager(num_chunks=4, cache_policy="SagaCachePolicy",
                                    cache_policy_module_path=offload.__name__)
     store(manager, keys("a", 2), "r1")
@@ -224,7 +224,7 @@ def test_a_request_whose_kv_hints_name_a_session_is_filed_under_it(tiny_model):
     s.saga.clock.t += 1.0
     # most recently used, but by the session whose next request is farthest
     store(manager, keys("hinted", 4), "unknown-to-the-plugin", kv_hints=hints_naming("testing"))
-    assert manager._policy._session[keys("hinted", 1)[0]] == "testing"
+    assert manager._policy.session_of(keys("hinted", 1)[0]) == "testing"
     hinted = keys("hinted", 4)
     assert store(manager, keys("new", 2), "anonymous").evicted_keys == [hinted[3], hinted[2]]
 
@@ -238,7 +238,7 @@ def test_where_vllm_passes_the_storing_request_its_chunks_are_the_sessions_befor
                                    cache_policy_module_path=offload.__name__)
     store(manager, keys("grepping", 4), reqs["grepping"].request_id, finish=False)
     store(manager, keys("testing", 4), reqs["testing"].request_id, finish=False)
-    owners = {manager._policy._session[k] for k in keys("testing", 4)}
+    owners = {manager._policy.session_of(k) for k in keys("testing", 4)}
     evicted = store(manager, keys("new", 2), "anonymous").evicted_keys
     if "req_context" in inspect.signature(CachePolicy.insert).parameters:
         assert owners == {"testing"}

@@ -176,7 +176,7 @@ class SagaDiskTier(FileSystemTierManager):
     # -- helpers --------------------------------------------------------------------------
 
     def _used(self, keys: list[OffloadKey], req_context: ReqContext) -> None:
-        self.chunks.used(req_context.req_id, keys, req_context.get_offload_key_position)
+        self.chunks.used(req_context, keys)
 
     @staticmethod
     def _position(key: OffloadKey, req_context: ReqContext, index: int) -> int:

@@ -94,7 +94,7 @@ from .intake import EngineHintSink, ReleaseKv, start_hint_service
 from .metrics import PluginCounters, SagaMetrics
 from . import session_chunks
 from .disk_tier import disk_counts, disk_occupancy
-from .offload import RequestSessions, attach, tier_occupancy
+from .offload import RequestSessions, tier_occupancy
 from .prefetch import Prefetcher, is_prefetch
 from .queue import RankedRequestQueue
 from .recording import EngineRecording
@@ -173,7 +173,6 @@ class SagaPlugin:
         self._listen_to_connector(getattr(scheduler, "connector", None))
         self._request_sessions = RequestSessions()  # for vLLM's CPU offload tier (`offload`), past a request's end
         self.kv.on_forget(lambda sid, how: self._request_sessions.forget(sid))
-        attach(self)
         session_chunks.attach(self)
         self._disk_counted: dict[str, int] = {}
         self._core_gauges_at = -math.inf

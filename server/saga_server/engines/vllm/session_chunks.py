@@ -10,9 +10,9 @@ This is that bookkeeping, shared by both tiers: which session a chunk belongs to
 where in the session's prefix it sits, and which chunks to drop to free room.
 
 The tier owns the chunks' storage and says which may go (`victims`' `droppable`);
-this only orders them. The session of a request comes from the engine's plugin
-(`attach`), which also tells when the engine forgot a session: its chunks, in every
-tier, go first. Without a plugin (plain vLLM) every chunk is ranked by its last
+this only orders them. The session of a request is the one its kv_hints name, else
+the one the engine's plugin saw it arrive with (`attach`); the plugin also tells when
+the engine forgot a session: its chunks, in every tier, go first. Without a plugin (plain vLLM) every chunk is ranked by its last
 use: LRU. Not thread-safe: each tier calls it from the scheduler's thread.
 """
 
@@ -25,7 +25,9 @@ from typing import Callable, Hashable, Iterable, Sequence
 from saga_server.core.host_tier import HostTierOrder
 from saga_server.core.sessions import Departure
 
-__all__ = ["SessionChunks", "attach", "session_of_request"]
+from .compat import kv_hints_of, session_of_kv_hints
+
+__all__ = ["SessionChunks", "attach", "session_of"]
 
 _plugin = None  # the SagaPlugin of this EngineCore process, if any
 _tables: weakref.WeakSet = weakref.WeakSet()  # this process's tiers' tables
@@ -40,9 +42,13 @@ def attach(plugin) -> None:
         plugin.kv.on_forget(_forgotten)
 
 
-def session_of_request(request_id: str) -> str | None:
-    """The session the engine's plugin saw the request in (None without one)."""
-    return _plugin.session_of_request(request_id) if _plugin is not None else None
+def session_of(req_context) -> str | None:
+    """A request's session (vLLM's `ReqContext`): the one its kv_hints name
+    (`compat.session_of_kv_hints`), else the one the engine's plugin saw it arrive
+    with; None without a plugin."""
+    if _plugin is None:
+        return None
+    return session_of_kv_hints(kv_hints_of(req_context)) or _plugin.session_of_request(req_context.req_id)
 
 
 def now() -> float:
@@ -103,16 +109,18 @@ class SessionChunks:
             table.clear()
         self._order = HostTierOrder()
 
-    def used(self, request_id: str, chunks: Sequence[Hashable], position_of: Callable[[Hashable], int | None]) -> None:
-        """The request used these chunks (head to tail) now: they belong to its
-        session, at `position_of(chunk)` in its prefix (None: their index here)."""
-        sid = session_of_request(request_id)
+    def used(self, req_context, chunks: Sequence[Hashable], in_order: bool = True) -> None:
+        """The request (vLLM's `ReqContext`) used these chunks now: they belong to its
+        session, at the positions vLLM recorded in its prefix; `in_order`: they are head
+        to tail, so a chunk's index stands for its position where vLLM recorded none."""
+        sid = session_of(req_context)
         at = now()
         for i, chunk in enumerate(chunks):
             if chunk not in self._session:
                 continue
-            position = position_of(chunk)
-            self._position[chunk] = i if position is None else position
+            position = req_context.get_offload_key_position(chunk)
+            if position is not None or in_order:
+                self._position[chunk] = i if position is None else position
             if sid is None:
                 if self._session[chunk] is None:
                     self._order.put(chunk, at, -self._position[chunk])
