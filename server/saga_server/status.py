@@ -184,8 +184,8 @@ _TENANCY = {"denied_tenant_claim": "claimed another tenant", "denied_foreign_ses
 
 
 def _engine_lines(engine) -> list[str]:
-    """The engine's KV, its admission (where on), its pulls (where any), its host tier
-    (where one) and its other counted events."""
+    """The engine's KV, its admission (where on), its pulls (where any), its host and
+    disk tiers (where there) and its other counted events."""
     lines = [f"engine: {_kv_held(engine)}; {engine.hints_dropped} hints dropped"]
     if engine.HasField("admission"):
         adm = engine.admission
@@ -204,7 +204,16 @@ def _engine_lines(engine) -> list[str]:
                      f"{int(counts.get('kv_tier_loads', {}).get('ok', 0))} loads "
                      f"({_num(_one(counts, 'kv_tier_load_seconds'))} s); "
                      f"{_num(_one(counts, 'kv_tier_hit_tokens'))} prompt tokens from the tier")
-    summed = {**(_PULLS if pulls else {}), **(_TIER if "kv_tier_chunks" in counts else {})}
+    if "kv_disk_capacity_chunks" in counts:
+        disk = counts.get("kv_disk_chunks", {})
+        failed = int(disk.get("write_failed", 0) + disk.get("read_failed", 0))
+        lines.append(f"disk kv tier: {int(_one(counts, 'kv_disk_used_chunks'))} of "
+                     f"{int(_one(counts, 'kv_disk_capacity_chunks'))} chunks used; "
+                     f"{int(disk.get('written', 0))} written, {int(disk.get('read', 0))} read, "
+                     f"{int(disk.get('evicted', 0))} evicted; {failed} failed and "
+                     f"{int(disk.get('skipped_slow', 0))} skipped as slow (recomputed)")
+    summed = {**(_PULLS if pulls else {}), **(_TIER if "kv_tier_chunks" in counts else {}),
+              **(_DISK if "kv_disk_capacity_chunks" in counts else {})}
     other = status_lines(counts, frozenset(name for name, labels in summed.items()
                                            if set(counts.get(name, ())) <= labels))
     if other:
@@ -219,6 +228,8 @@ def _engine_lines(engine) -> list[str]:
 _PULLS = {"kv_pulls": {"ok", "failed"}, "kv_pulled_tokens": {""}, "kv_pull_seconds": {""}}
 _TIER = {"kv_tier_blocks": {"stored", "loaded"}, "kv_tier_loads": {"ok"}, "kv_tier_load_seconds": {""},
          "kv_tier_hit_tokens": {""}, "kv_tier_used_chunks": {""}, "kv_tier_chunks": {""}}
+_DISK = {"kv_disk_chunks": {"written", "read", "evicted", "write_failed", "read_failed", "skipped_slow"},
+         "kv_disk_used_chunks": {""}, "kv_disk_capacity_chunks": {""}}
 
 
 def _one(counts, name: str) -> float:

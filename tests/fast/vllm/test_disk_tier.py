@@ -14,9 +14,11 @@ import pytest
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
+from saga_proto import hints_pb2 as pb
 from saga_server.core import SessionEnd, SessionStart, ToolCallStart
 from saga_server.engines.vllm import SagaScheduler, disk_tier, session_chunks
 from saga_server.serve import cli
+from saga_server.status import render
 from test_offload_policy import BS, learned_scheduler
 from vllm_builders import Requests, make_scheduler, run_until_idle
 
@@ -160,3 +162,13 @@ def test_saga_serve_writes_the_disk_tier_into_the_connector_config(monkeypatch):
     argv = cli.build_command(opts, rest, "/models/m", True, base_env={}).argv
     stock = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert stock["kv_connector"] == "OffloadingConnector" and stock["kv_connector_extra_config"]["eviction_policy"] == "arc"
+
+
+def test_saga_status_shows_the_disk_tier():
+    counts = {"kv_disk_chunks": {"written": 120, "read": 21, "evicted": 4, "read_failed": 2, "skipped_slow": 3},
+              "kv_disk_used_chunks": {"": 96}, "kv_disk_capacity_chunks": {"": 291}}
+    engine = pb.EngineStats(counts={k: pb.MetricCounts(by_label=v) for k, v in counts.items()})
+    out = render({"sessions_live": 1}, [], engine=engine)
+    assert ("disk kv tier: 96 of 291 chunks used; 120 written, 21 read, 4 evicted; 2 failed and 3 skipped as "
+            "slow (recomputed)") in out
+    assert "kv_disk_chunks" not in out  # shown once, on its own line
