@@ -15,12 +15,12 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
 from saga_proto import hints_pb2 as pb
-from saga_server.core import SessionEnd, SessionStart, ToolCallStart
+from saga_server.core import SessionEnd
 from saga_server.engines.vllm import SagaScheduler, disk_tier, session_chunks
 from saga_server.serve import cli
 from saga_server.status import render
-from test_offload_policy import BS, learned_scheduler
-from vllm_builders import Requests, make_scheduler, run_until_idle
+from test_offload_policy import BS, sessions_testing_and_grepping
+from vllm_builders import make_scheduler, run_until_idle
 
 CHUNKS = 8  # the disk's capacity in the tests below
 
@@ -62,16 +62,8 @@ def new_disk(tiny_model, disk_dir) -> disk_tier.SagaDiskTier:
 def sessions_in_tools(tiny_model):
     """A learned SagaScheduler whose plugin the tiers follow, and two of its sessions in
     tool calls: `testing` (a 60 s test run) and `grepping` (a 0.2 s grep)."""
-    s = learned_scheduler(tiny_model)
+    s, reqs = sessions_testing_and_grepping(tiny_model)
     session_chunks.attach(s.saga)
-    core, clock, R = s.saga.core, s.saga.clock, Requests(BS)
-    reqs = {}
-    for sid, tool, cat in (("testing", "pytest", "test"), ("grepping", "grep", "search")):
-        core.accept(SessionStart(sid, clock()))
-        reqs[sid] = R.make(list(range(100, 164)), session_id=sid)
-        s.add_request(reqs[sid])
-        run_until_idle(s)
-        core.accept(ToolCallStart(sid, clock(), tool, category=cat))
     return s, reqs
 
 

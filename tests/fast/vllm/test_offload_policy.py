@@ -87,15 +87,8 @@ def sessions_testing_and_grepping(tiny_model):
 
 
 def test_the_tier_drops_the_session_away_longest_first_tail_first_where_lru_would_not(tiny_model):
-    s = learned_scheduler(tiny_model)
-    core, clock, R = s.saga.core, s.saga.clock, Requests(BS)
-    reqs = {}
-    for sid, tool, cat in (("testing", "pytest", "test"), ("grepping", "grep", "search")):
-        core.accept(SessionStart(sid, clock()))
-        reqs[sid] = R.make(list(range(100, 164)), session_id=sid)
-        s.add_request(reqs[sid])
-        run_until_idle(s)
-        core.accept(ToolCallStart(sid, clock(), tool, category=cat))
+    s, reqs = sessions_testing_and_grepping(tiny_model)
+    clock = s.saga.clock
     results = {}
     for policy in ("lru", "SagaCachePolicy"):
         manager = CPUOffloadingManager(num_chunks=8, cache_policy=policy,
