@@ -25,7 +25,8 @@ task seniority: what the cache policies alone give) and `no-saga` (stock vLLM,
 prefix caching on); `*-tier` with a host KV tier of --tier-x pools; `*-disk` with a
 disk tier of --disk-x pools below it (`no-saga-disk-arc`: vLLM's ARC for the host
 tier); and `bound`, SAGA on the same engine with a pool that holds every session's KV
-(no eviction, no tier): the workload's limit on this host under SAGA's scheduling,
+(nothing evicted; the host tier configured but unused, as the engine's speed depends on
+it): the workload's limit on this host under SAGA's scheduling,
 which every mode is also reported against (`no-saga-bound`: the same for stock vLLM;
 `harness/replay.py`, `MODES`). Reported per mode: task
 completion time (first request to last answer) mean, p90 and worst, the ratios

