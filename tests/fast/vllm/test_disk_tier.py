@@ -50,12 +50,26 @@ def write(disk, ks, request_id: str) -> None:
     assert all(r.success for r in disk.get_finished_jobs())
 
 
-def new_disk(tiny_model, disk_dir) -> disk_tier.SagaDiskTier:
-    """The disk tier of a new engine's tiered offload (a SagaScheduler with it)."""
-    s = make_scheduler(SagaScheduler, tiny_model, start_hints=False, num_blocks=16, block_size=BS,
-                       kv_offloading_size=0.0001, kv_transfer_extra=tiered_extra(disk_dir))
-    manager = s.connector.connector_scheduler.manager
-    (disk,) = manager.secondary_tiers
+@pytest.fixture
+def tiered(tiny_model):
+    """Builds the offloading manager of a new engine (a SagaScheduler) with the tiered
+    offload `saga serve --kv-disk-dir` configures; shut down after the test, which frees
+    its shared-memory region and the disk tier's threads."""
+    managers = []
+
+    def build(disk_dir):
+        s = make_scheduler(SagaScheduler, tiny_model, start_hints=False, num_blocks=16, block_size=BS,
+                           kv_offloading_size=0.0001, kv_transfer_extra=tiered_extra(disk_dir))
+        managers.append(s.connector.connector_scheduler.manager)
+        return managers[-1]
+
+    yield build
+    for manager in managers:
+        manager.shutdown()
+
+
+def new_disk(tiered, disk_dir) -> disk_tier.SagaDiskTier:
+    (disk,) = tiered(disk_dir).secondary_tiers
     return disk
 
 
@@ -67,20 +81,18 @@ def sessions_in_tools(tiny_model):
     return s, reqs
 
 
-def test_saga_serve_builds_vllms_tiered_offload_with_the_disk_tier_below_the_host_tier(tiny_model, tmp_path):
-    s = make_scheduler(SagaScheduler, tiny_model, start_hints=False, num_blocks=16, block_size=BS,
-                       kv_offloading_size=0.0001, kv_transfer_extra=tiered_extra(tmp_path / "disk"))
-    manager = s.connector.connector_scheduler.manager
+def test_saga_serve_builds_vllms_tiered_offload_with_the_disk_tier_below_the_host_tier(tiered, tmp_path):
+    manager = tiered(tmp_path / "disk")
     assert type(manager).__name__ == "TieringOffloadingManager"
     assert type(manager.primary_tier._policy).__name__ == "SagaCachePolicy"
     (disk,) = manager.secondary_tiers
     assert type(disk) is disk_tier.SagaDiskTier and disk.capacity_chunks == CHUNKS
 
 
-def test_the_disk_stays_in_its_bound_dropping_in_sagas_order_where_lru_would_not(tiny_model, tmp_path):
+def test_the_disk_stays_in_its_bound_dropping_in_sagas_order_where_lru_would_not(tiny_model, tiered, tmp_path):
     results = {}
     for order in ("lru", "saga"):
-        disk = new_disk(tiny_model, tmp_path / f"disk-{order}")
+        disk = new_disk(tiered, tmp_path / f"disk-{order}")
         learned, reqs = sessions_in_tools(tiny_model)
         clock = learned.saga.clock
         if order == "lru":
@@ -101,8 +113,8 @@ def test_the_disk_stays_in_its_bound_dropping_in_sagas_order_where_lru_would_not
     assert results["saga"] == [testing[2], testing[3]]
 
 
-def test_a_session_the_engine_forgets_leaves_the_disk_first(tiny_model, tmp_path):
-    disk = new_disk(tiny_model, tmp_path / "disk")
+def test_a_session_the_engine_forgets_leaves_the_disk_first(tiny_model, tiered, tmp_path):
+    disk = new_disk(tiered, tmp_path / "disk")
     learned, reqs = sessions_in_tools(tiny_model)
     write(disk, keys("grepping", 4), reqs["grepping"].request_id)
     write(disk, keys("testing", 4), reqs["testing"].request_id)  # the 60 s session, but ending
@@ -113,8 +125,8 @@ def test_a_session_the_engine_forgets_leaves_the_disk_first(tiny_model, tmp_path
     assert [k for k in keys("testing", 4) if k not in disk.chunks] == keys("testing", 4)[2:]
 
 
-def test_a_read_that_fails_drops_the_chunk_and_a_slow_one_turns_reads_into_misses(tiny_model, tmp_path):
-    disk = new_disk(tiny_model, tmp_path / "disk")
+def test_a_read_that_fails_drops_the_chunk_and_a_slow_one_turns_reads_into_misses(tiny_model, tiered, tmp_path):
+    disk = new_disk(tiered, tmp_path / "disk")
     _, reqs = sessions_in_tools(tiny_model)
     ks = keys("testing", 3)
     write(disk, ks, reqs["testing"].request_id)
