@@ -117,11 +117,11 @@ class SagaDiskTier(FileSystemTierManager):
             self.counts["skipped_full"] += len(new) - fits
             new = new[:fits]  # the head of the request's prefix, the part worth most
         write = [keys[i] for i in new]
-        for i in new:
-            self.chunks.add(keys[i], self._position(keys[i], job_metadata.req_context, i))
-            self._busy[keys[i]] += 1
+        for key in write:
+            self.chunks.add(key)
+            self._busy[key] += 1
         self._writing.update(write)
-        self._used(keys, job_metadata.req_context)
+        self._used(keys, job_metadata.req_context)  # files them under the session, at their positions
         self._stores[job_metadata.job_id] = write
         super().submit_store(dataclasses.replace(job_metadata, keys=write,
                                                  chunk_ids=np.asarray(job_metadata.chunk_ids)[new]))
@@ -178,24 +178,16 @@ class SagaDiskTier(FileSystemTierManager):
     def _used(self, keys: list[OffloadKey], req_context: ReqContext) -> None:
         self.chunks.used(req_context, keys)
 
-    @staticmethod
-    def _position(key: OffloadKey, req_context: ReqContext, index: int) -> int:
-        position = req_context.get_offload_key_position(key)
-        return index if position is None else position
-
     def _release(self, keys: list[OffloadKey]) -> None:
         for k in keys:
             self._busy[k] -= 1
             if self._busy[k] <= 0:
                 del self._busy[k]
 
-    def _drop(self, key: OffloadKey) -> None:
+    def _delete(self, key: OffloadKey) -> None:
         if key in self.chunks:
             self.chunks.remove(key)
         self._lookup_manager.mark_miss([key])
-
-    def _delete(self, key: OffloadKey) -> None:
-        self._drop(key)
         path = self.file_mapper.get_file_name(key)
         try:
             os.remove(path)
