@@ -14,8 +14,8 @@ Model (deterministic under a seed; all times in simulated seconds):
   like any new session (the policy's router is told its parent).
 - **Router**: a session is placed at start and stays there (session affinity, for
   every policy: without it no prefix cache survives). Baselines model a stock router:
-  the worker with the fewest live sessions (then most free KV). Policies with `steals`
-  route through `saga_server.core.routing.SessionRouter`, the policy of the Ray Serve
+  the worker with the fewest live sessions (then most free KV). Policies with `routes`
+  place new sessions themselves (`SimPolicy.place`); those with `steals` also route through `saga_server.core.routing.SessionRouter`, the policy of the Ray Serve
   router, fed the workers' views at every decision (`moves`): it places new sessions
   (`SimPolicy.place`) and, every `steal_period_s`, may move one session off the most
   loaded worker (`SimPolicy.plan_steal`); the session's KV moves with it (`moves`).
@@ -175,7 +175,7 @@ class Simulator:
         s.turn_deadline_s = turn_deadline_s(inst.task, inst.turn_deadline_factor, self.cost)
         self.sessions[s.session_id] = s
         self._live_sessions[s.session_id] = s
-        target = self.policy.place(s, self.moves.views(), self.now) if self.policy.steals else None
+        target = self.policy.place(s, self.moves.views(), self.now) if self.policy.routes else None
         if target is not None:
             w = self.workers[self._wid[target]]
         else:

@@ -16,10 +16,10 @@ default those are its `key` and `pin_ttl`:
    whose KV sits partly in the host tier, which to bring back and when.
 4. `queue_priority(session, now)`: the order of a worker's waiting queue (lower first;
    a float, or a tuple compared element by element; one type per policy).
-5. With `steals` only: `place(session, views, now)`, the worker (replica id `w<i>`) of
-   a new session, and `plan_steal(views, now)`, called every `steal_period_s`, a
+5. With `routes`: `place(session, views, now)`, the worker (replica id `w<i>`) of
+   a new session; with `steals` also `plan_steal(views, now)`, called every `steal_period_s`, a
    `saga_server.core.routing.Steal` or None; `views` are `ReplicaView`s of every
-   worker (see `cluster`). Without `steals` the simulator places a session on the
+   worker (see `cluster`). Without `routes` the simulator places a session on the
    worker with the fewest live sessions, as a stock router would, and never moves it.
 6. `admission(capacity_tokens, host_tokens, cost, parkable)`: a per-worker controller deciding
    which sessions may hold KV at all (see `admission`); None (default): all of them.
@@ -83,6 +83,7 @@ class SimPolicy:
     caches = True
     releases_garbage = False
     host_tier = False
+    routes = False
     steals = False
     unbounded = False
     bound = False

@@ -94,6 +94,7 @@ class SagaPolicy(SimPolicy):
         self.mechanisms = parse_mechanisms(mechanisms)
         self.host_tier = Mechanism.PREFETCH in self.mechanisms
         self.steals = Mechanism.STEAL in self.mechanisms
+        self.routes = self.steals
         self.protect_queued = True
         self.releases_garbage = True
         self._config = config
