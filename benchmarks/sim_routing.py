@@ -15,7 +15,11 @@ the trace, closed loop, two loads:
   others drain.
 
 Policies, each once on the same sessions: `apc-lru` (vLLM prefix caching, stock
-placement), `saga-no-steal` (SAGA without routing: stock placement, i.e. the worker
+placement), the session-sticky routers with vLLM's LRU and a host tier, none of which
+ever moves a session (`saga_server.engines.sim.peers.sticky_lru`): `hash-lru` (Ray's
+`ConsistentHashRouter`), `prefix-lru` (Ray's `PrefixCacheAffinityRouter`: a new
+session to the shortest queue) and `sticky-lru` (to the worker whose live sessions hold
+the least KV); `saga-no-steal` (SAGA without routing: stock placement, i.e. the worker
 with the fewest live sessions, no stealing), `saga` (routing by
 `saga_server.core.routing.SessionRouter`: new sessions to the least loaded worker,
 one `plan_steal` per simulated second, the KV moved over a 40 GB/s inter-node link
@@ -57,7 +61,7 @@ from saga_server.bench.workload import build_instances, load_trace, materialize
 from saga_server.engines.sim import Simulator, TaskInstance, unloaded_time_s
 from saga_server.engines.sim.saga_policy import SIM_ROUTING, SagaPolicy
 
-POLICIES = ("apc-lru", "saga-no-steal", "saga", "saga-hash", "saga-hash-no-steal")
+POLICIES = ("apc-lru", "hash-lru", "prefix-lru", "sticky-lru", "saga-no-steal", "saga", "saga-hash", "saga-hash-no-steal")
 COLUMNS = [
     ("TCT mean s", "tct_mean_s", "{:.1f}"),
     ("TCT p90 s", "tct_p90_s", "{:.1f}"),

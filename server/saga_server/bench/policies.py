@@ -27,7 +27,7 @@ from saga_server.engines.sim import (ApcLru, ApcLruOffload, Belady, ContinuumTtl
                                      ThunderAgent, Vanilla)
 from saga_server.core import CoreConfig
 from saga_server.core.fairshare import FairShareConfig
-from saga_server.engines.sim.peers.sticky_lru import HashLru, StickyLru
+from saga_server.engines.sim.peers.sticky_lru import HashLru, PrefixLru, StickyLru
 from saga_server.engines.sim.saga_policy import MECHANISMS, SIM_ROUTING, SagaPolicy
 
 __all__ = ["POLICIES", "DEFAULT_POLICIES", "ABLATIONS", "make_policy", "policy_names"]
@@ -44,6 +44,7 @@ POLICIES: dict[str, Callable[[], SimPolicy]] = {
     "thunderagent": ThunderAgent,
     "sticky-lru": StickyLru,
     "hash-lru": HashLru,
+    "prefix-lru": PrefixLru,
     "saga": SagaPolicy,
     "saga-hash": lambda: SagaPolicy(name="saga-hash", routing=_HASH_ROUTING),
     "saga-request-fcfs": lambda: SagaPolicy(name="saga-request-fcfs", config=_REQUEST_FCFS),

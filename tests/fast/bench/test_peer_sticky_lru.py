@@ -6,7 +6,7 @@ from __future__ import annotations
 from saga_server.bench.policies import make_policy
 from saga_server.core.routing import ReplicaView
 from saga_server.engines.sim import SimConfig, Simulator, TaskInstance, make_cost_model
-from saga_server.engines.sim.peers.sticky_lru import HashLru, StickyLru
+from saga_server.engines.sim.peers.sticky_lru import HashLru, PrefixLru, StickyLru
 
 from .helpers import chain_task, random_instances
 
@@ -60,8 +60,13 @@ def test_hash_lru_homes_a_session_by_its_id_alone():
         assert policy.place(_Session(f"s{i}"), busy, 0.0) == policy.place(_Session(f"s{i}"), idle, 0.0)
 
 
-def test_both_are_registered_with_vllms_lru_and_a_host_tier():
-    for name in ("sticky-lru", "hash-lru"):
+def test_prefix_lru_sends_a_new_session_to_the_shortest_queue():
+    views = [ReplicaView("w0", queue_len=3), ReplicaView("w1", queue_len=1, kv_usage=0.9), ReplicaView("w2", queue_len=1)]
+    assert PrefixLru().place(_Session("new"), views, 0.0) == "w2"
+
+
+def test_all_are_registered_with_vllms_lru_and_a_host_tier():
+    for name in ("sticky-lru", "prefix-lru", "hash-lru"):
         p = make_policy(name)
         assert p.name == name and p.host_tier and p.routes and not p.steals
         res = Simulator(make_cost_model(kv_capacity_override=40_000), p,

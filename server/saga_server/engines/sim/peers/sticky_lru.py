@@ -1,21 +1,26 @@
 """Session-sticky LRU: the baseline a sceptical operator runs before any agent-aware
 cache policy ("fix routing balance, not cache policy").
 
-Both are vLLM's own LRU prefix cache with a host tier (`apc-lru-offload`), the same
-tiers SAGA gets; a session stays on the worker it was placed on (no stealing, its KV
-never moves). They differ only in where a new session goes:
+All three are vLLM's own LRU prefix cache with a host tier (`apc-lru-offload`), the
+same tiers SAGA gets; a session stays on the worker it was placed on (no stealing, its
+KV never moves). They differ only in where a new session goes:
 
 - `sticky-lru` balances by live load: the worker whose live sessions hold the least KV
   (GPU and host tier, as the workers report it), a session that holds none yet
   counted at the cluster's mean per session. Session counts alone (the simulator's
   stock placement, which `apc-lru-offload` uses) balance badly when sessions' contexts
   differ tenfold; tokens are what the pool holds.
+- `prefix-lru` is Ray Serve's `PrefixCacheAffinityRouter` with its defaults (no
+  imbalance threshold, a 10% match threshold): a new session's prompt matches the
+  run's shared prefix on every replica alike, so it goes to the shortest queue
+  (requests waiting and running); its later requests match its own replica best and
+  stay there.
 - `hash-lru` is Ray Serve's `ConsistentHashRouter` (`ray.serve.experimental`): a ring
   of 100 virtual nodes per replica over the session id, no load signal (its docstring:
   mixing in load breaks determinism and therefore affinity). Its fallback to the next
   replica on backpressure is left out: the simulator's workers queue, never reject.
 
-What both leave out: requests of one session never run on two workers, so neither
+What all leave out: requests of one session never run on two workers, so neither
 needs the KV-event feeds a `KVAwareRouter` reads.
 """
 
@@ -32,7 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..session import Session
 
-__all__ = ["StickyLru", "HashLru"]
+__all__ = ["StickyLru", "PrefixLru", "HashLru"]
 
 
 class StickyLru(ApcLruOffload):
@@ -61,6 +66,14 @@ class StickyLru(ApcLruOffload):
 
     def on_session_end(self, s: "Session", now: float) -> None:
         self._home.pop(s.session_id, None)
+
+
+class PrefixLru(ApcLruOffload):
+    name = "prefix-lru"
+    routes = True
+
+    def place(self, s: "Session", views: Sequence["ReplicaView"], now: float) -> str:
+        return min(views, key=lambda v: (v.queue_len, v.kv_usage, v.replica)).replica
 
 
 VIRTUAL_NODES = 100  # Ray's DEFAULT_NUM_VIRTUAL_NODES
