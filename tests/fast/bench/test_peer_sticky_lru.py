@@ -1,4 +1,4 @@
-"""Session-sticky LRU: new sessions go where the live KV is least, and no session ever
+"""Session-sticky LRU: new sessions go where the live load is least, and no session ever
 moves; Ray's consistent hash keeps a session's worker whatever the load."""
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ class _Session:
         self.session_id = session_id
 
 
-def test_sticky_lru_places_by_the_kv_its_workers_hold_not_by_their_session_count():
+def test_sticky_lru_places_by_live_load_not_by_session_count():
     policy = StickyLru()
-    for sid, home in (("a", "w0"), ("b", "w1"), ("c", "w1")):
-        policy._home[sid] = home
-    views = [ReplicaView("w0", kv_tokens={"a": 90_000}), ReplicaView("w1", kv_tokens={"b": 5_000, "c": 5_000})]
-    assert policy.place(_Session("new"), views, 0.0) == "w1"  # two light sessions weigh less than one heavy
-    # a placed session that holds nothing yet counts at the mean per session (50k / 3):
-    # w1 weighs 10k + 16.7k against w0's 40k, then 10k + 33.3k
-    views = [ReplicaView("w0", kv_tokens={"a": 40_000}), ReplicaView("w1", kv_tokens={"b": 5_000, "c": 5_000})]
-    assert policy.place(_Session("next"), views, 0.0) == "w1"
-    assert policy.place(_Session("third"), views, 0.0) == "w0"
+    # w0 holds one session but runs three requests; w1 holds two idle ones
+    views = [ReplicaView("w0", queue_len=3, kv_usage=0.2, sessions=frozenset("a")),
+             ReplicaView("w1", queue_len=0, kv_usage=0.3, sessions=frozenset("bc"))]
+    assert policy.place(_Session("new"), views, 0.0) == "w1"
+    # a full pool weighs like four queued requests (the measure SAGA's router places by)
+    views = [ReplicaView("w0", queue_len=0, kv_usage=1.0), ReplicaView("w1", queue_len=5, kv_usage=0.0)]
+    assert policy.place(_Session("new"), views, 0.0) == "w0"
+    views = [ReplicaView("w0", queue_len=1, kv_usage=1.0), ReplicaView("w1", queue_len=2, kv_usage=0.0)]
+    assert policy.place(_Session("new"), views, 0.0) == "w1"
 
 
 class _Recording(StickyLru):

@@ -5,11 +5,12 @@ All three are vLLM's own LRU prefix cache with a host tier (`apc-lru-offload`), 
 same tiers SAGA gets; a session stays on the worker it was placed on (no stealing, its
 KV never moves). They differ only in where a new session goes:
 
-- `sticky-lru` balances by live load: the worker whose live sessions hold the least KV
-  (GPU and host tier, as the workers report it), a session that holds none yet
-  counted at the cluster's mean per session. Session counts alone (the simulator's
-  stock placement, which `apc-lru-offload` uses) balance badly when sessions' contexts
-  differ tenfold; tokens are what the pool holds.
+- `sticky-lru` balances by live load: the least loaded worker by the measure SAGA's
+  own router places new sessions with (`saga_server.core.routing.replica_load`:
+  requests waiting and running, plus a full KV pool counted as `kv_weight` of them).
+  So against `saga` it keeps the routing balance and changes the cache policy (and
+  drops the steals); `apc-lru-offload` places by session count (the simulator's
+  stock placement), which balances badly when sessions' contexts differ tenfold.
 - `prefix-lru` is Ray Serve's `PrefixCacheAffinityRouter` with its defaults (no
   imbalance threshold, a 10% match threshold): a new session's prompt matches the
   run's shared prefix on every replica alike, so it goes to the shortest queue
@@ -30,6 +31,8 @@ import bisect
 import hashlib
 from typing import TYPE_CHECKING, Sequence
 
+from saga_server.core.routing import RoutingConfig, replica_load
+
 from ..policy import ApcLruOffload
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,28 +47,11 @@ class StickyLru(ApcLruOffload):
     name = "sticky-lru"
     routes = True
 
-    def __init__(self) -> None:
-        self._home: dict[str, str] = {}  # live session -> its worker
+    def __init__(self, routing: RoutingConfig | None = None) -> None:
+        self.routing = routing or RoutingConfig()
 
     def place(self, s: "Session", views: Sequence["ReplicaView"], now: float) -> str:
-        held = [sum(v.kv_tokens.values()) for v in views]
-        holding = sum(len(v.kv_tokens) for v in views)
-        per_session = sum(held) / holding if holding else 0.0
-        homed: dict[str, int] = {}
-        for home in self._home.values():
-            homed[home] = homed.get(home, 0) + 1
-
-        def live_load(i: int) -> float:
-            v = views[i]
-            waiting = max(0, homed.get(v.replica, 0) - len(v.kv_tokens))  # placed, holding nothing yet
-            return held[i] + waiting * per_session
-
-        best = min(range(len(views)), key=lambda i: (live_load(i), homed.get(views[i].replica, 0), i))
-        self._home[s.session_id] = views[best].replica
-        return views[best].replica
-
-    def on_session_end(self, s: "Session", now: float) -> None:
-        self._home.pop(s.session_id, None)
+        return min(views, key=lambda v: (replica_load(v, self.routing), len(v.sessions), v.replica)).replica
 
 
 class PrefixLru(ApcLruOffload):
