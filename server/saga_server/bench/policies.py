@@ -27,6 +27,7 @@ from saga_server.engines.sim import (ApcLru, ApcLruOffload, Belady, ContinuumTtl
                                      ThunderAgent, Vanilla)
 from saga_server.core import CoreConfig
 from saga_server.core.fairshare import FairShareConfig
+from saga_server.engines.sim.peers.mori import Mori
 from saga_server.engines.sim.peers.sticky_lru import HashLru, PrefixLru, StickyLru
 from saga_server.engines.sim.saga_policy import MECHANISMS, SIM_ROUTING, SagaPolicy
 
@@ -42,6 +43,7 @@ POLICIES: dict[str, Callable[[], SimPolicy]] = {
     "continuum-ttl": ContinuumTtl,
     "kvflow": KvFlow,
     "thunderagent": ThunderAgent,
+    "mori": Mori,
     "sticky-lru": StickyLru,
     "hash-lru": HashLru,
     "prefix-lru": PrefixLru,
