@@ -170,3 +170,20 @@ def test_a_small_overloaded_run_completes_every_task_with_demotions_and_host_loa
     res = Simulator(cost, make_policy("mori"), insts, SimConfig(workers=1, host_tier_factor=1.0)).run()
     assert len(res.tasks) == 24
     assert res.parked > 0 and res.admitted_after_wait > 0 and res.loaded_tokens > 0
+
+
+def test_promotions_are_a_strict_priority_order_nobody_overtakes_the_first():
+    policy, ctl, clock = mori(gpu=8000, cpu=8000)
+    admit(ctl, clock, "x", 6000, 0.0)
+    admit(ctl, clock, "y", 2000, 0.0)
+    cycle(policy, ctl, clock, "x", 6000, 0.0, 1.0, None)
+    clock.now = 1.5
+    assert not ctl.ready("z", 6000)
+    assert ctl.plan().park == ("x",)  # demoted to make room for z
+    clock.now = 2.0
+    policy.on_tool_end(session("x", 1.0), 2.0)
+    assert not ctl.ready("x", 6000)  # nothing on the GPU waits on a tool: x waits
+    assert ctl.plan().admit == ()
+    ctl.ended("y")  # 2000 free: not enough for x, enough for a small new program
+    assert not ctl.ready("w", 2000)
+    assert ctl.plan().admit == () and ctl.state("w") == WAITING

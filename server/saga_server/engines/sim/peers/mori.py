@@ -20,9 +20,10 @@ it; when the GPU tier must make room, the programs waiting on a tool are demoted
 order of idleness, idlest first, to the CPU tier while it has room; programs not in
 the GPU tier whose request is ready are promoted when room is there or can be made:
 first those in the CPU tier (least idle first), then returning programs from the
-Waiting queue, then new ones (smallest context first). A program that fits neither
+Waiting queue, then new ones (smallest context first), a strict priority order: while
+the first in it cannot be placed, nobody behind it is. A program that fits neither
 tier waits: demotions that would drop another program's KV (CPU tier full) are not
-made to admit it. The engine evicts by type (Section 4.3.2): on the GPU, ended, then
+made to admit it, unless the engine would otherwise sit idle. The engine evicts by type (Section 4.3.2): on the GPU, ended, then
 waiting-tier, then CPU-tier (idle), then GPU-tier (busy) programs' KV, each by LRU.
 
 How it maps onto the simulator's hooks.
@@ -219,7 +220,7 @@ class _MoriAdmission:
                 victims = self._victims(short, room, now, spill=False)
                 if victims is None:
                     if self._engine_busy():
-                        continue  # it fits neither tier for now; a smaller one may
+                        break  # it fits neither tier for now, and nobody overtakes it
                     victims = self._victims(short, room, now, spill=True) or []  # never leave the engine idle
                 park += self._demote(victims)
             self._move(p, GPU)
