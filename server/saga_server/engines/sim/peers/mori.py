@@ -17,16 +17,16 @@ It keeps three tiers per engine (Section 4.1): a GPU queue (KV in HBM, its reque
 run), a CPU queue (KV offloaded to DRAM, reloaded before the next inference) and a
 Waiting queue (KV dropped; recomputed on return), the first two bounded by their
 memory, and rebalances them with a sticky rule (Section 4.3): nobody moves unless
-capacity forces it; when the GPU tier must make room, the programs waiting on a tool are demoted in
-order of idleness, idlest first, to the CPU tier while it has room; programs not in
-the GPU tier whose request is ready are promoted when room is there or can be made:
-first those in the CPU tier (least idle first), then returning programs from the
-Waiting queue, then new ones (smallest context first), a strict priority order: while
-the first in it cannot be placed, nobody behind it is. A program that fits neither
-tier waits: demotions that would drop another program's KV (CPU tier full) are not
-made to admit it, unless the engine would otherwise sit idle. The engine evicts by
-type (Section 4.3.2): on the GPU, ended, then waiting-tier, then CPU-tier (idle), then
-GPU-tier (busy) programs' KV, each by LRU.
+capacity forces it; when the GPU tier must make room, the programs waiting on a tool
+are demoted in order of idleness, idlest first, to the CPU tier while it has room;
+programs not in the GPU tier whose request is ready are promoted when room is there
+or can be made: first those in the CPU tier (least idle first), then returning
+programs from the Waiting queue, then new ones (smallest context first), a strict
+priority order: while the first in it cannot be placed, nobody behind it is. A
+program that fits neither tier waits: demotions that would drop another program's KV
+(CPU tier full) are not made to admit it, unless the engine would otherwise sit idle.
+The engine evicts by type (Section 4.3.2): on the GPU, ended, then waiting-tier, then
+CPU-tier (idle), then GPU-tier (busy) programs' KV, each by LRU.
 
 How it maps onto the simulator's hooks.
 - The controller (`_MoriAdmission`, the core's `AdmissionControl` protocol), one per
