@@ -27,6 +27,7 @@ from saga_server.engines.sim import (ApcLru, ApcLruOffload, Belady, ContinuumTtl
                                      ThunderAgent, Vanilla)
 from saga_server.core import CoreConfig
 from saga_server.core.fairshare import FairShareConfig
+from saga_server.engines.sim.peers.mars import Mars
 from saga_server.engines.sim.peers.mori import Mori
 from saga_server.engines.sim.peers.sticky_lru import HashLru, PrefixLru, StickyLru
 from saga_server.engines.sim.saga_policy import MECHANISMS, SIM_ROUTING, SagaPolicy
@@ -44,6 +45,7 @@ POLICIES: dict[str, Callable[[], SimPolicy]] = {
     "kvflow": KvFlow,
     "thunderagent": ThunderAgent,
     "mori": Mori,
+    "mars": Mars,
     "sticky-lru": StickyLru,
     "hash-lru": HashLru,
     "prefix-lru": PrefixLru,
