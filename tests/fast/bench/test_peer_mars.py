@@ -44,6 +44,10 @@ def test_the_window_grows_one_agent_per_round_and_halves_on_pressure():
         ctl.served(sid, 100, recomputed_tokens=50)
     assert ctl.window == 4.0
     assert ctl.plan().admit == ()  # eight admitted over a window of four: nobody new
+    for sid in admitted[4:]:  # the round (one request of each admitted agent) ends
+        ctl.served(sid, 100, 0)
+    ctl.served(admitted[0], 100, recomputed_tokens=50)  # pressure in the next round
+    assert ctl.window == 2.0
 
 
 def test_a_full_pool_is_pressure_even_without_loss():

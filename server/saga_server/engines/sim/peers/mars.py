@@ -17,9 +17,9 @@ What is modelled, and onto which hook:
    (what vLLM's KV usage gauge shows), or (b) the request had to recompute KV its
    agent had held (the pool and the host tier together were short: thrash).
    Without pressure the window grows by one agent per round (a round: as many
-   scheduled requests as the window holds agents); with it, it is multiplied by
-   `DECREASE`, once per round (later signals of the same round are the same
-   congestion). It grows only while it binds (an agent waits at the gate), as TCP's
+   scheduled requests as there are admitted agents, one request each, TCP's round
+   trip); with it, it is multiplied by `DECREASE`, once per round (later signals of
+   the same round are the same congestion). It grows only while it binds (an agent waits at the gate), as TCP's
    window does, so a quiet stretch cannot inflate it past what was ever tried.
    *CPU (tool) pressure*, MARS's second signal, is never raised here: the simulator
    runs every tool call for its traced duration whatever else runs, so tools never
@@ -124,6 +124,10 @@ class AimdAdmission:
         """The KV the agents with a request queued or running need, over the pool."""
         return sum(self._kv[s] for s in self._pending if s in self._active) / self.capacity_tokens
 
+    def round(self) -> int:
+        """Scheduled requests to a round: one per admitted agent."""
+        return max(1, len(self._active))
+
     def served(self, session_id: str, held_tokens: int, recomputed_tokens: int) -> None:
         if session_id not in self._active:
             return
@@ -139,7 +143,7 @@ class AimdAdmission:
             return
         self.window = self.threshold = max(1.0, self.window * DECREASE)
         self._acked = 0
-        self._deaf = int(self.window)
+        self._deaf = self.round() - 1  # the rest of this round
 
     def uncongested(self) -> None:
         """No pressure: one more agent per round (doubling per round in slow start),
@@ -151,7 +155,7 @@ class AimdAdmission:
             self.window += 1.0
             return
         self._acked += 1
-        if self._acked >= int(self.window):
+        if self._acked >= self.round():
             self._acked = 0
             self.window += 1.0
 
