@@ -11,16 +11,17 @@ What is modelled, and onto which hook:
    number of agents. An agent's first request waits at the gate until fewer than
    `floor(window)` agents are admitted; once admitted it stays so until it ends (the
    control plane admits agents, not requests; nobody is paused to make room). The
-   feedback is GPU KV pressure, read where an engine reports it, when a request of an
-   admitted agent is scheduled (`served`): pressure is (a) the KV that agents with a
+   feedback is GPU KV pressure, taken each time a request of an admitted agent is
+   scheduled (`served`): pressure is (a) the KV that agents with a
    request queued or running need, over the GPU pool, at or above `HIGH_WATERMARK`
    (what vLLM's KV usage gauge shows), or (b) the request had to recompute KV its
    agent had held (the pool and the host tier together were short: thrash).
    Without pressure the window grows by one agent per round (a round: as many
    scheduled requests as there are admitted agents, one request each, TCP's round
    trip); with it, it is multiplied by `DECREASE`, once per round (later signals of
-   the same round are the same congestion). It grows only while it binds (an agent waits at the gate), as TCP's
-   window does, so a quiet stretch cannot inflate it past what was ever tried.
+   the same round are the same congestion). It grows only while it binds (an agent
+   waits at the gate), as TCP's window does, so a quiet stretch cannot inflate it
+   past what was ever tried.
    *CPU (tool) pressure*, MARS's second signal, is never raised here: the simulator
    runs every tool call for its traced duration whatever else runs, so tools never
    contend for CPU and there is nothing for the signal to see. The window reacts to
@@ -31,7 +32,7 @@ What is modelled, and onto which hook:
    level's quantum, `QUANTUM_S` at level 0 doubling per level, down to the last of
    `LEVELS`. Requests are ordered by (level, the agent's arrival): short agents and
    agents early in their run go first, a level's agents in program order. The same
-   order ranks KV for eviction (`key`): a lower level's (more served) agent's KV goes
+   order ranks KV for eviction (`key`): a demoted (more served) agent's KV goes
    first, and within a level the least recently used.
 3. *KV retained only when a warm resume pays off* (`pin_ttl`, `key`). When an agent
    pauses for a tool, its KV is pinned for the tool's predicted duration (the moving
@@ -42,18 +43,19 @@ What is modelled, and onto which hook:
    needs room (it stays while nobody does). A tool never seen has no prediction and
    so no pin.
 
-Constants. `DECREASE` = 0.5: the paper's multiplicative decrease halves the window (as
-TCP's). The paper's MLFQ levels and quanta could not be read from its stored text;
-`LEVELS` = 4 and `QUANTUM_S` = 5 s doubling per level are chosen here (5 s is a few
-requests' time in the batch at these loads; doubling is the classic MLFQ rule).
+Constants. `DECREASE` = 0.5: MARS's admission is AIMD, and its multiplicative decrease
+halves the window (TCP's factor). The MLFQ's levels and quanta are chosen here, not
+taken from the paper: `LEVELS` = 4 and `QUANTUM_S` = 5 s doubling per level (5 s is a
+few requests' time in the batch at these loads; doubling is the classic MLFQ rule).
 `HIGH_WATERMARK` = 0.95 of the pool: chosen, the step's growth before vLLM starts
 preempting at a full pool. The window starts at one agent and doubles each round
-(slow start) until the first pressure, as TCP's does: the paper gives no initial
-window, and starting at one with additive growth alone would take a round per agent
-to reach a pool's worth. The tool-duration average weighs each new call by
-`TOOL_EMA` = 0.2 (as the Continuum baseline here).
+(slow start) until the first pressure, as TCP's does: no initial window is given,
+and starting at one with additive growth alone would take a round per agent to reach
+a pool's worth. The tool-duration average weighs each new call by `TOOL_EMA` = 0.2
+(as the Continuum baseline here).
 
-Left out: prefetch of offloaded KV ahead of a tool's end (MARS reloads on resume);
+Left out: prefetch of offloaded KV ahead of a tool's end (not part of MARS's design
+as described: offloaded KV comes back when the agent resumes);
 MLFQ priority boosts (the admission window bounds how long an admitted agent can be
 starved); CPU-side scheduling of tool calls (the simulator has none to schedule).
 Tiers and placement as SAGA gets them: a host tier (and the disk tier the simulator
