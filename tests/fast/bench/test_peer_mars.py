@@ -50,11 +50,18 @@ def test_the_window_grows_one_agent_per_round_and_halves_on_pressure():
     assert ctl.window == 2.0
 
 
-def test_a_full_pool_is_pressure_even_without_loss():
+def test_an_oversubscribed_pool_is_pressure_even_without_loss():
     ctl = AimdAdmission(capacity_tokens=1_000, window=4.0, threshold=4.0)
-    ids = agents(ctl, 6, tokens=240)  # four admitted need 960 of 1000: over the watermark
+    ids = agents(ctl, 6, tokens=240)  # four admitted need 960 of 1000: they fit
     ctl.plan()
     ctl.served(ids[0], 0, 0)
+    assert ctl.window == 4.0
+    ctl.finished(ids[0])
+    ctl.ready(ids[0], 280)  # its next request needs 280: 1000 of 1000 still fits
+    ctl.served(ids[0], 240, 0)
+    assert ctl.window == 4.0
+    ctl.ready(ids[1], 250)  # 1010 of 1000: oversubscribed
+    ctl.served(ids[1], 240, 0)
     assert ctl.window == 2.0
 
 

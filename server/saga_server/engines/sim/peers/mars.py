@@ -12,10 +12,11 @@ What is modelled, and onto which hook:
    `floor(window)` agents are admitted; once admitted it stays so until it ends (the
    control plane admits agents, not requests; nobody is paused to make room). The
    feedback is GPU KV pressure, taken each time a request of an admitted agent is
-   scheduled (`served`): pressure is (a) the KV that agents with a
-   request queued or running need, over the GPU pool, at or above `HIGH_WATERMARK`
-   (what vLLM's KV usage gauge shows), or (b) the request had to recompute KV its
-   agent had held (the pool and the host tier together were short: thrash).
+   scheduled (`served`): pressure is (a) the KV that admitted agents with a request
+   queued or running need exceeds the GPU pool (the engine must queue or preempt:
+   the oversubscription MARS's admission exists to prevent), or (b) the request had
+   to recompute KV its agent had held (the pool and the host tier together were
+   short: thrash).
    Without pressure the window grows by one agent per round (a round: as many
    scheduled requests as there are admitted agents, one request each, TCP's round
    trip); with it, it is multiplied by `DECREASE`, once per round (later signals of
@@ -47,8 +48,7 @@ Constants. `DECREASE` = 0.5: MARS's admission is AIMD, and its multiplicative de
 halves the window (TCP's factor). The MLFQ's levels and quanta are chosen here, not
 taken from the paper: `LEVELS` = 4 and `QUANTUM_S` = 5 s doubling per level (5 s is a
 few requests' time in the batch at these loads; doubling is the classic MLFQ rule).
-`HIGH_WATERMARK` = 0.95 of the pool: chosen, the step's growth before vLLM starts
-preempting at a full pool. The window starts at one agent and doubles each round
+The window starts at one agent and doubles each round
 (slow start) until the first pressure, as TCP's does: no initial window is given,
 and starting at one with additive growth alone would take a round per agent to reach
 a pool's worth. The tool-duration average weighs each new call by `TOOL_EMA` = 0.2
@@ -79,7 +79,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Mars", "AimdAdmission"]
 
 DECREASE = 0.5  # multiplicative decrease of the admission window (the paper's halving)
-HIGH_WATERMARK = 0.95  # share of the GPU pool the queued and running agents' KV may reach
 LEVELS = 4
 QUANTUM_S = 5.0  # level 0's quantum of batch time; each level's is twice the one above
 TOOL_EMA = 0.2
@@ -123,7 +122,8 @@ class AimdAdmission:
         return AdmissionState.ACTIVE if session_id in self._active else AdmissionState.WAITING
 
     def gpu_pressure(self) -> float:
-        """The KV the agents with a request queued or running need, over the pool."""
+        """The KV the admitted agents with a request queued or running need, over the
+        pool (above 1: oversubscribed)."""
         return sum(self._kv[s] for s in self._pending if s in self._active) / self.capacity_tokens
 
     def round(self) -> int:
@@ -133,7 +133,7 @@ class AimdAdmission:
     def served(self, session_id: str, held_tokens: int, recomputed_tokens: int) -> None:
         if session_id not in self._active:
             return
-        if recomputed_tokens > 0 or self.gpu_pressure() >= HIGH_WATERMARK:
+        if recomputed_tokens > 0 or self.gpu_pressure() > 1.0:
             self.congested()
         else:
             self.uncongested()
