@@ -78,7 +78,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Mars", "AimdAdmission"]
 
-DECREASE = 0.5  # multiplicative decrease of the admission window (the paper's halving)
+DECREASE = 0.5  # multiplicative decrease of the admission window: halving
 LEVELS = 4
 QUANTUM_S = 5.0  # level 0's quantum of batch time; each level's is twice the one above
 TOOL_EMA = 0.2
