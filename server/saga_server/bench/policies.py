@@ -27,6 +27,7 @@ from saga_server.engines.sim import (ApcLru, ApcLruOffload, Belady, ContinuumTtl
                                      ThunderAgent, Vanilla)
 from saga_server.core import CoreConfig
 from saga_server.core.fairshare import FairShareConfig
+from saga_server.engines.sim.peers.concur import Concur
 from saga_server.engines.sim.peers.mars import Mars
 from saga_server.engines.sim.peers.mori import Mori
 from saga_server.engines.sim.peers.sticky_lru import HashLru, PrefixLru, StickyLru
@@ -46,6 +47,7 @@ POLICIES: dict[str, Callable[[], SimPolicy]] = {
     "thunderagent": ThunderAgent,
     "mori": Mori,
     "mars": Mars,
+    "concur": Concur,
     "sticky-lru": StickyLru,
     "hash-lru": HashLru,
     "prefix-lru": PrefixLru,
