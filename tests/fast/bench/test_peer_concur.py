@@ -30,8 +30,10 @@ def test_thrash_shrinks_the_window_new_agents_wait_and_are_admitted_once_the_sig
     for i in range(6):
         assert not ctl.ready(f"a{i}", 1000)
     assert ctl.plan().admit == ("a0", "a1", "a2", "a3")  # the initial window
-    one_round(ctl, ["a0", "a1", "a2", "a3"], held=1000, lost=0)  # healthy: slow start doubles
-    assert ctl.plan().admit == ("a4", "a5")
+    one_round(ctl, ["a0", "a1", "a2", "a3"], held=1000, lost=0)  # healthy: one more agent per round
+    assert ctl.plan().admit == ("a4",)
+    one_round(ctl, ["a0", "a1", "a2", "a3", "a4"], held=1000, lost=0)
+    assert ctl.plan().admit == ("a5",)
     active = [f"a{i}" for i in range(6)]
 
     # Mid-run thrashing: each request recomputes 60% of what its agent had computed.
@@ -53,7 +55,7 @@ def test_thrash_shrinks_the_window_new_agents_wait_and_are_admitted_once_the_sig
             break
     else:
         raise AssertionError("the newcomer was never admitted after the signals recovered")
-    assert rounds == len(active) + 1 - int(shrunk)  # additive increase after the first congestion
+    assert rounds == len(active) + 1 - int(shrunk)  # additive increase: one agent per round
     assert ctl.state("late") == AdmissionState.ACTIVE
 
 

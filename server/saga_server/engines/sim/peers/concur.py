@@ -23,27 +23,28 @@ as TCP regulates the packets in flight, from the engine's runtime cache signals:
     never hit; dividing by the reusable part gives a signal whose healthy value is
     1 on any workload, so one threshold serves every trace.
   Congestion (U > `u_high`, or H < `hit_low`: the round lost KV it had) cuts W by
-  `beta` (multiplicative decrease) and ends slow start; spare room (U < `u_low`
-  and H healthy) grows W, doubling per round in slow start and by one agent per
-  round after the first congestion (additive increase), and only while an agent
-  waits (a window that limits nobody is not grown: an idle stretch cannot inflate
-  it, as TCP's congestion-window validation); between the thresholds W holds.
+  `beta` (multiplicative decrease); spare room (U < `u_low` and H healthy) grows it
+  by one agent (additive increase), and only while an agent waits (a window that
+  limits nobody is not grown: an idle stretch cannot inflate it, as TCP's
+  congestion-window validation); between the thresholds W holds.
+  No slow start: an admitted agent cannot be taken back, so a window doubled at the
+  start of a batch, while every history is short, would lock in the very
+  over-admission that thrashes once the histories have grown.
 
 Constants. `u_low` = 0.2 and `u_high` = 0.5 are the utilisation thresholds the paper's
-sensitivity study finds best (Qwen3-32B across tensor-parallel degrees; a `u_high`
-of 0.8 thrashes). The paper's opening does not give the rest, so these are chosen:
-`beta` = 0.5 (TCP's halving), `hit_low` = 0.9 (a round that had to recompute more
-than a tenth of the KV it had computed before is thrashing; without loss H stays
-at 1), `initial_window` = 4 agents (a few agents' first requests use a small share
-of any pool; slow start doubles it per round), `min_window` = 1 (an engine always
-runs at least one agent, so nothing starves).
+threshold-sensitivity study finds best (Qwen3-32B across tensor-parallel degrees; a
+`u_high` of 0.8 thrashes). The others are not the paper's; chosen: `beta` = 0.5
+(TCP's halving), `hit_low` = 0.9 (a round that had to recompute more than a tenth of
+the KV it had computed before is thrashing; without loss H stays at 1),
+`initial_window` = 4 agents (a few agents' first requests use a small share of any
+pool), `min_window` = 1 (an engine always runs at least one agent: nothing starves).
 
 Tiers and order. KV is vLLM's prefix cache in LRU order (`SimPolicy.key`), with the
 host tier every policy with one gets (evicted tails go to CPU memory and come back on
-a hit; a disk tier below where the run has one), as SAGA gets. The paper's evaluation
-ran on GPU prefix caching without a host tier (its Figure 1(c) argues that under
-concurrency offloading KV to the CPU costs more than recomputing it); here a host tier
-only makes the baseline stronger and the comparison with SAGA like for like.
+a hit; a disk tier below where the run has one), as SAGA gets. The paper argues against
+a host tier (its Figure 1(c): under concurrency, offloading KV to the CPU takes longer
+than recomputing it) and, as far as its text shows, evaluates without one; here the
+host tier only makes the baseline stronger and the comparison with SAGA like for like.
 
 Mapping onto the simulator. One controller per worker (`SimPolicy.admission`); the
 worker's `EnginePolicy` drives it: `ready` (a request arrived: an active agent's runs
@@ -82,7 +83,7 @@ class ConcurConfig:
     u_high: float = 0.5  # KV usage above this: congestion (the paper's threshold)
     hit_low: float = 0.9  # hit rate of held KV below this: the round thrashed
     beta: float = 0.5  # multiplicative decrease
-    initial_window: int = 4  # agents, before slow start doubles it
+    initial_window: int = 4  # agents admitted before the first round
     min_window: int = 1
 
     def __post_init__(self) -> None:
@@ -120,7 +121,6 @@ class CongestionWindow:
         self.capacity_tokens = capacity_tokens
         self.config = cfg = config or ConcurConfig()
         self.window = float(cfg.initial_window)
-        self.ssthresh = float("inf")  # slow start until the first congestion
         self._need: dict[str, int] = {}  # every known agent -> its latest request's KV need; arrival order
         self._active: set[str] = set()
         self._pending: set[str] = set()  # a request of it waits or runs
@@ -200,10 +200,9 @@ class CongestionWindow:
         self.counts.rounds += 1
         if usage > cfg.u_high or hit < cfg.hit_low:
             self.window = max(float(cfg.min_window), self.window * cfg.beta)
-            self.ssthresh = self.window
             self.counts.decreases += 1
         elif usage < cfg.u_low and self._window_limited():
-            self.window += self.window if self.window < self.ssthresh else 1.0
+            self.window += 1.0
             self.counts.increases += 1
 
     def _window_limited(self) -> bool:
