@@ -54,9 +54,9 @@ with so much of its held KV found: a sample of both signals), `finished`, `ended
 active; never parks anyone). Placement is the simulator's stock one (fewest live
 sessions), no steals; the queue inside the engine is FCFS, as vLLM's.
 
-Left out. CONCUR's control loop polls the engine's metrics on a timer; here it
-updates per round of served requests, which is the same feedback at the pace the
-engine produces it. It is a batch-inference system: agents are admitted in
+Left out. A control layer outside the engine reads its signals at an interval of its
+own; here the window moves once per round of served requests, the same feedback at
+the pace the engine produces it. It is a batch-inference system: agents are admitted in
 submission order with no tenants or deadlines, so the simulator's multi-tenant
 and deadline runs see it as FCFS. Nothing about tool (CPU) contention, which the
 simulator does not model.
