@@ -3,6 +3,7 @@
     saga router                          # 2 replicas, SAGA routing, :8000 OpenAI, :50051 hints
     saga router --replicas 4 --router prefix   # Ray's PrefixCacheAffinityRouter (baseline)
     saga router --router pow2            # Serve's default power-of-two router (baseline)
+    saga router --router hash            # Ray's ConsistentHashRouter: session-sticky (baseline)
     saga router --dry-run                # print the LLMConfig, start nothing
 
 Every replica is Ray's `LLMServer` (`replica.SagaLLMServer`) running vLLM with
@@ -45,6 +46,10 @@ ROUTERS = {
     "saga": "saga_server.router.request_router:SagaRequestRouter",
     "prefix": "ray.serve.llm.request_router:PrefixCacheAffinityRouter",
     "pow2": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
+    # a ring over the session header Serve reads (`RAY_SERVE_SESSION_ID_HEADER_KEY`,
+    # default `x-session-id`); Ray's defaults: 100 virtual nodes a replica, the next two
+    # replicas on the ring when the home one pushes back, sessions never moved
+    "hash": "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter",
 }
 from saga_server.rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError  # noqa: E402
 
