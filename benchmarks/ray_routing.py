@@ -40,7 +40,7 @@ LLM call after the first of its session with no cached prefix token), load
 imbalance (max/mean of requests per replica), NIXL pulls, sessions completed,
 wall and cluster start seconds.
 
-    python -m benchmarks.ray_routing                    # ~12 min on 2 cores
+    python -m benchmarks.ray_routing                    # four routers, even mix (three took ~12 min on 2 cores)
     python -m benchmarks.ray_routing --sessions 6 --steps 6 --routers saga,pow2
     python -m benchmarks.ray_routing --routers hash,saga --mix even,skewed --runs 2
 
