@@ -26,7 +26,7 @@ from pathlib import Path
 
 from saga_server.bench import Scenario, TenantSpec
 from saga_server.bench.metrics import summarize
-from saga_server.bench.policies import make_policy
+from saga_server.bench.policies import PEERS, make_policy
 from saga_server.bench.runner import _instances
 from saga_server.engines.sim import Simulator
 from saga_server.engines.sim.results import unloaded_time_s
@@ -36,7 +36,7 @@ from benchmarks.harness.plots import png
 from benchmarks.harness.results import write_json, write_jsonl
 from benchmarks.harness.sim import add_run_arguments, listed, run_all
 
-POLICIES = ("apc-lru", "apc-lru-offload", "kvflow", "thunderagent", "saga-no-shape", "saga")
+POLICIES = ("apc-lru", "apc-lru-offload", "kvflow", "thunderagent", *PEERS, "saga-no-shape", "saga")
 TENANTS = (("coding", 1.0, 4.0), ("browser", 3.0, 2.0))  # name, share of tasks, deadline factor
 
 

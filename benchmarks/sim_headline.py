@@ -27,10 +27,10 @@ from pathlib import Path
 
 from saga_server.bench import Scenario, TenantSpec, run_policies
 from saga_server.bench.traces import trace_path
-from saga_server.bench.policies import ABLATIONS
+from saga_server.bench.policies import ABLATIONS, PEERS
 from saga_server.bench.report import format_table
 
-BASELINES = ("vanilla", "apc-lru", "apc-lru-offload", "continuum-ttl", "kvflow")
+BASELINES = ("vanilla", "apc-lru", "apc-lru-offload", "continuum-ttl", "kvflow", *PEERS)
 MAIN = BASELINES + ("saga", "infinite", "belady")
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from saga_server.bench import Scenario, TenantSpec
 from saga_server.bench.metrics import summarize
-from saga_server.bench.policies import make_policy
+from saga_server.bench.policies import PEERS, make_policy
 from saga_server.bench.runner import _instances
 from saga_server.engines.sim import Simulator
 from saga_server.engines.sim.results import turn_deadline_s, unloaded_turns_s
@@ -45,7 +45,7 @@ from benchmarks.harness.plots import png
 from benchmarks.harness.results import write_json, write_jsonl
 from benchmarks.harness.sim import add_run_arguments, listed, run_all
 
-POLICIES = ("apc-lru", "apc-lru-offload", "continuum-ttl", "kvflow", "thunderagent", "saga-no-shape", "saga")
+POLICIES = ("apc-lru", "apc-lru-offload", "continuum-ttl", "kvflow", "thunderagent", *PEERS, "saga-no-shape", "saga")
 
 
 def scenario(traces: dict, workers: int, per_worker: int, tasks_factor: int, host: float, turn_factor: float,

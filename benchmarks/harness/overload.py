@@ -8,11 +8,11 @@ import time
 
 from saga_server.bench import Scenario, TenantSpec
 from saga_server.bench.metrics import summarize
-from saga_server.bench.policies import make_policy
+from saga_server.bench.policies import PEERS, make_policy
 from saga_server.bench.runner import _instances
 from saga_server.engines.sim import Simulator
 
-POLICIES = ("apc-lru", "apc-lru-offload", "kvflow", "thunderagent", "saga-no-admit", "saga", "infinite")
+POLICIES = ("apc-lru", "apc-lru-offload", "kvflow", "thunderagent", *PEERS, "saga-no-admit", "saga", "infinite")
 REFERENCES = ("infinite", "oracle", "belady")  # bounds, never "the best other policy"
 
 

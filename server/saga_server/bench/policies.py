@@ -33,7 +33,7 @@ from saga_server.engines.sim.peers.mori import Mori
 from saga_server.engines.sim.peers.sticky_lru import HashLru, PrefixLru, StickyLru
 from saga_server.engines.sim.saga_policy import MECHANISMS, SIM_ROUTING, SagaPolicy
 
-__all__ = ["POLICIES", "DEFAULT_POLICIES", "ABLATIONS", "make_policy", "policy_names"]
+__all__ = ["POLICIES", "DEFAULT_POLICIES", "PEERS", "ABLATIONS", "make_policy", "policy_names"]
 
 _HASH_ROUTING = replace(SIM_ROUTING, new_session="hash")
 _REQUEST_FCFS = CoreConfig(fairshare=FairShareConfig(seniority_window_s=0.0))
@@ -65,6 +65,8 @@ for _m in MECHANISMS:
     POLICIES[f"saga-no-{_m}"] = (lambda m: lambda: SagaPolicy(
         tuple(x for x in MECHANISMS if x != m), name=f"saga-no-{m}"))(_m)
 
+# The 2026 peers (`saga_server.engines.sim.peers`): in every benchmark's default comparison.
+PEERS = ("mori", "mars", "concur", "sticky-lru")
 DEFAULT_POLICIES = ("vanilla", "apc-lru", "apc-lru-offload", "continuum-ttl", "kvflow", "saga", "infinite", "belady")
 ABLATIONS = tuple(f"saga-only-{m}" for m in MECHANISMS) + tuple(f"saga-no-{m}" for m in MECHANISMS)
 
