@@ -152,7 +152,13 @@ class SessionKvPolicy:
         return hold is None or not hold.pinned
 
     def key_of(self, session_id: str, kv_tokens: int, last_use: float) -> float:
-        """The rules' key for KV of the session (also the host tier's order, `host_tier`)."""
+        """The key for KV of the session in the host tier's order (`host_tier`): the
+        rules' key, except that a session whose request waits in the engine's queue,
+        admitted, keeps its copy there until every other session's is gone (an
+        infinite key), as its KV in the pool is protected (`protect_queued`): it is
+        about to be loaded, and a copy dropped now is recomputed in a moment."""
+        if self.protect_queued and session_id in self._queued_at and self.may_run(session_id):
+            return math.inf
         return self.rules.key(session_id, kv_tokens, last_use)
 
     def table_sizes(self) -> dict[str, int]:

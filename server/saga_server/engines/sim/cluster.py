@@ -220,6 +220,7 @@ class Simulator:
         r = Request(s, st.prompt_tokens, st.output_tokens, reuse, self._next_seq(), s.next_use, request_key(s))
         heapq.heappush(w.queue, (self.policy.queue_priority(s, now), r.seq, r))
         w.engine.admitted(r.key)  # admitted at the gate after a wait, or past it by the caller
+        self.tiers.requested(w, s)
         self._touch(w)
 
     def _next_seq(self) -> int:
@@ -358,6 +359,7 @@ class Simulator:
                 res.after_children_reusable_tokens += r.reuse
                 res.after_children_recomputed_tokens += recomputed
             w.engine.scheduled(r.key, held, held - recomputed, new, now)
+            self.tiers.loaded(w, s)
             res.prefilled_tokens += new
             if recomputed and new:
                 res.regen_gpu_s += (r.work * recomputed / new) * 2.0 * cost.model.params / (

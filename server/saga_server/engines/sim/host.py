@@ -4,7 +4,11 @@ pool, and bringing them back.
 With a host tier (policies with `host_tier`), every tail evicted from a live session's
 GPU prefix is copied to host memory; the next admission of that session loads the
 contiguous copy over the host link before its prefill, and a policy's `plan_prefetch`
-may load it earlier, during the session's tool call, into free GPU blocks. With a disk
+may load it earlier, during the session's tool call, into free GPU blocks. A
+session's copies take the policy's key when they are made and again when its request
+joins the queue (as vLLM's CPU tier touches what a waiting request looks up); once the
+request is scheduled, the pool holds the prefix again and its copies are redundant until
+the pool evicts it and copies it again, so they go first. With a disk
 tier (`SimConfig.disk_tier_factor`), every copy the host tier takes is written to disk
 too (vLLM's tiered offload cascades each stored chunk to its lower tiers, and SAGA's
 disk tier on the engine keeps what its bound allows in the same order), so what the
@@ -17,6 +21,7 @@ workers, sessions, clock, result and event queue.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from saga_server.core.host_tier import HostTierOrder
@@ -70,6 +75,14 @@ class HostTier:
     def end(self, session_id: str) -> int:
         return self._ends.get(session_id, 0)
 
+    def rekey(self, session_id: str, key: float) -> None:
+        """The session's copies (this tier's and the disk's) are worth `key` now."""
+        if session_id in self._ends:
+            self._keys[session_id] = key
+            self._order.put(session_id, key)
+        if self.disk is not None:
+            self.disk.rekey(session_id, key)
+
     def disk_end(self, session_id: str) -> int:
         """The end (in blocks) of the session's copy on the disk tier (0: none)."""
         return self.disk.end(session_id) if self.disk is not None else 0
@@ -115,6 +128,19 @@ class HostOffload:
                 continue
             host.offload(e.session_id, e.from_blocks, w.engine.key_of(e.session_id, s.kv_tokens, s.last_access))
             w.offloaded.add(e.session_id)
+
+    def requested(self, w: Worker, s: Session) -> None:
+        """A request of the session joined the worker's queue: its copies take the
+        policy's key now, as vLLM's CPU tier touches what a waiting request looks up."""
+        if w.host is not None:
+            w.host.rekey(s.session_id, w.engine.key_of(s.session_id, s.kv_tokens, s.last_access))
+
+    def loaded(self, w: Worker, s: Session) -> None:
+        """The session's request was scheduled with its prefix in the pool: until the
+        pool evicts it again (and copies it then), its copies are redundant here, so
+        they go first."""
+        if w.host is not None:
+            w.host.rekey(s.session_id, -math.inf)
 
     def plan_prefetch(self, w: Worker) -> None:
         sim = self.sim
