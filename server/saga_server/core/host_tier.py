@@ -9,7 +9,9 @@ the session can load. Both engines run this order: vLLM's CPU offload tier chunk
 chunk (`engines/vllm/offload.py`), the simulator's host tier by block counts.
 
 A session's key is set when its KV enters the tier or is used (`put`); a key that is
-not refreshed ages like an LRU timestamp (`eviction`). A session the engine forgot
+not refreshed ages like an LRU timestamp (`eviction`). While an admitted request of the
+session waits in the engine's queue its key is infinite (`SessionKvPolicy.key_of`): its
+KV is about to be loaded, as its KV in the pool is protected then. A session the engine forgot
 (ended, idle past the core's time, evicted from its table, moved away: `forget`) has
 no next use here, so its KV is the first to go. Not thread-safe: owned by the
 tier's owner.

@@ -58,3 +58,22 @@ def test_the_host_tier_drops_the_lowest_key_first_not_the_oldest():
     host.offload("new", 4, key=3.0)  # over capacity: the lowest key goes
     # two blocks over: they come off the lowest key's tail, the rest of it stays a prefix
     assert host.end("long-tool") == 2 and host.end("soon-back") == 4 and host.end("new") == 4
+
+
+def test_the_host_tier_drops_a_scheduled_sessions_copy_first_and_rekeys_a_queued_one():
+    from saga_server.engines.sim.session import Session
+
+    sim = Simulator(make_cost_model(kv_capacity_override=16 * 10), make_policy("apc-lru-offload"), [],
+                    SimConfig(workers=1, host_tier_factor=1.0))
+    w = sim.workers[0]
+    running, waiting = (Session(TaskInstance(sid, chain_task(sid)), 0.0, 0) for sid in ("running", "waiting"))
+    sim.sessions.update(running=running, waiting=waiting)
+    w.host.offload("running", 4, key=9.0)  # its tool ended long after the other's
+    w.host.offload("waiting", 4, key=1.0)
+    sim.tiers.loaded(w, running)  # scheduled: the pool holds its prefix again
+    w.host.offload("new", 4, key=5.0)  # two blocks over capacity
+    assert w.host.end("running") == 2 and w.host.end("waiting") == 4
+    sim.now = waiting.last_access = 50.0
+    sim.tiers.requested(w, waiting)  # its request joined the queue: LRU's key is its use now
+    w.host.offload("newer", 4, key=20.0)
+    assert w.host.end("waiting") == 4 and w.host.end("new") < 4

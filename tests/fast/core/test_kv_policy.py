@@ -193,3 +193,29 @@ def test_an_engine_that_keeps_garbage_leaves_the_hold_whole():
     assert kv.ledger.blocks_of("a") == 10
     kv.arrived("a", "r3", 100 * BT, clock(), reusable_tokens=None)  # unknown: nothing released either
     assert kv.ledger.blocks_of("a") == 10
+
+
+def test_the_host_tier_keeps_a_queued_admitted_sessions_copy_last_and_not_a_gated_ones():
+    kv, core, clock = policy(pins=False, admission=True, capacity=16)
+    for sid in ("idle", "queued"):
+        core.accept(SessionStart(sid, clock()))
+        run_request(kv, core, clock, sid, 4)
+    idle_key = kv.key_of("idle", 64, clock())
+    assert math.isfinite(idle_key) and math.isfinite(kv.key_of("queued", 64, clock()))
+    clock.t += 1.0
+    core.on_request_arrival("queued", 100)
+    assert kv.arrived("queued", "r2", 100, clock())  # admitted: it waits for the engine only
+    assert kv.key_of("queued", 64, clock()) == math.inf  # its copy is about to be loaded
+    order = HostTierOrder()
+    for sid in ("queued", "idle"):
+        order.put(sid, kv.key_of(sid, 64, clock()))
+    assert [sid for sid, _ in order.victims(4, lambda sid: 4)] == ["idle"]
+    kv.scheduled("queued", 64, 64)
+    assert math.isfinite(kv.key_of("queued", 64, clock()))  # running: back to the rules' key
+    # a session held at the admission gate (too big while another runs) is not about to
+    # be loaded: no protection
+    core.accept(SessionStart("big", clock()))
+    core.on_request_arrival("big", 10_000)
+    assert not kv.arrived("big", "r1", 10_000, clock())
+    assert "big" not in kv.plan().admit
+    assert math.isfinite(kv.key_of("big", 0, clock()))
