@@ -12,7 +12,7 @@ KV never moves). They differ only in where a new session goes:
   drops the steals); `apc-lru-offload` places by session count (the simulator's
   stock placement), which balances badly when sessions' contexts differ tenfold.
 - `prefix-lru` is Ray Serve's `PrefixCacheAffinityRouter` with its defaults (no
-  imbalance threshold, a 10% match threshold): a new session's prompt matches the
+  imbalance threshold, a match threshold of 0.1): a new session's prompt matches the
   run's shared prefix on every replica alike, so it goes to the shortest queue
   (requests waiting and running); its later requests match its own replica best and
   stay there.
