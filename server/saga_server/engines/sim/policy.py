@@ -190,6 +190,36 @@ class Infinite(ApcLru):
     bound = True
 
 
+class ToolDurations:
+    """Each tool's observed call durations as a moving average (weight `alpha` for the
+    newest call), as a baseline that watches its agents' tool calls learns them."""
+
+    def __init__(self, alpha: float) -> None:
+        self.alpha = alpha
+        self._avg: dict[str, float] = {}  # tool -> moving average of its calls' durations
+        self._started: dict[str, float] = {}  # session -> when its current tool call started
+
+    def started(self, session_id: str, now: float) -> None:
+        self._started[session_id] = now
+
+    def ended(self, session_id: str, tool_names, now: float) -> None:
+        t0 = self._started.pop(session_id, None)
+        if t0 is None:
+            return
+        d = now - t0
+        for n in tool_names:
+            old = self._avg.get(n)
+            self._avg[n] = d if old is None else old + self.alpha * (d - old)
+
+    def forget(self, session_id: str) -> None:
+        self._started.pop(session_id, None)
+
+    def predicted_s(self, tool_names) -> float | None:
+        """The longest average among the session's current tools; None if none is known."""
+        est = [self._avg[n] for n in tool_names if n in self._avg]
+        return max(est) if est else None
+
+
 class ContinuumTtl(SimPolicy):
     """Continuum (Li et al. 2025): when a tool starts, pin the session's KV for the
     moving average of that tool's observed durations; schedule whole programs FCFS (a
@@ -202,27 +232,20 @@ class ContinuumTtl(SimPolicy):
     def __init__(self, alpha: float = 0.2, ttl_cap_s: float = 60.0) -> None:
         self.alpha = alpha
         self.ttl_cap_s = ttl_cap_s
-        self._avg: dict[str, float] = {}
-        self._tool_started: dict[str, float] = {}
+        self._tools = ToolDurations(alpha)
 
     def queue_priority(self, s: "Session", now: float) -> float:
         return s.started_at
 
     def pin_ttl(self, s: "Session", now: float, pressure: float) -> float:
-        est = [self._avg[n] for n in s.tool_names if n in self._avg]
-        return min(max(est), self.ttl_cap_s) if est else 0.0
+        est = self._tools.predicted_s(s.tool_names)
+        return min(est, self.ttl_cap_s) if est is not None else 0.0
 
     def on_tool_start(self, s: "Session", now: float) -> None:
-        self._tool_started[s.session_id] = now
+        self._tools.started(s.session_id, now)
 
     def on_tool_end(self, s: "Session", now: float) -> None:
-        t0 = self._tool_started.pop(s.session_id, None)
-        if t0 is None:
-            return
-        d = now - t0
-        for n in s.tool_names:
-            old = self._avg.get(n)
-            self._avg[n] = d if old is None else old + self.alpha * (d - old)
+        self._tools.ended(s.session_id, s.tool_names, now)
 
 
 class KvFlow(SimPolicy):

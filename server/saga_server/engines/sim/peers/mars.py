@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Callable
 
 from saga_server.core.admission import AdmissionPlan, AdmissionState
 
-from ..policy import SimPolicy
+from ..policy import SimPolicy, ToolDurations
 from ..session import ENDED, TOOL
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -189,8 +189,7 @@ class Mars(SimPolicy):
 
     def __init__(self) -> None:
         self._served_s: dict[str, float] = {}  # agent -> seconds its requests spent in the batch
-        self._avg: dict[str, float] = {}  # tool -> moving average of its calls' durations
-        self._tool_started: dict[str, float] = {}
+        self._tools = ToolDurations(TOOL_EMA)
         self._cost: CostModel | None = None
 
     def admission(self, capacity_tokens: int, host_tokens: int, cost: "CostModel",
@@ -211,8 +210,7 @@ class Mars(SimPolicy):
         return (self.level(s), s.started_at)
 
     def predicted_tool_s(self, s: "Session") -> float | None:
-        est = [self._avg[n] for n in s.tool_names if n in self._avg]
-        return max(est) if est else None
+        return self._tools.predicted_s(s.tool_names)
 
     def retains(self, s: "Session") -> bool:
         """A warm resume pays off: the tool is predicted back before the agent's KV
@@ -240,17 +238,11 @@ class Mars(SimPolicy):
         self._served_s[sid] = self._served_s.get(sid, 0.0) + (now - r.scheduled_at)
 
     def on_tool_start(self, s: "Session", now: float) -> None:
-        self._tool_started[s.session_id] = now
+        self._tools.started(s.session_id, now)
 
     def on_tool_end(self, s: "Session", now: float) -> None:
-        t0 = self._tool_started.pop(s.session_id, None)
-        if t0 is None:
-            return
-        d = now - t0
-        for n in s.tool_names:
-            old = self._avg.get(n)
-            self._avg[n] = d if old is None else old + TOOL_EMA * (d - old)
+        self._tools.ended(s.session_id, s.tool_names, now)
 
     def on_session_end(self, s: "Session", now: float) -> None:
         self._served_s.pop(s.session_id, None)
-        self._tool_started.pop(s.session_id, None)
+        self._tools.forget(s.session_id)
