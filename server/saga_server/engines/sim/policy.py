@@ -63,6 +63,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "PrefetchRequest",
+    "ActiveSetAdmission",
+    "ToolDurations",
     "SimPolicy",
     "Vanilla",
     "ApcLru",
@@ -288,7 +290,29 @@ class ThunderAgent(ApcLru):
         return _BestFitAdmission(capacity_tokens)
 
 
-class _BestFitAdmission:
+class ActiveSetAdmission:
+    """What a baseline's admission controller shares: the KV each known session's
+    latest request needs (`_kv`), the sessions admitted (`_active`) and those with a
+    request waiting or running (`_pending`); a subclass brings the rule (`ready`,
+    `plan`, ...) of the core's `SessionAdmission` interface."""
+
+    _kv: dict[str, int]
+    _active: set[str]
+    _pending: set[str]
+
+    def __len__(self) -> int:
+        return len(self._kv)
+
+    def finished(self, session_id: str) -> None:
+        self._pending.discard(session_id)
+
+    def state(self, session_id: str) -> AdmissionState | None:
+        if session_id not in self._kv:
+            return None
+        return AdmissionState.ACTIVE if session_id in self._active else AdmissionState.WAITING
+
+
+class _BestFitAdmission(ActiveSetAdmission):
     """ThunderAgent's rule with the interface of the core's `SessionAdmission`."""
 
     def __init__(self, capacity_tokens: int) -> None:
@@ -298,23 +322,12 @@ class _BestFitAdmission:
         self._pending: set[str] = set()  # a request waits or runs
         self.active_tokens = 0
 
-    def __len__(self) -> int:
-        return len(self._kv)
-
     def ready(self, session_id: str, tokens: int, tenant: str = "") -> bool:
         self._pending.add(session_id)
         if session_id in self._active:
             self.active_tokens += tokens - self._kv[session_id]
         self._kv[session_id] = tokens
         return session_id in self._active
-
-    def finished(self, session_id: str) -> None:
-        self._pending.discard(session_id)
-
-    def state(self, session_id: str) -> AdmissionState | None:
-        if session_id not in self._kv:
-            return None
-        return AdmissionState.ACTIVE if session_id in self._active else AdmissionState.WAITING
 
     def served(self, session_id: str, held_tokens: int, recomputed_tokens: int) -> None:
         pass  # its limit is the pool, fixed

@@ -67,9 +67,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Callable
 
-from saga_server.core.admission import AdmissionPlan, AdmissionState
+from saga_server.core.admission import AdmissionPlan
 
-from ..policy import SimPolicy, ToolDurations
+from ..policy import ActiveSetAdmission, SimPolicy, ToolDurations
 from ..session import ENDED, TOOL
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -86,7 +86,7 @@ TOOL_EMA = 0.2
 _STEP = 1e9  # seconds; larger than any simulated time: a key band per MLFQ level
 
 
-class AimdAdmission:
+class AimdAdmission(ActiveSetAdmission):
     """MARS's admission window (see the module docstring) with the interface of the
     core's `SessionAdmission`. `window`, `threshold`: the starting window and
     slow-start threshold (agents)."""
@@ -102,9 +102,6 @@ class AimdAdmission:
         self._acked = 0  # requests scheduled without pressure this round
         self._deaf = 0  # requests still to schedule before a new signal counts
 
-    def __len__(self) -> int:
-        return len(self._kv)
-
     def ready(self, session_id: str, tokens: int, tenant: str = "") -> bool:
         self._kv[session_id] = tokens
         self._pending.add(session_id)
@@ -112,14 +109,6 @@ class AimdAdmission:
             return True
         self._waiting.setdefault(session_id, None)
         return False
-
-    def finished(self, session_id: str) -> None:
-        self._pending.discard(session_id)
-
-    def state(self, session_id: str) -> AdmissionState | None:
-        if session_id not in self._kv:
-            return None
-        return AdmissionState.ACTIVE if session_id in self._active else AdmissionState.WAITING
 
     def gpu_pressure(self) -> float:
         """The KV the admitted agents with a request queued or running need, over the
