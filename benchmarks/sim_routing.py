@@ -32,14 +32,10 @@ many were inside a tool call, KV tokens moved, transfer seconds, load imbalance 
 max/mean busy time per worker, prefix-hit rate) and the ratios; progress goes to
 stderr; `--out` gets the JSON. About 3 minutes on one core.
 
-Measured here (defaults, one run): without routing mean / p90 TCT is 1.015 / 1.041x
-saga's at the headline load and 1.015 / 1.026x on the skewed mix; steals fire about
-once per simulated second (a quarter of them inside a tool call), moving ~29k KV
-tokens each in ~0.13 s (10 ms fixed, two one-token iterations, the bytes at 40 GB/s);
-imbalance falls from 1.46 to 1.22. Hash homes alone are 1.061x (1.081x) slower; with
-steals they match least-loaded placement within 0.2%. The gain is small because every
-worker is saturated and decode is memory-bound: a few more sequences in a batch
-barely slow it, so moving work evens the tail (p90, makespan) more than the mean.
+What it measured is in docs/RESEARCH.md ("SAGA routing in that simulator"): against
+session-sticky routers the gain is small, because every worker is saturated and decode
+is memory-bound (a few more sequences in a batch barely slow it), so moving work evens
+the tail more than the mean.
 """
 
 from __future__ import annotations
