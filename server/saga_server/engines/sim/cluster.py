@@ -15,10 +15,10 @@ Model (deterministic under a seed; all times in simulated seconds):
 - **Router**: a session is placed at start and stays there (session affinity, for
   every policy: without it no prefix cache survives). Baselines model a stock router:
   the worker with the fewest live sessions (then most free KV). Policies with `routes`
-  place new sessions themselves (`SimPolicy.place`); those with `steals` also route through `saga_server.core.routing.SessionRouter`, the policy of the Ray Serve
-  router, fed the workers' views at every decision (`moves`): it places new sessions
-  (`SimPolicy.place`) and, every `steal_period_s`, may move one session off the most
-  loaded worker (`SimPolicy.plan_steal`); the session's KV moves with it (`moves`).
+  place new sessions themselves (`SimPolicy.place`, fed the workers' views, `moves`);
+  those with `steals` also, every `steal_period_s`, may move one session off the most
+  loaded worker (`SimPolicy.plan_steal`; SAGA's is `saga_server.core.routing.SessionRouter`,
+  the policy of the Ray Serve router); the session's KV moves with it (`moves`).
 - **Admission** (vLLM's scheduler): the waiting queue in policy order; the head is
   admitted when fewer than `max_num_seqs` run and its KV (prompt + output, in blocks)
   fits after evicting idle prefixes; otherwise the queue waits (head-of-line, as vLLM).

@@ -17,8 +17,8 @@ default those are its `key` and `pin_ttl`:
 4. `queue_priority(session, now)`: the order of a worker's waiting queue (lower first;
    a float, or a tuple compared element by element; one type per policy).
 5. With `routes`: `place(session, views, now)`, the worker (replica id `w<i>`) of
-   a new session; with `steals` also `plan_steal(views, now)`, called every `steal_period_s`, a
-   `saga_server.core.routing.Steal` or None; `views` are `ReplicaView`s of every
+   a new session; with `steals` also `plan_steal(views, now)`, called every
+   `steal_period_s`, a `saga_server.core.routing.Steal` or None; `views` are `ReplicaView`s of every
    worker (see `cluster`). Without `routes` the simulator places a session on the
    worker with the fewest live sessions, as a stock router would, and never moves it.
 6. `admission(capacity_tokens, host_tokens, cost, parkable)`: a per-worker controller deciding
@@ -27,8 +27,9 @@ default those are its `key` and `pin_ttl`:
 Flags say which machinery it uses: `caches` (prefix caching at all), `releases_garbage`
 (a session's held KV past what its arriving request reuses, after a compaction, is
 released at once; stock vLLM leaves it in its free queue until evicted), `host_tier`
-(offload evicted tails to CPU memory and load them back on a hit), `steals` (route
-through `place`/`plan_steal`; a stolen session's KV moves with it), `unbounded`
+(offload evicted tails to CPU memory and load them back on a hit), `routes` (new
+sessions placed by `place`), `steals` (also `plan_steal`; a stolen session's KV moves
+with it), `unbounded`
 (infinite GPU KV), `bound` (a reference, not a deployment: priced on the fastest engine
 a calibration knows, so that no deployment beats it), `protect_queued` (a session whose request is queued keeps its KV until every idle
 and pinned prefix is gone; among them `key` orders, as the SAGA vLLM plugin does), and
