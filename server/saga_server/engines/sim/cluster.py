@@ -218,6 +218,7 @@ class Simulator:
         if gate and not self.gate.admitted(w, s, st.prompt_tokens + st.output_tokens - s.base, max(reuse - s.base, 0)):
             return
         r = Request(s, st.prompt_tokens, st.output_tokens, reuse, self._next_seq(), s.next_use, request_key(s))
+        r.queued_at = now
         heapq.heappush(w.queue, (self.policy.queue_priority(s, now), r.seq, r))
         w.engine.admitted(r.key)  # admitted at the gate after a wait, or past it by the caller
         self.tiers.requested(w, s)
@@ -343,6 +344,7 @@ class Simulator:
             recomputed = max(cacheable - hit - loaded, 0)
             new = max(r.prompt - hit - loaded, 0)
             r.work = cost.prefill_work(new, hit + loaded)
+            r.own_prefill_s = cost.prefill_s(new, hit + loaded) + cost.overhead_s
             res.llm_calls += 1
             res.prompt_tokens += r.prompt
             step = s.task.steps[s.step]
@@ -377,6 +379,7 @@ class Simulator:
 
     def _start_prefill(self, w: Worker, r: Request) -> None:
         """An at-risk request's prefill goes ahead of all but earlier at-risk ones."""
+        r.prefill_at = self.now
         engine = w.engine
         if not engine.urgent(r.key):
             w.start_prefill(r)
@@ -398,6 +401,7 @@ class Simulator:
         res.queue_s += r.scheduled_at - r.arrived_at
         res.prefill_s += r.first_token_at - r.scheduled_at
         res.decode_s += now - r.first_token_at
+        self._split(w, r, now)
         if self._pending:
             self.result.saturated_tokens += r.prompt + r.output
         s.last_access = now
@@ -440,6 +444,25 @@ class Simulator:
             self.gate.leave(w, s)
             self._end_task(s)
 
+    def _split(self, w: Worker, r: Request, now: float) -> None:
+        """Add the finished request's time to its session's split (`results.SPLIT`)."""
+        cost, s = self.cost, r.sess
+        st = s.task.steps[s.step]
+        alone_prefill = cost.prefill_s(r.prompt - r.reuse, r.reuse) + cost.overhead_s
+        alone_decode = cost.decode_s(r.output, r.prompt)
+        split = s.split  # in `SPLIT`'s order
+        split[0] += alone_prefill + alone_decode
+        if s.step + 1 < len(s.task.steps):
+            split[1] += st.gap_s
+        split[2] += r.queued_at - r.arrived_at
+        split[3] += r.scheduled_at - r.queued_at
+        split[4] += r.prefill_at - r.scheduled_at
+        split[5] += max(r.own_prefill_s - alone_prefill, 0.0)
+        split[6] += r.first_token_at - r.prefill_at - max(r.own_prefill_s, alone_prefill)
+        by_prefill = w.prefill_lag - r.prefill_lag_at
+        split[7] += by_prefill
+        split[8] += now - r.first_token_at - alone_decode - by_prefill
+
     def _end_task(self, s: Session) -> None:
         self._live_sessions.pop(s.session_id, None)
         self._live -= 1
@@ -448,7 +471,8 @@ class Simulator:
             return
         self._done += 1
         self.result.tasks.append(TaskRecord(s.session_id, s.tenant, s.task.task_id, s.started_at, self.now,
-                                            s.unloaded_s, s.deadline_s, tuple(s.turn_spans), s.turn_deadline_s))
+                                            s.unloaded_s, s.deadline_s, tuple(s.turn_spans), s.turn_deadline_s,
+                                            tuple(s.split)))
         if self.progress is not None:
             self.progress(1)
         if self.cfg.concurrency is not None and self._pending:

@@ -8,7 +8,25 @@ from dataclasses import dataclass, field
 
 from .hardware import CostModel
 
-__all__ = ["SimConfig", "SimResult", "TaskRecord", "unloaded_time_s", "unloaded_turns_s", "turn_deadline_s"]
+__all__ = ["SimConfig", "SimResult", "TaskRecord", "SPLIT", "unloaded_time_s", "unloaded_turns_s",
+           "turn_deadline_s"]
+
+# Where a task's time goes, per its own LLM calls (`TaskRecord.split`), in seconds:
+# - `alone`: the calls' time alone on a worker with a perfect prefix cache (the
+#   unloaded time, less tools);
+# - `tool`: its tools' (and its person's) time, which no scheduler shortens;
+# - `gate`: waiting at the admission gate, or for its KV moving to another worker;
+# - `engine_queue`: in the engine's queue: no batch slot, no pool room, or held back;
+# - `kv_load`: scheduled, waiting for its KV from the host or disk tier;
+# - `recompute`: prefill of KV it had held and lost, beyond the perfect cache's;
+# - `prefill_queue`: its prefill's time beyond computing it alone at full budget
+#   (waiting behind other prefills, or a thin budget);
+# - `decode_prefill`: what other requests' prefill chunks added to its decode's steps;
+# - `decode_batch`: the rest of its decode's time beyond decoding alone (the batch's
+#   size and contexts).
+# The rest of its completion time is waiting for its subagents.
+SPLIT = ("alone", "tool", "gate", "engine_queue", "kv_load", "recompute", "prefill_queue", "decode_prefill",
+         "decode_batch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +59,7 @@ class TaskRecord:
     deadline_s: float | None
     turn_spans: tuple[float, ...] = ()  # each user turn's time (`core.turns`), in order
     turn_deadline_s: float | None = None
+    split: tuple[float, ...] = ()  # seconds per `SPLIT` category, its own calls
 
     @property
     def tct_s(self) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from .results import SPLIT
 from .tasks import TaskInstance
 
 __all__ = ["Session", "Request", "StepPhase", "QUEUED", "RUNNING", "TOOL", "ENDED", "ARRIVE", "request_key"]
@@ -32,7 +33,7 @@ class Session:
                  "prefetch_ready_at", "unloaded_s", "deadline_s",
                  "turn_deadline_s", "turn_started_at", "turn_spans",
                  "move_to", "move_in_tool", "in_transit", "awaiting_kv",
-                 "parent_id", "children_left", "tool_done", "back_from_children")
+                 "parent_id", "children_left", "tool_done", "back_from_children", "split")
 
     def __init__(self, inst: TaskInstance, now: float, base: int) -> None:
         self.session_id = inst.session_id
@@ -61,11 +62,13 @@ class Session:
         self.children_left = 0  # its subagents still running
         self.tool_done = False  # its tools' time is up while its subagents still run
         self.back_from_children = False  # its next request is the first after its subagents returned
+        self.split = [0.0] * len(SPLIT)  # where its time went (`results.SPLIT`)
 
 
 class Request:
     __slots__ = ("sess", "key", "prompt", "output", "reuse", "work", "prefill_end", "context_weight",
-                 "seq", "arrived_at", "scheduled_at", "first_token_at", "recomputed")
+                 "seq", "arrived_at", "queued_at", "scheduled_at", "prefill_at", "first_token_at", "recomputed",
+                 "own_prefill_s", "prefill_lag_at")
 
     def __init__(self, sess: Session, prompt: int, output: int, reuse: int, seq: int,
                  now: float, key: tuple[str, int] | None = None) -> None:
@@ -79,9 +82,13 @@ class Request:
         self.context_weight = prompt + output / 2.0
         self.seq = seq
         self.arrived_at = now  # when the step reached its worker (before any admission wait)
+        self.queued_at = now  # joined the engine's queue (set by the simulator)
         self.scheduled_at = now  # admitted to the batch (vLLM: queued -> scheduled)
+        self.prefill_at = now  # its KV in place, its prefill in line
         self.first_token_at = now  # prefill done
         self.recomputed = 0
+        self.own_prefill_s = 0.0  # its prefill alone at full budget, with the KV it found
+        self.prefill_lag_at = 0.0  # its worker's `prefill_lag` at its first token
 
 
 def request_key(s: Session) -> tuple[str, int]:

@@ -30,7 +30,8 @@ _EPS = 1e-6
 class Worker:
     __slots__ = ("wid", "cache", "host", "queue", "decoding", "prefilling", "prefill_total", "prefill_done",
                  "decode_clock", "context", "step_s", "prefill_rate", "at", "version", "busy", "running",
-                 "link_free", "net_free", "live", "offloaded", "engine", "gated", "iterations", "prefill_cap")
+                 "link_free", "net_free", "live", "offloaded", "engine", "gated", "iterations", "prefill_cap",
+                 "prefill_lag", "prefill_lag_s")
 
     def __init__(self, wid: int, cache: PrefixCache, host: HostTier | None) -> None:
         self.wid = wid
@@ -56,6 +57,10 @@ class Worker:
         self.engine = None  # its EnginePolicy (set by the simulator): every KV and deadline decision
         self.gated: dict[str, Session] = {}  # sessions whose request waits for admission
         self.prefill_cap = 0  # > 0: prefill tokens per iteration for now (the shaper's budget)
+        # Seconds the prefill chunks have added to one decoding request's iterations so
+        # far (a clock: a request's share is its difference over its decode).
+        self.prefill_lag = 0.0
+        self.prefill_lag_s = 0.0  # what the current chunk adds to each iteration
 
     def advance(self, now: float) -> None:
         """Progress the batch to `now`."""
@@ -65,6 +70,7 @@ class Worker:
             self.busy += dt
             self.iterations += iters
             self.decode_clock += iters
+            self.prefill_lag += iters * self.prefill_lag_s
             if self.prefilling:
                 self.prefill_done = min(self.prefill_total, self.prefill_done + iters * self.prefill_rate)
         self.at = now
@@ -76,6 +82,7 @@ class Worker:
         while prefilling and prefilling[0].prefill_end <= self.prefill_done + _EPS:
             r = prefilling.popleft()
             r.first_token_at = self.at
+            r.prefill_lag_at = self.prefill_lag
             if r.output <= 1:
                 finished.append(r)
             else:
@@ -121,6 +128,7 @@ class Worker:
             rate = chunk = 0.0
         step_s = cost.step_s(n, chunk, self.context)
         self.step_s, self.prefill_rate = step_s, rate
+        self.prefill_lag_s = step_s - cost.step_s(n, 0.0, self.context) if chunk else 0.0
         dt = math.inf
         if self.decoding:
             dt = (self.decoding[0][0] - self.decode_clock) * step_s
