@@ -10,28 +10,44 @@ therefore how much of each iteration the sessions that can afford to wait take w
 an urgent one runs.
 
 Classes. A session with a deadline has urgency u = (its expected remaining time at
-its current pace, from the AEG) / (time left to its deadline), as in `fairshare`:
+its current pace, from the AEG) / (time left to its deadline), as in `fairshare`, and
+an upper urgency u+ by the `confidence` quantile of its remaining time instead of
+its mean (`AEG.remaining`):
 
 - *at risk*: u >= `at_risk` (at its pace it finishes too close to, or after, its
   deadline);
-- *slack-rich*: u <= `slack_rich` (it could go 1/`slack_rich` times slower and still
-  finish in time);
+- *slack-rich*: u+ <= `slack_rich` (with probability `confidence` it could go
+  1/`slack_rich` times slower and still finish in time). Judged by the quantile,
+  not the mean: a session's remaining length is a prediction from its workflow's
+  finished sessions, and a long task looks short on the mean early on, so the mean
+  would hold exactly the sessions whose slack is not there;
 - otherwise, for every session without a deadline, and for one already past its
   deadline (holding others back can no longer bring it in time), *normal*.
 
-Rule.
+Rule. An at-risk request lacks one of three things: a place in the batch (a slot
+or KV), prefill budget, or fast steps. Each is taken from the sessions that can
+afford to give it.
 
-1. *Hold.* While a request of an at-risk session waits to be scheduled on an engine
-   (batch slots, KV or budget are short), a request of a slack-rich session there
-   that is not scheduled yet is held back: it stays waiting (keeping its place in
-   the queue) and takes no batch slot, no KV and no prefill budget. Requests already
-   running are left alone (preempting them would throw away their progress). Held
-   requests go ahead once no at-risk request waits, or as soon as their own session
-   stops being slack-rich. Normal sessions are never held: a session without a
-   deadline states no slack. The hold stops at scheduling on purpose: once the
-   at-risk request runs, holding others buys it little (thin prefill does that
-   part) and costs the held session all of its wait, and a session's class can be
-   wrong (its remaining length is a prediction; a long task looks slack-rich early).
+1. *Hold.* A request of a slack-rich session that is not scheduled yet stays
+   waiting (keeping its place in the queue), taking no batch slot, no KV and no
+   prefill budget, while on the same engine
+   - a request of an at-risk session waits to be scheduled (batch slots, KV or
+     budget are short), or
+   - a request of an at-risk session of *another tenant* runs: every request
+     scheduled beside it lengthens each of its decode steps (the batch's context
+     is read every step, and prefill chunks ride in the same steps), and where a
+     tenant with long contexts shares an engine with a tight one, decoding in a
+     full batch is most of what the tight tenant's missed tasks lost (the miss
+     split of `sim_deadlines.py`). Within one tenant only a waiting at-risk
+     request holds: the tenant's sessions share one virtual queue, whose urgency
+     order already serves its at-risk request first, and holding its own
+     slack-rich sessions while the at-risk one decodes trades the tenant's
+     deadlines against each other on a predicted class (measured: more turns
+     lost than saved).
+   Requests already running are left alone (preempting them would throw away
+   their progress). Held requests go ahead as soon as neither holds, or their
+   own session stops being slack-rich. Normal sessions are never held: a session
+   without a deadline states no slack.
 2. *Thin prefill.* While a request of an at-risk session waits or runs there, an
    iteration whose first prefill in line is not an at-risk request's runs a thin
    budget of prefill: the larger of `prefill_budget_tokens`, the engine's piggyback
@@ -48,11 +64,13 @@ Rule.
    conserved; only its latency grows, and only while someone is at risk.
 
 Bound. A held session stays slack-rich only while its time left exceeds
-remaining / `slack_rich`, and urgency only grows while it waits (time left
-shrinks, remaining does not), so holding ends by the time its time left has fallen
-to 1/`slack_rich` times its expected remaining time (about 2.9x with the default):
-holding alone never makes it miss, unless its pace afterwards is that much slower
-than the pace it has had. The tenant's share is unchanged: held service is owed in
+remaining+ / `slack_rich` (remaining+: the `confidence` quantile of its remaining
+time), and urgency only grows while it waits (time left shrinks, remaining does
+not), so holding ends by the time its time left has fallen to 1/`slack_rich` times
+remaining+ (about 2.9x with the default): holding alone never makes it miss, unless
+it is longer than nine in ten of its workflow's sessions that ran as far (with the
+default `confidence`), or its pace afterwards is that much slower than the pace it
+has had. The tenant's share is unchanged: held service is owed in
 the tenant's virtual queue (`fairshare`), so its requests rank higher once they run;
 the fair-share bound B of `fairshare` holds with each held stretch added to the
 service gap it allows. Where nothing is at risk, nothing is held: shaping is a no-op
@@ -86,25 +104,31 @@ class ShapingConfig:
     enabled: bool = True
     at_risk: float = 0.7  # urgency at or above which a session is at risk
     slack_rich: float = 0.35  # urgency at or below which a session with a deadline may be held
+    # The probability with which a slack-rich session's remaining time stays within
+    # the length its slack is judged by (the AEG's quantile of it).
+    confidence: float = 0.9
 
     def __post_init__(self) -> None:
         if not 0.0 < self.slack_rich < self.at_risk:
             raise ValueError("need 0 < slack_rich < at_risk")
+        if not 0.0 < self.confidence < 1.0:
+            raise ValueError("need 0 < confidence < 1")
 
 
-def deadline_class(u: float | None, config: ShapingConfig) -> str:
-    """The class of a session with urgency `u` (None: it has no deadline)."""
+def deadline_class(u: float | None, config: ShapingConfig, u_upper: float | None = None) -> str:
+    """The class of a session with urgency `u` (None: it has no deadline); `u_upper`:
+    its urgency by the `confidence` quantile of its remaining time (None: `u`)."""
     if u is None or not config.enabled:
         return NORMAL
     if u >= config.at_risk:
         return AT_RISK
-    return SLACK_RICH if u <= config.slack_rich else NORMAL
+    return SLACK_RICH if (u if u_upper is None else max(u, u_upper)) <= config.slack_rich else NORMAL
 
 
 class DeadlineShaper:
     """One engine's at-risk requests and the hold rule (module docstring)."""
 
-    __slots__ = ("_classify", "_at_risk", "_waiting", "held", "_budget", "_rate", "_rate_at")
+    __slots__ = ("_classify", "_at_risk", "_waiting", "_tenants", "held", "_budget", "_rate", "_rate_at")
 
     def __init__(self, classify: Callable[[str], str], *, prefill_budget_tokens: int) -> None:
         """`classify(session_id)`: the session's class now (`WorkflowCore.deadline_class`);
@@ -113,17 +137,19 @@ class DeadlineShaper:
             raise ValueError("prefill_budget_tokens must be > 0")
         self._classify = classify
         self._budget = prefill_budget_tokens
-        self._at_risk: dict[object, str] = {}  # request key -> session id
+        self._at_risk: dict[object, str] = {}  # request key -> its tenant
         self._waiting: set[object] = set()  # of those, not scheduled yet
+        self._tenants: dict[str, int] = {}  # tenant -> its at-risk requests here
         self._rate = 0.0  # prefill tokens arriving per second (an exponential moving average)
         self._rate_at: float | None = None
         self.held = 0  # times a request was held back (a request counts once per check)
 
-    def arrived(self, request_key: object, session_id: str) -> str:
-        """A request reached the engine; returns its session's class then."""
+    def arrived(self, request_key: object, session_id: str, tenant: str = "") -> str:
+        """A request of `tenant` reached the engine; returns its session's class then."""
         cls = self._classify(session_id)
-        if cls == AT_RISK:
-            self._at_risk[request_key] = session_id
+        if cls == AT_RISK and request_key not in self._at_risk:
+            self._at_risk[request_key] = tenant
+            self._tenants[tenant] = self._tenants.get(tenant, 0) + 1
             self._waiting.add(request_key)
         return cls
 
@@ -133,8 +159,15 @@ class DeadlineShaper:
 
     def finished(self, request_key: object) -> None:
         """The request finished or left the engine (idempotent)."""
-        self._at_risk.pop(request_key, None)
         self._waiting.discard(request_key)
+        if request_key not in self._at_risk:
+            return
+        tenant = self._at_risk.pop(request_key)
+        left = self._tenants[tenant] - 1
+        if left:
+            self._tenants[tenant] = left
+        else:
+            del self._tenants[tenant]
 
     def at_risk(self) -> int:
         """Requests of at-risk sessions waiting or running here."""
@@ -162,11 +195,15 @@ class DeadlineShaper:
             return 0
         return max(self._budget, math.ceil(DRAIN_FACTOR * self._rate * step_s))
 
-    def holds_back(self, request_key: object, session_id: str) -> bool:
-        """Whether this request of this session waits now instead of being scheduled.
-        A request counted at risk is never held, even if its session has since turned
-        slack-rich: it would wait on itself."""
-        if not self._waiting or request_key in self._at_risk or self._classify(session_id) != SLACK_RICH:
+    def holds_back(self, request_key: object, session_id: str, tenant: str = "") -> bool:
+        """Whether this request of this session and tenant waits now instead of being
+        scheduled (rule 1). A request counted at risk is never held, even if its
+        session has since turned slack-rich: it would wait on itself."""
+        if not self._at_risk or request_key in self._at_risk:
+            return False
+        if not self._waiting and (len(self._tenants) == 1 and tenant in self._tenants):
+            return False  # only its own tenant's at-risk requests, and they all run
+        if self._classify(session_id) != SLACK_RICH:
             return False
         self.held += 1
         return True

@@ -467,20 +467,24 @@ class WorkflowGraphs:
         # A gap is no tool: its pseudo-category shows only once the gap was timed.
         return "" if best.category == GAP and best not in g.durations else best.category
 
-    def remaining(self, s: SessionRecord) -> tuple[float, float]:
-        """(expected further LLM steps, expected seconds until the session ends)."""
-        return self._remaining(s, self._graphs.get(s.graph), self.p_continue(s))
+    def remaining(self, s: SessionRecord, q: float | None = None) -> tuple[float, float]:
+        """(further LLM steps, seconds until the session ends): expected, or with `q`
+        in (0, 1) their q-quantile (`q` = 0.9: a length it stays within nine times in
+        ten), from the lengths of its workflow's finished sessions given it has run
+        this far (the mean where too few have finished to tell their spread)."""
+        return self._remaining(s, self._graphs.get(s.graph), self.p_continue(s), q)
 
-    def remaining_in_turn(self, s: SessionRecord) -> tuple[float, float]:
-        """(expected further LLM steps, expected seconds) until the session's running
-        user turn ends (`turns`): from the turns its workflow has finished, else
-        until the session ends (a turn never outlasts its session)."""
+    def remaining_in_turn(self, s: SessionRecord, q: float | None = None) -> tuple[float, float]:
+        """(further LLM steps, seconds) until the session's running user turn ends
+        (`turns`), expected or their q-quantile as `remaining`: from the turns its
+        workflow has finished, else until the session ends (a turn never outlasts
+        its session)."""
         g = self._graphs.get(s.graph)
         p = self.p_continue(s, g, g.nodes.get(s.node) if g is not None else None)
         if g is None or g.turns is None or g.turns.samples < self.min_samples or p <= 0.0:
-            return self._remaining(s, g, p)
+            return self._remaining(s, g, p, q)
         done = float(s.steps - s.turn_steps)
-        steps = max(g.turns.mean_above(done) - done, p)
+        steps = max(_further(g.turns, done, q), p)
         cycle = g.cycle_mean if g.cycle_n else self.prior_cycle_s
         return steps, steps * cycle
 
@@ -508,15 +512,17 @@ class WorkflowGraphs:
         el = max(now - t0, 0.0)
         return (d.mean_above(el) - el, d.quantile_above(0.5, el) - el, d.quantile_above(0.9, el) - el)
 
-    def _remaining(self, s: SessionRecord, g: _Graph | None, p: float) -> tuple[float, float]:
+    def _remaining(self, s: SessionRecord, g: _Graph | None, p: float,
+                   q: float | None = None) -> tuple[float, float]:
         if p <= 0.0:
             return 0.0, 0.0
         # Without finished sessions to learn from, a geometric number of steps.
-        steps = p / (1.0 - min(p, 0.99))
+        pc = min(p, 0.99)
+        steps = pc / (1.0 - pc) if q is None else max(math.ceil(math.log1p(-q) / math.log(pc)) - 1.0, p)
         if g is not None and g.lengths is not None and g.lengths.samples >= self.min_samples:
             # E[N - k | N > k] over the lengths seen: a session that has outlived the
             # usual length is likely a long one, not one about to end.
-            steps = max(g.lengths.mean_above(float(s.steps)) - s.steps, p)
+            steps = max(_further(g.lengths, float(s.steps), q), p)
         elif g is not None and g.sessions_done:
             steps = max(g.steps_mean - s.steps, p)
         cycle = g.cycle_mean if g is not None and g.cycle_n else self.prior_cycle_s
@@ -710,3 +716,11 @@ def _tool_counts(value, categories: dict[str, str]) -> dict[ToolKey, float]:
 
 def _named(counts: dict[ToolKey, float]) -> dict[str, float]:
     return {str(k): v for k, v in counts.items()}
+
+
+def _further(lengths: LogHistogram, done: float, q: float | None) -> float:
+    """Steps left of a session that has run `done`, over the lengths seen: the mean
+    of N - done given N > done, or (with `q`) its q-quantile."""
+    if q is None:
+        return lengths.mean_above(done) - done
+    return lengths.quantile_above(q, done) - done

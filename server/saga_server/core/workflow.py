@@ -328,10 +328,12 @@ class WorkflowCore:
         with self._lock:
             s = self._sessions.get(session_id)
             now = self._clock()
-            u = None
+            u = u_upper = None
+            cfg = self.config.shaping
             if s is not None and not s.ended and s.deadline_at is not None and s.deadline_at > now:
                 u = urgency(self._remaining_s(s), s.deadline_at, now, math.inf)
-            return deadline_class(u, self.config.shaping)
+                u_upper = urgency(self._remaining_s(s, cfg.confidence), s.deadline_at, now, math.inf)
+            return deadline_class(u, cfg, u_upper)
 
     def record_service(self, tenant: str, tokens: int, session_id: str = "") -> None:
         """Service delivered (prefill + decode tokens), counted for the session's
@@ -389,13 +391,13 @@ class WorkflowCore:
         turn = root.turn_started_at
         return s.task_started_at if turn is None or turn < s.task_started_at else turn
 
-    def _remaining_s(self, s: SessionRecord) -> float:
-        """Expected seconds of work left before the session's deadline in force: to
-        the end of its user turn when that turn's deadline is the one in force, else
-        to the end of the task (`turns`)."""
+    def _remaining_s(self, s: SessionRecord, q: float | None = None) -> float:
+        """Seconds of work left before the session's deadline in force, expected or
+        their q-quantile (`AEG.remaining`): to the end of its user turn when that
+        turn's deadline is the one in force, else to the end of the task (`turns`)."""
         if s.turn_started_at is not None and s.deadline_at is not None and s.deadline_at != s.task_deadline_at:
-            return self.aeg.remaining_in_turn(s)[1]
-        return self.aeg.remaining(s)[1]
+            return self.aeg.remaining_in_turn(s, q)[1]
+        return self.aeg.remaining(s, q)[1]
 
     def _priority(self, s: SessionRecord | None, tenant: str) -> float:
         """`request_priority` of a session's record (None: unknown); lock held."""

@@ -1,12 +1,13 @@
 """Deadline-aware shaping in the simulator: an at-risk session meets a deadline that
-slack-rich neighbours' prefills make it miss without the reservation (its prefill
-first, theirs thinned while it decodes)."""
+slack-rich neighbours make it miss without the reservation (its prefill first,
+theirs thinned while it decodes, another tenant's requests kept out of its batch)."""
 
 from __future__ import annotations
 
 from saga_server.bench.policies import make_policy
 from saga_server.core.deadlines import DeadlineShaper
 from saga_server.engines.sim import SimConfig, Simulator, StepSpec, TaskInstance, TaskSpec, ToolSpec, make_cost_model
+from saga_server.engines.sim.results import SPLIT
 
 
 def _tight() -> TaskSpec:
@@ -42,19 +43,60 @@ def test_the_reservation_lets_an_at_risk_session_meet_its_deadline():
     assert all(t.met_deadline for sid, t in shaped.items() if sid.startswith("loose"))
 
 
-def test_a_slack_rich_request_is_not_held_once_the_at_risk_one_runs():
-    """Holding buys a running at-risk request little and costs the held one its whole
-    wait: a short slack-rich request arriving beside a long at-risk decode runs at once."""
+def _long_context(k: int) -> TaskSpec:
+    """A 100k-token context read every step, a short answer and a short tool: each of
+    its requests makes every decode step beside it several times longer."""
+    steps = tuple(StepSpec(100_000 + 100 * i, 30, 100_000 + 100 * i - 70 if i else 0,
+                           (ToolSpec("read", "other", 0.2),) if i < 79 else ()) for i in range(80))
+    return TaskSpec(f"long{k}", "run", 0, steps)
+
+
+class _HoldOnlyWhileWaiting(DeadlineShaper):
+    """The rule without its reservation of the batch: slack-rich requests are held
+    only while an at-risk request waits, never while it runs."""
+
+    __slots__ = ()
+
+    def holds_back(self, request_key, session_id, tenant=""):
+        return bool(self._waiting) and super().holds_back(request_key, session_id, tenant)
+
+
+def test_another_tenants_long_contexts_stay_out_of_an_at_risk_decode():
+    """An at-risk session arrives beside five slack-rich 100k-token sessions of another
+    tenant: holding their requests only while its own waits lets them back into every
+    decode step it runs, and it misses; keeping them out while it runs meets it, and
+    they still finish in time."""
+
+    def run(shaper_class):
+        insts = [TaskInstance(f"long-{k}", _long_context(k), "batch", arrival_s=0.0, deadline_factor=50.0)
+                 for k in range(5)]
+        insts.append(TaskInstance("tight-0", _tight(), "interactive", arrival_s=60.0, deadline_factor=1.5))
+        sim = Simulator(make_cost_model(kv_capacity_override=600_000), make_policy("saga"), insts,
+                        SimConfig(workers=1, seed=0))
+        sim.workers[0].engine.shaper.__class__ = shaper_class
+        return {t.session_id: t for t in sim.run().tasks}
+
+    reserved, waiting_only = run(DeadlineShaper), run(_HoldOnlyWhileWaiting)
+    tight, tight_without = reserved["tight-0"], waiting_only["tight-0"]
+    assert not tight_without.met_deadline
+    decode_batch = tight_without.split[SPLIT.index("decode_batch")]
+    assert decode_batch > 0.8 * (tight_without.tct_s - tight_without.unloaded_s)  # lost in full-batch decode
+    assert tight.met_deadline
+    assert all(t.met_deadline for sid, t in reserved.items() if sid.startswith("long"))
+
+
+def test_within_a_tenant_a_slack_rich_request_is_not_held_once_the_at_risk_one_runs():
+    """Its tenant's queue order already served the at-risk request: a short slack-rich
+    request of the same tenant arriving beside its long decode runs at once."""
     tight = TaskSpec("tight", "run", 0, (StepSpec(1000, 3000, 0),))
     loose = TaskSpec("loose", "run", 0, (StepSpec(1000, 10, 0),))
-    insts = [TaskInstance("tight-0", tight, "interactive", deadline_factor=1.1),
-             TaskInstance("loose-0", loose, "batch", deadline_factor=5000.0)]
+    insts = [TaskInstance("tight-0", tight, "team", deadline_factor=1.1),
+             TaskInstance("loose-0", loose, "team", deadline_factor=5000.0)]
     sim = Simulator(make_cost_model(kv_capacity_override=600_000), make_policy("saga"), insts,
                     SimConfig(workers=1, seed=0))
     done = {t.session_id: t for t in sim.run().tasks}
     assert done["loose-0"].finished_at < 0.1 * done["tight-0"].finished_at
     assert sim.workers[0].engine.shaper.at_risk() == 0  # every at-risk request was let go at its end
-
 
 
 def test_the_thin_budget_keeps_up_with_the_prefill_arriving():
