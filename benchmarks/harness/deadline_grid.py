@@ -38,12 +38,12 @@ from saga_server.bench.runner import _instances
 from saga_server.engines.sim import Simulator
 from saga_server.engines.sim.results import SPLIT, unloaded_time_s
 
-from .deadline_tenants import generate as deadline_tenants
-from .production_agents import ProductionShape
-from .plots import png
-from .production_agents import generate as production_agents
-from .results import write_json, write_jsonl
-from .sim import listed, run_all
+from benchmarks.harness.deadline_tenants import generate as deadline_tenants
+from benchmarks.harness.plots import png
+from benchmarks.harness.production_agents import ProductionShape
+from benchmarks.harness.production_agents import generate as production_agents
+from benchmarks.harness.results import write_json, write_jsonl
+from benchmarks.harness.sim import listed, run_all
 
 __all__ = ["SETTINGS", "PROBE", "POLICIES", "Cell", "profiles", "cells", "probe_loads", "run_cell", "jain", "main"]
 
