@@ -115,20 +115,23 @@ def test_core_classes_a_session_by_its_expected_remaining_time_over_time_left():
     assert core.deadline_class("loose") == NORMAL
 
 
-def test_remaining_steps_come_from_the_lengths_seen_given_how_far_a_session_got():
-    """Half the sessions run 2 steps, half 20: at the start about 10 remain; one that
-    passed step 2 is a long one, with about 17 to go (not the mean's 10 - 3)."""
-    clock = ManualClock(0.0)
-    core = WorkflowCore(CoreConfig(min_samples=4), clock=clock)
-    n = 0
-    for length in (2, 20) * 6:
+def _finish_sessions(core: WorkflowCore, clock: ManualClock, lengths) -> None:
+    """Sessions of workflow `w` that ran these many steps, a second apart, and ended."""
+    for n, length in enumerate(lengths):
         sid = f"s{n}"
-        n += 1
         core.accept(SessionStart(sid, clock.t, tenant="t", workflow="w"))
         for k in range(length):
             clock.t += 1.0
             core.accept(LlmCallStart(sid, clock.t, step=k))
         core.accept(SessionEnd(sid, clock.t))
+
+
+def test_remaining_steps_come_from_the_lengths_seen_given_how_far_a_session_got():
+    """Half the sessions run 2 steps, half 20: at the start about 10 remain; one that
+    passed step 2 is a long one, with about 17 to go (not the mean's 10 - 3)."""
+    clock = ManualClock(0.0)
+    core = WorkflowCore(CoreConfig(min_samples=4), clock=clock)
+    _finish_sessions(core, clock, (2, 20) * 6)
     core.accept(SessionStart("new", clock.t, tenant="t", workflow="w"))
     core.accept(LlmCallStart("new", clock.t, step=0))
     steps_new, _ = core.aeg.remaining(core.aeg.track("new"))
@@ -151,15 +154,7 @@ def test_the_remaining_quantile_comes_from_the_lengths_seen():
     rec = core.aeg.track("first")
     assert core.aeg.remaining(rec)[0] == pytest.approx(9.0)
     assert core.aeg.remaining(rec, 0.9)[0] == 21.0  # P(more than 21 steps) = 0.9^22 < 0.1
-    n = 0
-    for length in (2, 20) * 6:
-        sid = f"s{n}"
-        n += 1
-        core.accept(SessionStart(sid, clock.t, tenant="t", workflow="w"))
-        for k in range(length):
-            clock.t += 1.0
-            core.accept(LlmCallStart(sid, clock.t, step=k))
-        core.accept(SessionEnd(sid, clock.t))
+    _finish_sessions(core, clock, (2, 20) * 6)
     core.accept(SessionStart("new", clock.t, tenant="t", workflow="w"))
     core.accept(LlmCallStart("new", clock.t, step=0))
     rec = core.aeg.track("new")
@@ -172,15 +167,7 @@ def test_a_session_is_slack_rich_only_if_it_has_slack_by_the_upper_estimate():
     to go) but not if it is a long one, so it is not held."""
     clock = ManualClock(0.0)
     core = WorkflowCore(CoreConfig(min_samples=4), clock=clock)
-    n = 0
-    for length in (2, 40) * 6:
-        sid = f"s{n}"
-        n += 1
-        core.accept(SessionStart(sid, clock.t, tenant="t", workflow="w"))
-        for k in range(length):
-            clock.t += 1.0
-            core.accept(LlmCallStart(sid, clock.t, step=k))
-        core.accept(SessionEnd(sid, clock.t))
+    _finish_sessions(core, clock, (2, 40) * 6)
     core.accept(SessionStart("new", clock.t, tenant="t", workflow="w", deadline_s=80.0))
     core.accept(LlmCallStart("new", clock.t, step=0))
     rec = core.aeg.track("new")
