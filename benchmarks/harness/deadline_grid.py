@@ -14,7 +14,7 @@ burst. The grid's cells:
 
 Profiles: `coding` and `browser` (`deadline_tenants.py`), `agent` (an autonomous
 production-shaped agent, `production_agents.py`: one turn of about 32 calls), and,
-where `$SAGA_TRACES` holds them, `swe` (SWE-bench runs of mini-swe-agent) and `tau`
+where the traces folder holds them (`saga_server.bench.traces`), `swe` (SWE-bench runs of mini-swe-agent) and `tau`
 (tau-bench airline dialogues).
 
 Loads: per cell, sessions in flight per worker doubling from 1 until the probe
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,6 +34,7 @@ from saga_server.bench import Scenario, TenantSpec
 from saga_server.bench.metrics import percentile, summarize
 from saga_server.bench.policies import PEERS, make_policy
 from saga_server.bench.runner import _instances
+from saga_server.bench.traces import trace_path
 from saga_server.engines.sim import Simulator
 from saga_server.engines.sim.results import SPLIT, unloaded_time_s
 
@@ -74,10 +74,9 @@ def profiles(out: Path, tasks: int, seed: int) -> dict[str, str]:
     found = {"coding": str(write_jsonl(out / "coding.jsonl", coding)),
              "browser": str(write_jsonl(out / "browser.jsonl", browser)),
              "agent": str(write_jsonl(out / "agent.jsonl", production_agents(tasks, seed, AGENT)))}
-    shared = os.environ.get("SAGA_TRACES")
     for name, file in (("swe", "swe-mini-dev.jsonl"), ("tau", "tau-airline.jsonl")):
-        if shared and (Path(shared) / file).is_file():
-            found[name] = str(Path(shared) / file)
+        if trace_path(file).is_file():
+            found[name] = str(trace_path(file))
     return found
 
 

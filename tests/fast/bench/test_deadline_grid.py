@@ -8,7 +8,7 @@ from benchmarks.harness import deadline_grid as grid
 
 
 def test_every_pair_runs_both_ways_with_the_settings_in_turn_and_a_flood_cell(tmp_path, monkeypatch):
-    monkeypatch.delenv("SAGA_TRACES", raising=False)
+    monkeypatch.setenv("SAGA_TRACES", str(tmp_path / "none-here"))
     traces = grid.profiles(tmp_path, 20, seed=0)
     assert sorted(traces) == ["agent", "browser", "coding"]  # no shared traces: the generated ones
     cells = grid.cells(traces)
@@ -48,7 +48,7 @@ def test_jains_index():
 
 
 def test_a_cell_run_reports_each_tenant(tmp_path, monkeypatch):
-    monkeypatch.delenv("SAGA_TRACES", raising=False)
+    monkeypatch.setenv("SAGA_TRACES", str(tmp_path / "none-here"))
     cell = grid.cells(grid.profiles(tmp_path, 20, seed=0))[0]
     row = grid.run_cell((cell, 1, 2, 2, "saga", 0))
     assert set(row["slo"]) == set(row["service"]) == {t.name for t in cell.tenants}
