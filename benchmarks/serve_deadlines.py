@@ -22,22 +22,11 @@ coding tenant's at 1) and `saga` (SAGA with both sessions' deadlines in their
 deadline, mean task time and the slack used (task time over deadline); goodput is
 tasks within deadline per hour of the mode's wall time.
 
-Measured here (2 CPU cores, 2026-12-04, one run each, modes in the order above; the
-engine alone: prefill ~600 tokens/s, a decode step ~34 ms):
-
-    --coding 5 --browser 3   no-saga   coding 80%, browser 33%; mean 42.5 s, goodput 260/h
-                             priority  coding 100%, browser 33%; mean 41.7 s, goodput 316/h
-                             saga      coding 100%, browser 33%; mean 41.5 s, goodput 318/h
-    --coding 2 --browser 5   every mode: coding 100%, browser 0% (browser slack used 1.32-1.36)
-    --coding 4 --browser 10  every mode: coding 25%, browser 0% (browser slack used 2.29-2.36)
-
-On this engine SAGA's deadline shaping does no better than vLLM's own priority
-scheduling, and neither helps the browser tenant: its own fresh pages are the
-engine's load (five such sessions want more prefill than the engine's ~600 tokens/s),
-every browser request is at risk, and thinning applies only to prefill that is not.
-A CPU engine also prices every prefilled token into the step (no prefill rides free
-on a decode, as it does on a GPU), so the lever the simulator finds on H100s is weak
-here. Samples are small (3-10 sessions per tenant).
+What it measured on this machine is in docs/RESEARCH.md ("Deadlines on the real engine").
+A CPU engine prices every prefilled token into the step (no prefill rides free on a
+decode, as it does on a GPU), so the lever the simulator finds on H100s is weaker
+here; pick a load where the tight tenant alone meets its deadlines (`--coding 0`
+runs it alone), or it is its own bottleneck and no scheduling can help it.
 """
 
 from __future__ import annotations
