@@ -471,7 +471,8 @@ class WorkflowGraphs:
         """(further LLM steps, seconds until the session ends): expected, or with `q`
         in (0, 1) their q-quantile (`q` = 0.9: a length it stays within nine times in
         ten), from the lengths of its workflow's finished sessions given it has run
-        this far (the mean where too few have finished to tell their spread)."""
+        this far; before any finished, from the prior's geometric length; while too
+        few have to tell their spread, their mean length either way."""
         return self._remaining(s, self._graphs.get(s.graph), self.p_continue(s), q)
 
     def remaining_in_turn(self, s: SessionRecord, q: float | None = None) -> tuple[float, float]:

@@ -332,7 +332,8 @@ class WorkflowCore:
             cfg = self.config.shaping
             if s is not None and not s.ended and s.deadline_at is not None and s.deadline_at > now:
                 u = urgency(self._remaining_s(s), s.deadline_at, now, math.inf)
-                u_upper = urgency(self._remaining_s(s, cfg.confidence), s.deadline_at, now, math.inf)
+                if u <= cfg.slack_rich:  # only slack-rich by the mean can be by the quantile
+                    u_upper = urgency(self._remaining_s(s, cfg.confidence), s.deadline_at, now, math.inf)
             return deadline_class(u, cfg, u_upper)
 
     def record_service(self, tenant: str, tokens: int, session_id: str = "") -> None:
