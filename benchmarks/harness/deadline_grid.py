@@ -214,8 +214,8 @@ def print_grid(mean: dict[tuple, dict], loads: dict[str, list[int]], policies: l
             best_other = max((rows[p]["slo"].get(tight, math.nan) for p in others if p in rows), default=math.nan)
             fastest = min((rows[p]["tct_mean_s"] for p in others if p in rows), default=math.nan)
             saga = rows.get("saga")
-            cells_txt = " | ".join(f"{rows[p]['slo'].get(tight, math.nan):.1%} ({rows[p]['tct_mean_s']:.0f})" if p in rows else "-"
-                                   for p in policies)
+            cells_txt = " | ".join(f"{rows[p]['slo'].get(tight, math.nan):.1%} ({rows[p]['tct_mean_s']:.0f})"
+                                   if p in rows else "-" for p in policies)
             every = min(saga["slo"].values()) if saga else math.nan
             ratio = saga["tct_mean_s"] / fastest if saga else math.nan
             ceiling = min(saga["ceiling"].values()) if saga else 0.0
