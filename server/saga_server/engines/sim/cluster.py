@@ -57,7 +57,7 @@ from .hardware import CostModel
 from .host import HostOffload, HostTier
 from .moves import KvMoves
 from .policy import SimPolicy
-from .results import SimConfig, SimResult, TaskRecord, turn_deadline_s, unloaded_time_s
+from .results import SimConfig, SimResult, TaskRecord, turn_deadline_s, unloaded_call_s, unloaded_time_s
 from .session import ARRIVE, ENDED, QUEUED, RUNNING, TOOL, Request, Session, request_key
 from .tasks import TaskInstance
 from .worker import Worker
@@ -448,8 +448,7 @@ class Simulator:
         """Add the finished request's time to its session's split (`results.SPLIT`)."""
         cost, s = self.cost, r.sess
         st = s.task.steps[s.step]
-        alone_prefill = cost.prefill_s(r.prompt - r.reuse, r.reuse) + cost.overhead_s
-        alone_decode = cost.decode_s(r.output, r.prompt)
+        alone_prefill, alone_decode = unloaded_call_s(s.task, st, cost)
         split = s.split  # in `SPLIT`'s order
         split[0] += alone_prefill + alone_decode
         if s.step + 1 < len(s.task.steps):

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from .hardware import CostModel
 
-__all__ = ["SimConfig", "SimResult", "TaskRecord", "SPLIT", "unloaded_time_s", "unloaded_turns_s",
-           "turn_deadline_s"]
+__all__ = ["SimConfig", "SimResult", "TaskRecord", "SPLIT", "unloaded_time_s", "unloaded_call_s",
+           "unloaded_turns_s", "turn_deadline_s"]
 
 # Where a task's time goes, per its own LLM calls (`TaskRecord.split`), in seconds:
 # - `alone`: the calls' time alone on a worker with a perfect prefix cache (the
@@ -130,7 +130,7 @@ def unloaded_time_s(task, cost: CostModel) -> float:
     """A task's completion time alone on a worker with a perfect prefix cache."""
     total = 0.0
     for st in task.steps:
-        prefill, decode = _unloaded_call_s(task, st, cost)
+        prefill, decode = unloaded_call_s(task, st, cost)
         total += prefill
         total += decode
         total += st.gap_s
@@ -144,7 +144,7 @@ def unloaded_turns_s(task, cost: CostModel) -> list[float]:
     person's wait in neither turn; subagents' own time not included."""
     turns, turn = [], 0.0
     for i, st in enumerate(task.steps):
-        prefill, decode = _unloaded_call_s(task, st, cost)
+        prefill, decode = unloaded_call_s(task, st, cost)
         turn += prefill + decode
         if st.human or i + 1 == len(task.steps):
             turns.append(turn)
@@ -161,7 +161,7 @@ def turn_deadline_s(task, factor: float | None, cost: CostModel) -> float | None
     return factor * sum(turns) / len(turns) if turns else None
 
 
-def _unloaded_call_s(task, st, cost: CostModel) -> tuple[float, float]:
+def unloaded_call_s(task, st, cost: CostModel) -> tuple[float, float]:
     """A step's call alone with a perfect prefix cache: (prefill and overhead, decode)."""
     reuse = st.reused_tokens if st.reused_tokens else min(task.shared_prefix_tokens, st.prompt_tokens)
     return cost.prefill_s(st.prompt_tokens - reuse, reuse) + cost.overhead_s, cost.decode_s(st.output_tokens,
