@@ -33,22 +33,17 @@ afford to give it.
    prefill budget, while on the same engine
    - a request of an at-risk session waits to be scheduled (batch slots, KV or
      budget are short), or
-   - a request of an at-risk session of *another tenant* runs, and the held
-     request's context is at least that at-risk request's: every request
-     scheduled beside it lengthens each of its decode steps by reading its own
-     context (prefill chunks are thinned by rule 2), and where a tenant with long
-     contexts shares an engine with a tight one, decoding in a full batch is most
-     of what the tight tenant's missed tasks lost (the miss split of
-     `sim_deadlines.py`). A request with a shorter context adds less to each of
-     its steps than the at-risk request's own reads do, while holding it costs
-     its session the whole of that decode: held through long at-risk decodes,
-     a tight tenant's short requests lose the slack their own deadlines need
-     (the burst start of `sim_deadlines.py`). Within one tenant only a waiting
-     at-risk request holds: the tenant's sessions share one virtual queue,
-     whose urgency order already serves its at-risk request first, and holding
-     its own slack-rich sessions while the at-risk one decodes trades the
-     tenant's deadlines against each other on a predicted class (measured: more
-     turns lost than saved).
+   - a request of an at-risk session of *another tenant* runs: every request
+     scheduled beside it lengthens each of its decode steps (the batch's context
+     is read every step, and prefill chunks ride in the same steps), and where a
+     tenant with long contexts shares an engine with a tight one, decoding in a
+     full batch is most of what the tight tenant's missed tasks lost (the miss
+     split of `sim_deadlines.py`). Within one tenant only a waiting at-risk
+     request holds: the tenant's sessions share one virtual queue, whose urgency
+     order already serves its at-risk request first, and holding its own
+     slack-rich sessions while the at-risk one decodes trades the tenant's
+     deadlines against each other on a predicted class (measured: more turns
+     lost than saved).
    Requests already running are left alone (preempting them would throw away
    their progress). Held requests go ahead as soon as neither holds, or their
    own session stops being slack-rich. Normal sessions are never held: a session
@@ -142,19 +137,18 @@ class DeadlineShaper:
             raise ValueError("prefill_budget_tokens must be > 0")
         self._classify = classify
         self._budget = prefill_budget_tokens
-        self._at_risk: dict[object, tuple[str, int]] = {}  # request key -> its tenant, its context
+        self._at_risk: dict[object, str] = {}  # request key -> its tenant
         self._waiting: set[object] = set()  # of those, not scheduled yet
         self._tenants: dict[str, int] = {}  # tenant -> its at-risk requests here
         self._rate = 0.0  # prefill tokens arriving per second (an exponential moving average)
         self._rate_at: float | None = None
         self.held = 0  # times a request was held back (a request counts once per check)
 
-    def arrived(self, request_key: object, session_id: str, tenant: str = "", context_tokens: int = 0) -> str:
-        """A request of `tenant` with a context (prompt) of `context_tokens` reached the
-        engine; returns its session's class then."""
+    def arrived(self, request_key: object, session_id: str, tenant: str = "") -> str:
+        """A request of `tenant` reached the engine; returns its session's class then."""
         cls = self._classify(session_id)
         if cls == AT_RISK and request_key not in self._at_risk:
-            self._at_risk[request_key] = (tenant, context_tokens)
+            self._at_risk[request_key] = tenant
             self._tenants[tenant] = self._tenants.get(tenant, 0) + 1
             self._waiting.add(request_key)
         return cls
@@ -168,7 +162,7 @@ class DeadlineShaper:
         self._waiting.discard(request_key)
         if request_key not in self._at_risk:
             return
-        tenant, _ = self._at_risk.pop(request_key)
+        tenant = self._at_risk.pop(request_key)
         left = self._tenants[tenant] - 1
         if left:
             self._tenants[tenant] = left
@@ -201,23 +195,15 @@ class DeadlineShaper:
             return 0
         return max(self._budget, math.ceil(DRAIN_FACTOR * self._rate * step_s))
 
-    def holds_back(self, request_key: object, session_id: str, tenant: str = "", context_tokens: int = 0) -> bool:
-        """Whether this request of this session and tenant, with a context (prompt) of
-        `context_tokens`, waits now instead of being scheduled (rule 1). A request
-        counted at risk is never held, even if its session has since turned
-        slack-rich: it would wait on itself."""
+    def holds_back(self, request_key: object, session_id: str, tenant: str = "") -> bool:
+        """Whether this request of this session and tenant waits now instead of being
+        scheduled (rule 1). A request counted at risk is never held, even if its
+        session has since turned slack-rich: it would wait on itself."""
         if not self._at_risk or request_key in self._at_risk:
             return False
-        if not self._waiting and not self._weighs_on_a_running_at_risk(tenant, context_tokens):
-            return False
+        if not self._waiting and (len(self._tenants) == 1 and tenant in self._tenants):
+            return False  # only its own tenant's at-risk requests, and they all run
         if self._classify(session_id) != SLACK_RICH:
             return False
         self.held += 1
         return True
-
-    def _weighs_on_a_running_at_risk(self, tenant: str, context_tokens: int) -> bool:
-        """Whether an at-risk request of another tenant runs here with a context no
-        longer than `context_tokens` (rule 1, the hold while one runs)."""
-        if len(self._tenants) == 1 and tenant in self._tenants:
-            return False  # only its own tenant's at-risk requests
-        return any(t != tenant and ctx <= context_tokens for t, ctx in self._at_risk.values())

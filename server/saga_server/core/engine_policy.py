@@ -108,7 +108,7 @@ class EnginePolicy:
         may = self.kv.arrived(r.session_id, key, need_tokens, at, r.tenant, reusable_tokens=reusable_tokens)
         r.gated = not may
         if may and self.shaper is not None:
-            self.shaper.arrived(key, r.session_id, r.tenant, r.prompt_tokens)
+            self.shaper.arrived(key, r.session_id, r.tenant)
         return may
 
     def admitted(self, key: Hashable) -> None:
@@ -117,7 +117,7 @@ class EnginePolicy:
             return
         r.gated = False
         if self.shaper is not None:
-            self.shaper.arrived(key, r.session_id, r.tenant, r.prompt_tokens)
+            self.shaper.arrived(key, r.session_id, r.tenant)
 
     def scheduled(self, key: Hashable, held_tokens: int, hit_tokens: int, prefill_tokens: int,
                   now: float) -> None:
@@ -200,9 +200,7 @@ class EnginePolicy:
     def holds_back(self, key: Hashable) -> bool:
         """Whether the deadline rule keeps this queued request waiting now (counted)."""
         r = self.requests.get(key)
-        if self.shaper is None or r is None:
-            return False
-        if not self.shaper.holds_back(key, r.session_id, r.tenant, r.prompt_tokens):
+        if self.shaper is None or r is None or not self.shaper.holds_back(key, r.session_id, r.tenant):
             return False
         self._count("deadline", "held")
         return True

@@ -68,24 +68,6 @@ def test_while_an_at_risk_request_runs_only_other_tenants_slack_gives_way():
     assert not sh.holds_back(3, "loose", "browser")
 
 
-def test_while_an_at_risk_request_runs_only_requests_with_a_context_at_least_its_own_give_way():
-    """A shorter context adds less to each of its decode steps than its own does,
-    while being held would cost that session the whole decode: it goes ahead."""
-    classes = {"tight": AT_RISK, "loose": SLACK_RICH}
-    sh = _shaper(classes)
-    sh.arrived(1, "tight", "coding", 20_000)
-    assert sh.holds_back(2, "loose", "browser", 5_000)  # waiting: any slack-rich request gives way
-    sh.scheduled(1)
-    assert not sh.holds_back(2, "loose", "browser", 5_000)
-    assert sh.holds_back(3, "loose", "browser", 20_000) and sh.holds_back(4, "loose", "browser", 90_000)
-    sh.arrived(5, "tight", "swe", 4_000)  # a shorter at-risk request of a third tenant, running
-    sh.scheduled(5)
-    assert sh.holds_back(2, "loose", "browser", 5_000)
-    assert not sh.holds_back(6, "loose", "swe", 5_000)  # the short one is its own tenant's
-    sh.finished(5)
-    assert not sh.holds_back(2, "loose", "browser", 5_000)
-
-
 def test_prefill_is_thinned_while_someone_is_at_risk_except_an_at_risk_prefill():
     sh = _shaper({"tight": AT_RISK})
     assert sh.prefill_budget(7, 0.02) == 0  # nobody at risk: the engine's own budget
