@@ -5,7 +5,10 @@
 
 The tenants are drawn by `deadline_tenants.py` (written to `<out>/`): a coding agent
 with deadlines of 4x a task's unloaded time and a browser agent taking three tasks in
-four with deadlines of 2x. Each load (sessions in flight per worker, closed loop, 16 x
+four with deadlines of 2x. `--tenants NAME:SHARE:FACTOR,...` runs another mix of the
+grid's profiles instead (below; `swe` and `tau` where `$SAGA_TRACES` has them), e.g.
+`--tenants swe:1:4,browser:3:2 --ramp-s 60` for the SWE-bench traces at 4x beside the
+browser agent at 2x taking three tasks in four. Each load (sessions in flight per worker, closed loop, 16 x
 H100 with Llama-3-8B by default) runs `--tasks-factor` x that many tasks per policy.
 The first tasks start spread over `--ramp-s` seconds, by default the mix's mean
 unloaded task time: the phases of a closed loop in its steady state. `--ramp-s 0`
@@ -31,6 +34,7 @@ service, and plots attainment against load per cell (`<out>/grid.png`).
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from dataclasses import replace
@@ -44,32 +48,62 @@ from saga_server.engines.sim import Simulator
 from saga_server.engines.sim.results import unloaded_time_s
 
 from benchmarks.harness import deadline_grid
-from benchmarks.harness.deadline_tenants import generate
 from benchmarks.harness.plots import png
-from benchmarks.harness.results import write_json, write_jsonl
+from benchmarks.harness.results import write_json
 from benchmarks.harness.sim import add_run_arguments, listed, run_all
 
 POLICIES = ("apc-lru", "apc-lru-offload", "kvflow", "thunderagent", *PEERS, "saga-no-shape", "saga")
-TENANTS = (("coding", 1.0, 4.0), ("browser", 3.0, 2.0))  # name, share of tasks, deadline factor
+TENANTS = "coding:1:4,browser:3:2"  # the mix: profile, share of tasks, deadline factor
+
+Tenants = tuple[tuple[str, float, float], ...]
 
 
-def scenario(traces: dict, workers: int, per_worker: int, tasks_factor: int, seed: int,
+def parse_tenants(spec: str, profiles: dict[str, str]) -> Tenants:
+    """`NAME:SHARE:FACTOR,...` over the profiles to hand; ValueError says what is wrong."""
+    out = []
+    for part in spec.split(","):
+        fields = part.strip().split(":")
+        if len(fields) != 3:
+            raise ValueError(f"tenant {part.strip()!r}: expected NAME:SHARE:FACTOR")
+        name, share, factor = fields[0], _positive(fields[1], part), _positive(fields[2], part)
+        if name not in profiles:
+            raise ValueError(f"tenant {name!r}: no such profile here (have: {', '.join(sorted(profiles))}; "
+                             "swe and tau are read from $SAGA_TRACES)")
+        if any(name == n for n, _, _ in out):
+            raise ValueError(f"tenant {name!r} named twice")
+        out.append((name, share, factor))
+    if len(out) < 2:
+        raise ValueError("name at least two tenants")
+    return tuple(out)
+
+
+def _positive(text: str, part: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value < math.inf:
+        raise ValueError(f"tenant {part.strip()!r}: share and factor must be numbers > 0")
+    return value
+
+
+def scenario(traces: dict, tenants: Tenants, workers: int, per_worker: int, tasks_factor: int, seed: int,
              ramp_s: float = 0.0) -> Scenario:
-    tenants = tuple(TenantSpec(name, traces[name], share, deadline) for name, share, deadline in TENANTS)
-    return Scenario(tenants=tenants, tasks=workers * per_worker * tasks_factor, workers=workers,
+    specs = tuple(TenantSpec(name, traces[name], share, deadline) for name, share, deadline in tenants)
+    return Scenario(tenants=specs, tasks=workers * per_worker * tasks_factor, workers=workers,
                     concurrency=workers * per_worker, ramp_s=ramp_s, seed=seed)
 
 
-def mean_unloaded_s(traces: dict, workers: int, seed: int) -> float:
+def mean_unloaded_s(traces: dict, tenants: Tenants, workers: int, seed: int) -> float:
     """The mix's mean task time alone on a worker (a sample of 1,000 tasks)."""
-    sc = replace(scenario(traces, workers, 1, 1, seed), tasks=1000)
+    sc = replace(scenario(traces, tenants, workers, 1, 1, seed), tasks=1000)
     cost = sc.cost_model()
     return statistics.fmean(unloaded_time_s(inst.task, cost) for inst in _instances(sc, {}))
 
 
 def run_one(job: tuple) -> dict:
-    traces, workers, per_worker, tasks_factor, policy, seed, ramp_s = job
-    sc = scenario(traces, workers, per_worker, tasks_factor, seed, ramp_s)
+    traces, tenants, workers, per_worker, tasks_factor, policy, seed, ramp_s = job
+    sc = scenario(traces, tenants, workers, per_worker, tasks_factor, seed, ramp_s)
     sim = Simulator(sc.cost_model(), make_policy(policy), _instances(sc, {}), sc.sim_config())
     t0 = time.perf_counter()
     res = sim.run()
@@ -80,8 +114,8 @@ def run_one(job: tuple) -> dict:
             "goodput_per_hour": s["goodput_per_hour"], "wall_s": time.perf_counter() - t0}
 
 
-def print_tables(rows: list[dict], loads: list[int], policies: list[str], workers: int) -> None:
-    names = [n for n, _, _ in TENANTS]
+def print_tables(rows: list[dict], loads: list[int], policies: list[str], workers: int, tenants: Tenants) -> None:
+    names = [n for n, _, _ in tenants]
     for pw in loads:
         sel = {r["policy"]: r for r in rows if r["per_worker"] == pw}
         print(f"\n## {pw} sessions/worker ({pw * workers} in flight), {next(iter(sel.values()))['tasks']} tasks")
@@ -100,9 +134,9 @@ def print_tables(rows: list[dict], loads: list[int], policies: list[str], worker
         print(f"- {p}: {falls[0] if falls else 'none in the sweep'}")
 
 
-def plot(rows: list[dict], policies: list[str], path: Path) -> None:
-    with png(path, 1, len(TENANTS), figsize=(11, 4.2), sharey=True) as (_, axes):
-        for ax, (name, _, factor) in zip(axes, TENANTS):
+def plot(rows: list[dict], policies: list[str], tenants: Tenants, path: Path) -> None:
+    with png(path, 1, len(tenants), figsize=(11, 4.2), sharey=True) as (_, axes):
+        for ax, (name, _, factor) in zip(axes, tenants):
             for p in policies:
                 pts = sorted((r["per_worker"], r["slo"].get(name, 0.0)) for r in rows if r["policy"] == p)
                 ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
@@ -116,6 +150,9 @@ def plot(rows: list[dict], policies: list[str], path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=int, default=400, help="distinct tasks generated per tenant")
+    ap.add_argument("--tenants", default=TENANTS,
+                    help="the mix, NAME:SHARE:FACTOR,... of the profiles coding, browser, agent, and swe and "
+                         "tau where $SAGA_TRACES has them (share of tasks; deadline / unloaded time)")
     ap.add_argument("--ramp-s", type=float, default=None,
                     help="spread the first tasks' starts over this many seconds "
                          "(default: the mix's mean unloaded task time; 0: all at once)")
@@ -130,19 +167,21 @@ def main() -> int:
     out = Path(a.out)
     if a.grid:
         return deadline_grid.main(a, out)
-    coding, browser = generate(a.tasks, a.seed)
-    traces = {"coding": str(write_jsonl(out / "coding.jsonl", coding)),
-              "browser": str(write_jsonl(out / "browser.jsonl", browser))}
+    traces = deadline_grid.profiles(out, a.tasks, a.seed)
+    try:
+        tenants = parse_tenants(a.tenants, traces)
+    except ValueError as e:
+        ap.error(f"--tenants: {e}")
     loads, policies = listed(a.loads, int), listed(a.policies)
-    ramp_s = mean_unloaded_s(traces, a.workers, a.seed) if a.ramp_s is None else a.ramp_s
+    ramp_s = mean_unloaded_s(traces, tenants, a.workers, a.seed) if a.ramp_s is None else a.ramp_s
     if not ramp_s >= 0:
         ap.error("--ramp-s must be >= 0")
     print(f"first tasks start over {ramp_s:.1f} s")
-    jobs = [(traces, a.workers, pw, a.tasks_factor, p, a.seed, ramp_s) for pw in loads for p in policies]
+    jobs = [(traces, tenants, a.workers, pw, a.tasks_factor, p, a.seed, ramp_s) for pw in loads for p in policies]
     rows = run_all(jobs, a.jobs, "deadlines", run_one)
     write_json(out / "deadlines.json", rows)
-    print_tables(rows, loads, policies, a.workers)
-    plot(rows, policies, out / "deadlines.png")
+    print_tables(rows, loads, policies, a.workers, tenants)
+    plot(rows, policies, tenants, out / "deadlines.png")
     print(f"\nwrote {out / 'deadlines.json'} and {out / 'deadlines.png'}")
     return 0
 
