@@ -21,9 +21,11 @@ and a host tier of `--host` x the GPU pool by default) runs `--tasks-factor` x t
 many tasks per policy. Printed per load: the interactive tenant's share of turns
 within their deadline (and the ceiling: the share that would be within it alone on
 a worker, which no policy can pass), its p90 turn time, the background tenant's
-mean task time, and both tenants' throughput; then, per policy, the lowest load at
-which the interactive tenant falls below 99% of its ceiling. `<out>/turn_slo.png`
-plots attainment against load.
+mean task time, and both tenants' throughput; the share within deadline by the
+turn's place in its session (first, second, third, later: where a policy gives up
+first turns to serve later ones, or the other way round); then, per policy, the
+lowest load at which the interactive tenant falls below 99% of its ceiling.
+`<out>/turn_slo.png` plots attainment against load.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from saga_server.bench import Scenario, TenantSpec
-from saga_server.bench.metrics import summarize
+from saga_server.bench.metrics import TURN_PLACES, summarize
 from saga_server.bench.policies import PEERS, make_policy
 from saga_server.bench.runner import _instances
 from saga_server.engines.sim import Simulator
@@ -82,6 +84,7 @@ def run_one(job: tuple) -> dict:
             "turn_slo": s["turn_slo"].get("interactive", float("nan")),
             "turn_p90_s": s["turn_p90_s"].get("interactive", float("nan")),
             "turn_slack_used": s["turn_slack_used"].get("interactive", float("nan")),
+            "turn_slo_by_place": s["turn_slo_by_place"].get("interactive", []),
             "tct_by_tenant": s["tct_mean_by_tenant_s"], "tasks_per_hour": s["tasks_per_hour"],
             "recompute_share": s["recompute_share"], "wall_s": time.perf_counter() - t0}
 
@@ -100,6 +103,13 @@ def print_tables(rows: list[dict], loads: list[int], policies: list[str], worker
             print(f"| {p} | {r['turn_slo']:.1%} | {r['turn_p90_s']:.1f} | {r['turn_slack_used']:.2f} "
                   f"| {r['tct_by_tenant'].get('background', float('nan')):.0f} | {r['tasks_per_hour']:.0f} "
                   f"| {r['recompute_share']:.3f} |")
+    print("\n## interactive turns within deadline by their place in the session")
+    print("| sessions per worker | policy | " + " | ".join(TURN_PLACES) + " |")
+    print("|---" * (2 + len(TURN_PLACES)) + "|")
+    for pw in loads:
+        for p in policies:
+            r = next(r for r in rows if r["per_worker"] == pw and r["policy"] == p)
+            print(f"| {pw} | {p} | " + " | ".join(f"{x:.1%}" for x in r["turn_slo_by_place"]) + " |")
     print("\n## lowest load where the interactive tenant falls below 99% of its ceiling")
     for p in policies:
         falls = [r["per_worker"] for r in sorted(rows, key=lambda r: r["per_worker"])

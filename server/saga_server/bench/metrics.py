@@ -18,7 +18,8 @@
 - `turn_slo_<tenant>`: share of the tenant's user turns (`core.turns`) that ended
   within their turn deadline, over the tasks that had one; `turn_p90_s_<tenant>`:
   the p90 of their turns' times; `turn_slack_used_<tenant>`: mean turn time over
-  turn deadline.
+  turn deadline; `turn_slo_by_place_<tenant>`: that share for its sessions' first,
+  second and third turns and for the rest (`TURN_PLACES`; nan where none ran).
 - `tasks_per_hour`, `tokens_per_s`: completed tasks and (prompt + output) tokens per
   unit of time.
 - `belady_ratio`: recomputed tokens under the policy / under `belady` in the same run.
@@ -44,7 +45,10 @@ from typing import Any, Mapping
 from saga_server.engines.sim import SimResult
 from saga_server.engines.sim.results import SPLIT
 
-__all__ = ["summarize", "percentile", "add_ratios", "imbalance", "miss_split"]
+__all__ = ["summarize", "percentile", "add_ratios", "imbalance", "miss_split", "TURN_PLACES"]
+
+# A turn's place in its session, as `turn_slo_by_place` buckets it: the last takes the rest.
+TURN_PLACES = ("first", "second", "third", "later")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -142,13 +146,18 @@ def summarize(res: SimResult) -> dict[str, Any]:
     out["tct_mean_by_tenant_s"] = {k: sum(v) / len(v) for k, v in sorted(tct_by_tenant.items())}
     turns: dict[str, list[float]] = defaultdict(list)  # tenant -> turn time over turn deadline
     spans: dict[str, list[float]] = defaultdict(list)
+    by_place: dict[str, list[list[bool]]] = defaultdict(lambda: [[] for _ in TURN_PLACES])
     for t in res.tasks:
         if t.turn_deadline_s:
             turns[t.tenant].extend(span / t.turn_deadline_s for span in t.turn_spans)
             spans[t.tenant].extend(t.turn_spans)
+            for i, span in enumerate(t.turn_spans):
+                by_place[t.tenant][min(i, len(TURN_PLACES) - 1)].append(span <= t.turn_deadline_s)
     out["turn_slo"] = {k: sum(u <= 1.0 for u in v) / len(v) for k, v in sorted(turns.items()) if v}
     out["turn_slack_used"] = {k: sum(v) / len(v) for k, v in sorted(turns.items()) if v}
     out["turn_p90_s"] = {k: percentile(v, 90) for k, v in sorted(spans.items()) if v}
+    out["turn_slo_by_place"] = {k: [sum(met) / len(met) if met else math.nan for met in places]
+                                for k, places in sorted(by_place.items())}
     out["miss_split"] = miss_split(res)
     return out
 

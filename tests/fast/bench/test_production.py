@@ -4,6 +4,7 @@ draws such sessions from published statistics."""
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import fields
@@ -174,6 +175,10 @@ def test_each_user_turn_is_timed_from_the_persons_answer_and_judged_against_its_
     assert s["turn_slo"] == {"chat": pytest.approx(
         sum(span <= t.turn_deadline_s for t in res.tasks for span in t.turn_spans) / 8)}
     assert s["turn_p90_s"]["chat"] < 300.0
+    first, second, third, later = s["turn_slo_by_place"]["chat"]
+    assert first == sum(t.turn_spans[0] <= t.turn_deadline_s for t in res.tasks) / 4
+    assert second == sum(t.turn_spans[1] <= t.turn_deadline_s for t in res.tasks) / 4
+    assert math.isnan(third) and math.isnan(later)  # two turns each
     # SAGA's core was told the same deadline and saw the same turns end.
     turns = saga.core.tenant_outcomes()["chat"].turns
     met, missed = turns.met, turns.missed
