@@ -8,8 +8,9 @@ with deadlines of 4x a task's unloaded time and a browser agent taking three tas
 four with deadlines of 2x. `--tenants NAME:SHARE:FACTOR,...` runs another mix of the
 grid's profiles instead (below; `swe` and `tau` where `$SAGA_TRACES` has them), e.g.
 `--tenants swe:1:4,browser:3:2 --ramp-s 60` for the SWE-bench traces at 4x beside the
-browser agent at 2x taking three tasks in four. Each load (sessions in flight per worker, closed loop, 16 x
-H100 with Llama-3-8B by default) runs `--tasks-factor` x that many tasks per policy.
+browser agent at 2x taking three tasks in four. Each load (sessions in flight per
+worker, closed loop, 16 x H100 with Llama-3-8B by default) runs `--tasks-factor` x
+that many tasks per policy.
 The first tasks start spread over `--ramp-s` seconds, by default the mix's mean
 unloaded task time: the phases of a closed loop in its steady state. `--ramp-s 0`
 starts them all at once, a synchronised burst of first prompts on every worker.
