@@ -132,8 +132,8 @@ class EngineSettings(_Settings):
     seniority_window_s: float = _knob(
         "SAGA_SENIORITY_WINDOW_S", FairShareConfig().seniority_window_s,
         "within a tenant, a request ranks by its task's start (a session with a person in the loop: its running "
-        "user turn's), but no earlier than this many seconds before it arrived; so it can be overtaken only by "
-        "requests arriving within this window after it (`0`: request-level FCFS, as stock vLLM)", 0.0)
+        "user turn's), but no earlier than this many seconds before it arrived (`inf`: as far back as the task "
+        "began, so tasks finish in the order they began; `0`: request-level FCFS, as stock vLLM)", 0.0)
     max_sessions: int = _knob(
         "SAGA_MAX_SESSIONS", MAX_SESSIONS,
         "sessions the engine's core keeps at most (the least recently active go first; each leaves every "

@@ -45,16 +45,24 @@ them (for a session with a person in the loop, the task is its running user turn
 in the queue every one finishes near the end; in task order the k-th finishes
 after about k/n of that time, so mean completion nearly halves). It also keeps
 the KV working set on the fewest sessions. A request without a session is a task
-that started when it arrived. Bound: seniority is never earlier than
-`seniority_window_s` before the request's arrival, so a request can be overtaken
-only by requests that arrive within that window after it; then it is served
-before every later arrival of its tenant (0 gives request-level FCFS).
+that started when it arrived. Bound: a request is overtaken only by requests of
+tasks that started before its own, and no task can start earlier later on, so the
+tasks ahead of it only ever leave: FCFS over tasks, which starves none. By default
+seniority reaches back as far as the task does. `seniority_window_s` can clamp it
+to that many seconds before the request's arrival, so that a request is overtaken
+only by requests arriving within the window after it (0 gives request-level
+FCFS); no default window, because a window is a guess at how long tasks run, and
+where they run longer (tasks take longest under overload, when order matters
+most) it hands the oldest tasks' places to younger ones: their tail grows, and
+their parked KV waits longer to return (measured: docs/RESEARCH.md, "Task
+seniority without a window").
 
 A client's priority (Dynamo's `nvext.agent_hints.priority`, `proxy.agent_hints`)
 moves its request's seniority earlier by that many seconds, at most
 `max_priority_jump_s`: it reorders the tenant's own requests only, since the score
-decides first (a tenant's share is not for its clients to buy), and the window's
-bound becomes `seniority_window_s + max_priority_jump_s`.
+decides first (a tenant's share is not for its clients to buy); so a request can
+also be overtaken by tasks that started up to `max_priority_jump_s` after its own
+(with a window, by arrivals within `seniority_window_s + max_priority_jump_s`).
 
 Cluster. On several engines each keeps its own queues; `record_peer_service`
 feeds in the service the *other* engines delivered (see `cluster_share`), which
@@ -66,6 +74,7 @@ the service it received, not by one engine's share of it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["FairShareConfig", "FairShare", "urgency", "seniority"]
@@ -77,7 +86,7 @@ class FairShareConfig:
     queue_scale_tokens: float = 8192.0
     urgency_cap: float = 10.0
     active_window_s: float = 60.0
-    seniority_window_s: float = 900.0
+    seniority_window_s: float = math.inf  # inf: as far back as the task began
     max_priority_jump_s: float = 60.0
     weights: tuple[tuple[str, float], ...] = ()  # (tenant, weight); others weigh 1
 

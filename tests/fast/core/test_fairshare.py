@@ -262,6 +262,30 @@ def test_seniority_lets_a_request_be_overtaken_only_within_the_window(started, t
     assert seniority(started, t1, 0.0) == t1  # window 0: request-level FCFS
 
 
+def test_by_default_a_long_task_keeps_its_seniority_however_long_it_runs() -> None:
+    """The default has no window: a task that began 10 minutes before another still
+    ranks first when its next request comes 28 minutes in (a 15-minute window would
+    rank it as if it began 15 minutes before that request: behind the younger)."""
+    for window, long_first in ((None, True), (900.0, False)):
+        clock = ManualClock()
+        config = CoreConfig() if window is None else CoreConfig(fairshare=FairShareConfig(seniority_window_s=window))
+        core = WorkflowCore(config, clock=clock)
+        core.accept(SessionStart("long", 0.0, tenant="a"))
+        clock.t = 600.0
+        core.accept(SessionStart("young", 600.0, tenant="a"))
+        clock.t = 1700.0
+        assert (core.request_rank("long", "a", 1700.0) < core.request_rank("young", "a", 620.0)) is long_first
+
+
+@settings(max_examples=200, deadline=None)
+@given(started=st.floats(-1e6, 1e6), later=st.floats(1e-3, 1e6), t1=st.floats(-1e6, 1e6), t2=st.floats(-1e6, 1e6))
+def test_without_a_window_tasks_rank_in_the_order_they_began(started, later, t1, t2) -> None:
+    """FCFS over tasks: whenever their requests arrive, a request of a task that began
+    later never ranks before one of a task that began earlier."""
+    window = FairShareConfig().seniority_window_s
+    assert seniority(started, max(t1, started), window) < seniority(started + later, max(t2, started + later), window)
+
+
 def test_seniority_window_must_be_non_negative() -> None:
     with pytest.raises(ValueError):
         FairShareConfig(seniority_window_s=-1.0)

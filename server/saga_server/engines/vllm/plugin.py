@@ -26,8 +26,9 @@ path):
   request earlier within its tenant, `core.fairshare`). Service is recorded per tenant
   after each step. Admission counts a request's KV need with its `osl` hint when it
   gives one (`RequestMeta.kv_need`).
-  The seniority window (`EngineSettings.seniority_window_s`) bounds how far
-  seniority reaches back (0: request-level FCFS within a tenant, as stock).
+  The seniority window (`EngineSettings.seniority_window_s`) can bound how far
+  seniority reaches back (unbounded by default; 0: request-level FCFS within a
+  tenant, as stock).
 - **Deadlines** (`saga_server.core.deadlines`, which documents the rule): while a
   request of an at-risk session waits, requests of slack-rich sessions are held in
   the waiting queue (held back by `RankedRequestQueue`, taken back from it if they
