@@ -77,3 +77,32 @@ def test_the_host_tier_drops_a_scheduled_sessions_copy_first_and_rekeys_a_queued
     sim.tiers.requested(w, waiting)  # its request joined the queue: LRU's key is its use now
     w.host.offload("newer", 4, key=20.0)
     assert w.host.end("waiting") == 4 and w.host.end("new") < 4
+
+
+class _RecordingLoads:
+    """The saga policy, recording at each steal tick what the views say each worker
+    holds against what is in flight there."""
+
+    def __init__(self, policy) -> None:
+        self._policy, self.sim, self.ticks = policy, None, []
+
+    def __getattr__(self, name):
+        return getattr(self._policy, name)
+
+    def plan_steal(self, views, now):
+        workers = self.sim.workers
+        self.ticks.append([(v.queue_len, len(w.gated), len(w.queue) + w.running) for v, w in zip(views, workers)])
+        return self._policy.plan_steal(views, now)
+
+
+def test_a_workers_load_counts_the_requests_its_admission_gate_holds_back():
+    # The router counts every request in flight at a replica; one waiting for admission
+    # is in flight, so a worker with a full gate must not look idle to steals.
+    cost = make_cost_model(kv_capacity_override=24_000)
+    recorder = _RecordingLoads(make_policy("saga"))
+    sim = Simulator(cost, recorder, sessions(48), SimConfig(workers=2, host_tier_factor=1.0))
+    recorder.sim = sim
+    sim.run()
+    loads = [load for tick in recorder.ticks for load in tick]
+    assert any(gated > 0 for _, gated, _ in loads)
+    assert all(queue_len == gated + rest for queue_len, gated, rest in loads)

@@ -1,7 +1,9 @@
 """KV moves between workers: what each worker reports to the router, and what a steal does.
 
-- **Views**: what each worker would report to the Ray router now: queue = waiting +
-  running requests, KV usage = blocks held for live sessions / pool, the sessions whose
+- **Views**: what each worker would report to the Ray router now: queue = every
+  request in flight there (waiting at the admission gate, queued or running), as the
+  router counts its requests in flight per replica, so a worker whose gate holds
+  requests back does not look idle to placement and steals; KV usage = blocks held for live sessions / pool, the sessions whose
   KV is resident (GPU or host tier), which of them are in a tool, and how much KV
   each holds.
 - **A steal moves the KV**: the session's resident prefix (GPU hold, and the host
@@ -61,7 +63,7 @@ class KvMoves:
                 if s.state == TOOL:
                     in_tool[w.wid].append(sid)
         cap = sim.capacity_blocks
-        return [ReplicaView(names[w.wid], queue_len=len(w.queue) + w.running,
+        return [ReplicaView(names[w.wid], queue_len=len(w.gated) + len(w.queue) + w.running,
                             kv_usage=min(w.cache.useful_blocks / cap, 1.0),
                             sessions=frozenset(held[w.wid]), in_tool=frozenset(in_tool[w.wid]),
                             kv_tokens=sizes[w.wid])
