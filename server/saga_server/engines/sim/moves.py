@@ -3,9 +3,9 @@
 - **Views**: what each worker would report to the Ray router now: queue = every
   request in flight there (waiting at the admission gate, queued or running), as the
   router counts its requests in flight per replica, so a worker whose gate holds
-  requests back does not look idle to placement and steals; KV usage = blocks held for live sessions / pool, the sessions whose
-  KV is resident (GPU or host tier), which of them are in a tool, and how much KV
-  each holds.
+  requests back does not look idle to placement and steals; KV usage = blocks held
+  for live sessions / pool; the sessions whose KV is resident (GPU or host tier),
+  which of them are in a tool, and how much KV each holds.
 - **A steal moves the KV**: the session's resident prefix (GPU hold, and the host
   and disk tiers' copies beyond it) is sent to the target over the inter-node link
   (`CostModel.move_s`: a fixed cost per move plus the bytes; one transfer at a time
