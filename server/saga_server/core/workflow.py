@@ -74,6 +74,8 @@ class KvOutlook:
     # Seconds until that request, as likely more as less (the median of the wait left;
     # 0 while a call runs): a heavy-tailed wait's mean is its tail's (`admission`).
     away_s: float
+    # Its subagents run and it goes on when the last returns (`AEG.children_remaining_s`).
+    awaits_children: bool = False
 
 
 class WorkflowCore:
@@ -251,7 +253,7 @@ class WorkflowCore:
                 return None
             _, t_next = self.aeg.reuse_of(s, self._clock(), q=0.5)
             need = s.context_tokens + max(0.0, self.aeg.growth_of(s)) + s.last_output
-            return KvOutlook(s.context_tokens, int(need), t_next)
+            return KvOutlook(s.context_tokens, int(need), t_next, awaits_children=bool(s.children))
 
     def eviction_priority(self, session_id: str | None, kv_tokens: int, last_access: float) -> float:
         """WA-LRU key of cached KV at the current clock (formula: `eviction`); LOWER =

@@ -21,7 +21,7 @@ from saga_server.core import (
     ToolCallStart,
     WorkflowCore,
 )
-from saga_server.core.admission import AdmissionConfig, AdmissionState, SessionAdmission
+from saga_server.core.admission import AdmissionConfig, AdmissionPlan, AdmissionState, SessionAdmission
 
 TOOLS = {"grep": ("search", 0.2), "pytest": ("test", 60.0)}
 
@@ -167,6 +167,39 @@ def test_a_tool_usually_back_at_once_is_not_parked_for_its_rare_long_runs(monkey
     monkeypatch.setitem(TOOLS, "bash", ("run", 0.2))
     assert head_behind(core, clock, adm, "bash").park == ()
     assert adm.state("bash") == AdmissionState.ACTIVE and adm.state("head") == AdmissionState.WAITING
+
+
+def test_a_parent_waiting_on_its_subagents_is_not_parked_for_the_head():
+    """Its wait (its child's run) would pass the payback test, but the tree goes on
+    the moment the child returns: the head waits instead, until the child is done."""
+    core, clock, adm = setup(capacity=1000, target=1.0)
+    parent = Agent(core, adm, clock, "parent")
+    parent.request(800)
+    adm.plan()
+    parent.finish(800, tool="pytest")
+    core.accept(SessionStart("child", clock.t, workflow="swe", tenant="t", parent_id="parent"))
+    busy = Agent(core, adm, clock, "busy")  # keeps the engine busy: no forward-progress shortcut
+    busy.request(100)
+    adm.plan()
+    head = Agent(core, adm, clock, "head")
+    assert not head.request(500)
+    assert adm.plan() == AdmissionPlan()
+    assert adm.state("parent") == AdmissionState.ACTIVE and adm.state("head") == AdmissionState.WAITING
+    core.accept(SessionEnd("child", clock.t))  # still in its long tool: now it may be parked
+    assert adm.plan() == AdmissionPlan(admit=("head",), park=("parent",))
+
+
+def test_overflow_does_not_park_a_parent_waiting_on_its_subagents():
+    core, clock, adm = setup(capacity=1000, target=0.9, overflow=1.0)
+    agents = [Agent(core, adm, clock, f"s{i}") for i in range(3)]
+    for a in agents:
+        a.request(300)
+        adm.plan()
+    for a, tool in zip(agents, ("grep", "pytest", "grep")):
+        a.finish(300, tool=tool)
+    core.accept(SessionStart("child", clock.t, workflow="swe", tenant="t", parent_id="s1"))
+    agents[0].request(500)  # W = 1100 > 1000: s1, away longest, would go first
+    assert adm.plan().park == ("s2",)
 
 
 def test_the_limit_grows_past_the_tiers_while_kv_is_found_and_someone_waits():
