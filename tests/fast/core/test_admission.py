@@ -189,12 +189,18 @@ def test_a_parent_waiting_on_its_subagents_is_not_parked_for_the_head():
     assert adm.plan() == AdmissionPlan(admit=("head",), park=("parent",))
 
 
-def test_overflow_does_not_park_a_parent_waiting_on_its_subagents():
-    core, clock, adm = setup(capacity=1000, target=0.9, overflow=1.0)
+def three_admitted(core, clock, adm) -> list[Agent]:
+    """Three sessions of 300 tokens, each admitted as its first request arrives."""
     agents = [Agent(core, adm, clock, f"s{i}") for i in range(3)]
     for a in agents:
         a.request(300)
         adm.plan()
+    return agents
+
+
+def test_overflow_does_not_park_a_parent_waiting_on_its_subagents():
+    core, clock, adm = setup(capacity=1000, target=0.9, overflow=1.0)
+    agents = three_admitted(core, clock, adm)
     for a, tool in zip(agents, ("grep", "pytest", "grep")):
         a.finish(300, tool=tool)
     core.accept(SessionStart("child", clock.t, workflow="swe", tenant="t", parent_id="s1"))
@@ -260,10 +266,7 @@ def test_a_session_with_two_requests_in_flight_is_busy_until_both_finished():
 
 def test_overflow_parks_idle_sessions_down_to_the_target():
     core, clock, adm = setup(capacity=1000, target=0.9, overflow=1.0)
-    agents = [Agent(core, adm, clock, f"s{i}") for i in range(3)]
-    for a in agents:
-        a.request(300)
-        adm.plan()
+    agents = three_admitted(core, clock, adm)
     assert adm.states()[AdmissionState.ACTIVE] == 3 and adm.active_tokens == 900
     for a in agents:
         a.finish(300, tool="pytest")
