@@ -38,7 +38,7 @@ end):
    taken in rank order (`WorkflowCore.request_rank`: tenants' fair share and urgency,
    then task seniority), and each is activated while W + ws <= L.
 2. *Make room for the head.* When the head does not fit, idle active sessions (no
-   request waiting or running, no TTL pin: a pin is a promise to keep the KV for the
+   request waiting or running, no TTL pin, which is a promise to keep the KV for the
    length of its tool call, and not a parent waiting on its subagents) that are
    expected to stay away long enough to pay for the move are parked, least valuable
    first (lowest WA-LRU key: farthest, least likely and cheapest next use), until the
@@ -49,14 +49,13 @@ end):
    back within a second as often as not, and runs minutes once in a hundred), so the
    mean is the tail's and would park sessions that are back before their KV is (both
    measured: docs/RESEARCH.md, "What closed SAGA's gap to its `oracle`"). Why not a
-   parent waiting on its subagents: the tree is a task in progress, which admission
-   keeps whole as it keeps a session whole. The parent's wait is its children's run,
-   long enough to pass any payback test, yet it goes on the moment the last of them
-   returns, so parking it only makes the tree recompute the parent's context at the
-   point where all of its work waits on it (measured: docs/RESEARCH.md,
-   "Subagents"). If no such set makes the head fit, nobody is parked and the head
-   waits: it is never overtaken (head-of-line), so the first-ranked session is
-   admitted as soon as capacity allows.
+   parent waiting on its subagents: its wait is its children's run, which passes any
+   payback test, yet it goes on the moment the last of them returns, so parking it
+   trades the tree's next step (a recompute of the parent's context) for another
+   session's start; measured, that trade lost wherever KV was short and never won
+   beyond noise (docs/RESEARCH.md, "Subagents"). If no such set makes the head fit,
+   nobody is parked and the head waits: it is never overtaken (head-of-line), so the
+   first-ranked session is admitted as soon as capacity allows.
 3. *Overflow.* Working sets grow as contexts grow; when W exceeds `overflow`/`target`
    x L (before and after admitting), idle active sessions are parked the same way
    (without the payback test: the pool would otherwise evict at random) until W <= L.
