@@ -13,8 +13,9 @@ seeded rounds), Llama-3-8B on H100 by default, with and without a disk tier belo
 host tier (`--disks`, multiples of the GPU pool; read at `CostModel.disk_bw`). Completion time counts from a task's
 arrival and includes the person's waits, which no policy can shorten; the recompute
 share and memory utilisation say where policies differ. Printed per (host tier,
-load): the `sim_overload` table and ratios, and the workload's own statistics
-beside the published ones.
+load): the `sim_overload` table and ratios, the user turns' times (what the person
+waits on: from the task's start or the person's answer to the next hand-back; mean,
+p50, p90, p99), and the workload's own statistics beside the published ones.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.harness.overload import POLICIES, print_tables, run_one
+from benchmarks.harness.overload import POLICIES, USER_TURN_COLUMNS, print_tables, run_one
 from benchmarks.harness.production_agents import ProductionShape, generate, summary
 from benchmarks.harness.results import write_json, write_jsonl
 from benchmarks.harness.sim import add_run_arguments, listed, run_all
@@ -51,8 +52,22 @@ def main() -> int:
     rows = run_all(jobs, a.jobs, "production", run_one)
     write_json(out / "production.json", rows)
     print_tables(rows, hosts, loads, policies, a.workers, title="production-shaped, ", disks=disks)
+    print_user_turns(rows, hosts, disks, loads, policies)
     print(f"\nwrote {out / 'production.json'}")
     return 0
+
+
+def print_user_turns(rows: list[dict], hosts: list[float], disks: list[float], loads: list[int],
+                     policies: list[str]) -> None:
+    """One table per (host tier, disk tier, load): each policy's user-turn times."""
+    for h, d, pw in ((h, d, pw) for h in hosts for d in disks for pw in loads):
+        sel = {r["policy"]: r for r in rows if r["host"] == h and r["disk"] == d and r["per_worker"] == pw}
+        disk = f", disk tier {d:g}x" if d else ""
+        print(f"\n## user turns (s), host tier {h:g}x{disk}, {pw} sessions/worker")
+        print("| policy | mean | p50 | p90 | p99 |")
+        print("|---|---|---|---|---|")
+        for p in policies:
+            print(f"| {p} | " + " | ".join(f"{sel[p][c]:.0f}" for c in USER_TURN_COLUMNS) + " |")
 
 
 if __name__ == "__main__":

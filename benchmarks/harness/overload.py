@@ -14,6 +14,7 @@ from saga_server.engines.sim import Simulator
 
 POLICIES = ("apc-lru", "apc-lru-offload", "kvflow", "thunderagent", *PEERS, "saga-no-admit", "saga", "infinite")
 REFERENCES = ("infinite", "oracle", "belady")  # bounds, never "the best other policy"
+USER_TURN_COLUMNS = ("user_turn_mean_s", "user_turn_p50_s", "user_turn_p90_s", "user_turn_p99_s")
 
 
 def run_one(job: tuple) -> dict:
@@ -30,6 +31,7 @@ def run_one(job: tuple) -> dict:
     return {"policy": policy, "per_worker": per_worker, "host": host, "disk": disk, "tasks": len(res.tasks),
             "tct_mean_s": s["tct_mean_s"], "tct_p90_s": s["tct_p90_s"], "tasks_per_hour": s["tasks_per_hour"],
             "hit_rate": s["hit_rate"], "recompute_share": s["recompute_share"], "regen_share": s["regen_share"],
+            **{k: s[k] for k in USER_TURN_COLUMNS},
             "mem_util": s["mem_util"], "running_kv": s["running_kv"], "parked": res.parked,
             "disk_share": res.disk_loaded_tokens / res.reusable_tokens if res.reusable_tokens else 0.0,
             "admission_waits": res.admitted_after_wait, "wall_s": wall}

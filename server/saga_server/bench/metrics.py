@@ -15,6 +15,11 @@
 - `goodput_per_hour`: tasks finished within their deadline (a task without one
   counts) per hour: `tasks_per_hour` times that share.
 - `slack_used_<tenant>`: mean of completion time over deadline (above 1: missed).
+- `user_turn_mean_s`, `user_turn_p50_s`, `user_turn_p90_s`, `user_turn_p99_s`: over every
+  user turn of every task (`core.turns`; with a turn deadline or not), from the task's
+  start or the person's answer to the next hand-back: what a person in the loop waits
+  on, where `tct_*` also counts the person's own waits. A task with no person in it
+  is one turn, its whole time.
 - `turn_slo_<tenant>`: share of the tenant's user turns (`core.turns`) that ended
   within their turn deadline, over the tasks that had one; `turn_p90_s_<tenant>`:
   the p90 of their turns' times; `turn_slack_used_<tenant>`: mean turn time over
@@ -144,6 +149,10 @@ def summarize(res: SimResult) -> dict[str, Any]:
     for t in res.tasks:
         tct_by_tenant[t.tenant].append(t.tct_s)
     out["tct_mean_by_tenant_s"] = {k: sum(v) / len(v) for k, v in sorted(tct_by_tenant.items())}
+    every_turn = [span for t in res.tasks for span in t.turn_spans]
+    out["user_turn_mean_s"] = sum(every_turn) / len(every_turn) if every_turn else math.nan
+    for q in (50, 90, 99):
+        out[f"user_turn_p{q}_s"] = percentile(every_turn, q)
     turns: dict[str, list[float]] = defaultdict(list)  # tenant -> turn time over turn deadline
     spans: dict[str, list[float]] = defaultdict(list)
     by_place: dict[str, list[list[bool]]] = defaultdict(lambda: [[] for _ in TURN_PLACES])

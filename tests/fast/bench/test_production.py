@@ -185,6 +185,22 @@ def test_each_user_turn_is_timed_from_the_persons_answer_and_judged_against_its_
     assert (met, missed) == (round(8 * s["turn_slo"]["chat"]), 8 - round(8 * s["turn_slo"]["chat"]))
 
 
+def test_user_turn_times_count_every_turn_and_leave_the_persons_wait_out():
+    insts = [TaskInstance(f"s{i}", turns_task(f"t{i}", 300.0), tenant="chat", turn_deadline_factor=1.5)
+             for i in range(2)]
+    insts += [TaskInstance(f"b{i}", turns_task(f"u{i}", 300.0), tenant="background") for i in range(2)]
+    insts.append(TaskInstance("c", chain_task("c", steps=3)))  # no person in it: one turn
+    res = run("saga", insts)[2]
+    spans = [span for t in res.tasks for span in t.turn_spans]
+    assert len(spans) == 9
+    s = summarize(res)
+    assert s["user_turn_mean_s"] == pytest.approx(sum(spans) / 9)
+    assert s["user_turn_p50_s"] == sorted(spans)[4] and s["user_turn_p99_s"] == max(spans)
+    assert s["user_turn_p90_s"] < 300.0 < min(t.tct_s for t in res.tasks if t.session_id != "c")
+    alone = next(t for t in res.tasks if t.session_id == "c")
+    assert alone.turn_spans == (pytest.approx(alone.tct_s),)
+
+
 def test_turns_that_queue_behind_each_other_miss_a_tight_turn_deadline():
     # Eight sessions start at once on one worker: the later ones' first turns wait.
     insts = [TaskInstance(f"s{i}", turns_task(f"t{i}", 300.0), tenant="chat", turn_deadline_factor=1.2)
