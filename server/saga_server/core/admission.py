@@ -24,10 +24,17 @@ GPU holds too, and sessions queued behind the engine's batch limit keep their KV
 the pool while they wait, so a W well above the pool may lose nothing. L starts at
 `target` x (pool + host tier). Each served request of an active session that found
 the KV it had held intact raises it by ws^2/L (about one session per round of
-requests) while the limit binds (a session waits for admission: as TCP's window
-grows only while the sender is window-limited, so an idle stretch cannot inflate
-it); each one that had to recompute r tokens it had held lowers it by r (the tiers
-were short by about that much). L has no ceiling: the tiers' size is where it
+requests) while the limit binds and the engine does not: a session waits for
+admission, and no admitted request waits in the engine's queue. As TCP's window
+grows only while the sender is window-limited (so an idle stretch cannot inflate
+it), and a delay-based one stops growing once packets queue at the bottleneck: an
+admitted request queued at the engine says the engine, not the limit, is what holds
+work back, and another admitted session would only compete for its KV. Each served
+request that had to recompute r tokens it had held lowers L by r (the tiers were
+short by about that much). A session's first request on this engine is evidence of
+neither: what it finds or misses this engine never held (it moved here, or came back
+after its session idled out and was forgotten), as the first request of a session
+back from parking misses by design. L has no ceiling: the tiers' size is where it
 starts, measured loss is what bounds it; it never drops below `target` x pool. So
 admission engages only where active sessions do lose KV, and L settles just below
 the point where they start to.
@@ -121,8 +128,11 @@ class _Entry:
     state: AdmissionState
     ws: int  # working-set tokens
     pending: int = 0  # its requests waiting or running at the engine
+    running: int = 0  # of those, the ones the engine has scheduled
     waiting_since: float = 0.0  # when its current request arrived (core clock)
-    returning: bool = False  # re-admitted after parking: its first request may miss KV by design
+    # Its next served request says nothing of this engine's tiers: its first here, or
+    # its first after parking, which may miss KV by design.
+    no_evidence: bool = True
 
 
 @dataclass(slots=True)
@@ -178,6 +188,7 @@ class SessionAdmission:
         if e is None:
             return
         e.pending = max(0, e.pending - 1)
+        e.running = min(max(0, e.running - 1), e.pending)
         if e.pending:
             return
         outlook = self.core.kv_outlook(session_id)
@@ -188,16 +199,18 @@ class SessionAdmission:
         """The engine served a request of the session; `held_tokens`: KV of its prompt
         the engine had computed before (0 for a first request: nothing to find, no
         evidence either way), `recomputed_tokens`: how much of that it had to
-        recompute. Adapts the limit (module docstring)."""
+        recompute. The request now runs (it no longer waits in the engine's queue).
+        Adapts the limit (module docstring)."""
         e = self._entries.get(session_id)
         if e is None or e.state != ACTIVE:
             return
-        if e.returning:  # back from parking: a miss is the price of parking, not overload
-            e.returning = False
+        e.running = min(e.running + 1, e.pending)
+        if e.no_evidence:
+            e.no_evidence = False
         elif recomputed_tokens > 0:
             self.counts.losses += 1
             self.limit = max(self.floor, self.limit - recomputed_tokens)
-        elif held_tokens > 0 and self._someone_waits():
+        elif held_tokens > 0 and self._someone_waits() and not self._engine_queues():
             self.limit += e.ws * e.ws / self.limit
 
     def ended(self, session_id: str) -> None:
@@ -259,13 +272,16 @@ class SessionAdmission:
     def _someone_waits(self) -> bool:
         return any(x.pending and x.state != ACTIVE for x in self._entries.values())
 
+    def _engine_queues(self) -> bool:
+        return any(x.pending > x.running for x in self._entries.values() if x.state == ACTIVE)
+
     def _busy(self) -> bool:
         return any(x.pending for x in self._entries.values() if x.state == ACTIVE)
 
     def _activate(self, e: _Entry, now: float) -> None:
         self.counts.admitted += 1
         self.counts.wait_s += max(0.0, now - e.waiting_since)
-        e.returning = e.state == PARKED
+        e.no_evidence = e.no_evidence or e.state == PARKED
         e.state = ACTIVE
         self.active_tokens += e.ws
 

@@ -231,6 +231,37 @@ def test_a_first_request_is_no_evidence_that_kv_is_held():
     assert adm.limit == 1000 and adm.plan().admit == ()
 
 
+def test_the_limit_does_not_grow_while_an_admitted_request_waits_in_the_engines_queue():
+    core, clock, adm = setup(capacity=1000, target=1.0)
+    a, c, b = Agent(core, adm, clock, "a"), Agent(core, adm, clock, "c"), Agent(core, adm, clock, "b")
+    for x in (a, c):  # both admitted and past their first request here
+        x.request(450)
+        adm.plan()
+        adm.served(x.sid, 0, 0)
+        x.finish(450)
+    assert a.request(450) and c.request(450)
+    assert not b.request(600) and adm.plan().admit == ()  # b waits at the gate
+    adm.served("c", 450, 0)  # c finds its KV, but a still waits for the engine
+    assert adm.limit == 1000
+    adm.served("a", 450, 0)  # now every admitted request runs: the limit binds
+    assert adm.limit > 1000
+
+
+def test_a_sessions_first_request_here_is_no_evidence_of_this_engines_tiers():
+    """A session that moved here (or came back after it was forgotten) recomputes what
+    another engine held: no loss of this engine's; its next request's is."""
+    core, clock, adm = setup(capacity=1000, host_tokens=1000, target=1.0)
+    a = Agent(core, adm, clock, "a")
+    a.request(800)
+    adm.plan()
+    adm.served("a", 800, 800)
+    assert adm.limit == 2000 and adm.counts.losses == 0
+    a.finish(800)
+    a.request(800)
+    adm.served("a", 800, 800)
+    assert adm.limit == 1200 and adm.counts.losses == 1
+
+
 def test_the_limit_does_not_grow_while_nobody_waits():
     core, clock, adm = setup(capacity=1000, target=1.0)
     a = Agent(core, adm, clock, "a")
@@ -246,6 +277,9 @@ def test_recomputed_kv_lowers_the_limit_by_what_was_lost_but_not_below_the_pool(
     a = Agent(core, adm, clock, "a")
     a.request(800)
     adm.plan()
+    adm.served("a", 0, 0)  # its first request here
+    a.finish(800)
+    a.request(800)
     adm.served("a", 800, 300)
     assert adm.limit == 1700 and adm.counts.losses == 1
     adm.served("a", 5000, 5000)
