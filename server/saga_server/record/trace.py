@@ -293,11 +293,16 @@ class TraceBuilder:
     # -- housekeeping ---------------------------------------------------------------------
 
     def expire(self, now: float) -> None:
-        """End sessions silent for `idle_s` (their end never came)."""
+        """End sessions silent for `idle_s` (their end never came). A session waiting
+        on a call in flight is not silent: a slow answer must not end it."""
         while self._open:
             task = next(iter(self._open.values()))
             if now - task.last_seen < self.idle_s:
                 break
+            if task.running:
+                task.last_seen = now
+                self._open.move_to_end(task.session_id)
+                continue
             self._finish(task, "recorder_idle")
 
     def close(self, reason: str = "closed") -> None:

@@ -147,6 +147,17 @@ def test_a_session_whose_end_never_comes_is_written_after_idle_s():
     assert (task["end_reason"], task["truncated"]) == ("recorder_idle", True)
 
 
+def test_a_call_slower_than_idle_s_does_not_end_its_session():
+    b = TraceBuilder(idle_s=4)
+    b.session_start("s", 100.0, restart=False)
+    step = b.llm_start("s", 100.0)
+    b.expire(106.0)  # its answer takes 6 s: the session waits on it, it is not silent
+    b.llm_end("s", 106.5, step=step, prompt_tokens=200, output_tokens=8)
+    b.session_end("s", 107.0, reason="completed")
+    [task] = b.take()
+    assert [s["prompt_tokens"] for s in task["steps"]] == [200] and "incomplete" not in task
+
+
 def test_facts_that_went_missing_mark_the_task_incomplete():
     b = TraceBuilder()
     b.llm_start("late", 0, step=3)                       # its start and two steps were never seen
