@@ -108,6 +108,7 @@ class HoldLedger:
         self._owner_pin_cap = owner_pin_cap
         self.held_blocks = 0
         self.pinned_blocks = 0
+        self.soft_blocks = 0
         self._pinned_by_owner: dict[str, int] = {}
 
     # -- reads ---------------------------------------------------------------------
@@ -133,8 +134,13 @@ class HoldLedger:
         return self._pinned_by_owner.get(owner, 0)
 
     def pressure(self) -> float:
-        """Share of the pool not free to allocate now (0..1)."""
-        return min(1.0, max(0.0, 1.0 - self.pool.num_free() / self.capacity_blocks))
+        """Share of the pool that cannot be had on demand now (0..1): what requests,
+        pins and protected holds take. Soft holds count as free: they are idle
+        sessions' cached KV, given back the moment anything needs the room, as a
+        stock engine's cached free blocks are (and counted free by it). Counting them
+        would read a pool that merely remembers its sessions as one under pressure,
+        which every pool does once it has served its size in tokens."""
+        return min(1.0, max(0.0, 1.0 - (self.pool.num_free() + self.soft_blocks) / self.capacity_blocks))
 
     # -- changes -------------------------------------------------------------------
 
@@ -282,8 +288,7 @@ class HoldLedger:
             dropped += k
             if account:
                 self.held_blocks -= k
-                if hold.tier == PINNED:
-                    self._add_pinned(hold, -k)
+                self._add_tier(hold, hold.tier, -k)
         if not hold.blocks and self._holds.get(hold.session_id) is hold:
             del self._holds[hold.session_id]
         if notify and dropped and self._on_release is not None:
@@ -313,7 +318,8 @@ class HoldLedger:
             raise ValueError(f"NaN key for session {hold.session_id!r}")
         if tier != hold.tier:
             n = len(hold.blocks)
-            self._add_pinned(hold, n if tier == PINNED else -n if hold.tier == PINNED else 0)
+            self._add_tier(hold, hold.tier, -n)
+            self._add_tier(hold, tier, n)
             if tier != PINNED:
                 hold.expires_at = math.inf
         hold.key, hold.tier = key, tier
@@ -325,7 +331,12 @@ class HoldLedger:
     def _account(self, hold: Hold, sign: int) -> None:
         n = sign * len(hold.blocks)
         self.held_blocks += n
-        if hold.tier == PINNED:
+        self._add_tier(hold, hold.tier, n)
+
+    def _add_tier(self, hold: Hold, tier: int, n: int) -> None:
+        if tier == SOFT:
+            self.soft_blocks += n
+        elif tier == PINNED:
             self._add_pinned(hold, n)
 
     def _add_pinned(self, hold: Hold, n: int) -> None:

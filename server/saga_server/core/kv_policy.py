@@ -70,7 +70,7 @@ class KvRules(Protocol):
 
     def pin_decision(self, session_id: str, kv_tokens: int, pressure: float) -> PinDecision:
         """Whether to pin the session's KV now, and for how long (`pressure`: the
-        share of the pool not free, 0..1)."""
+        share of the pool that cannot be had on demand, 0..1: `HoldLedger.pressure`)."""
 
 
 class AdmissionControl(Protocol):

@@ -9,6 +9,11 @@ Decision (`decide_pin`), in order:
    it already ran) and q slides from `q_high` (no pressure) to `q_low` (full
    pressure). A TTL of zero means no pin ("tool_done").
 
+Pressure is the share of the pool that cannot be had on demand: running requests,
+pins and protected KV (`HoldLedger.pressure`). Idle sessions' cached KV is not
+pressure: it is what a pin is weighed against, and a pool that has served its size
+in tokens is always full of it.
+
 The client's own cache TTL (`client_ttl_s`: Anthropic's `cache_control` TTL,
 OpenAI's `prompt_cache_retention`, read at the front door) is a floor: past rule 3,
 the pin lasts at least (1 - pressure) * min(`client_ttl_s`, `max_client_ttl_s`),

@@ -120,6 +120,24 @@ def test_one_owner_pins_no_more_than_its_cap_and_other_owners_still_pin():
     assert ledger.get("a2").refused == ""
 
 
+def test_pressure_counts_what_cannot_be_had_on_demand_not_idle_sessions_soft_kv():
+    pool = RefPool(20)
+    ledger = HoldLedger(pool, 20, max_pin_fraction=1.0)
+    running = pool.allocate(4)  # a request's blocks
+    for i in range(4):
+        idle(pool, ledger, f"idle{i}", 4, key=float(i))  # the rest of the pool: cached idle sessions
+    assert pool.num_free() == 0
+    assert ledger.pressure() == pytest.approx(4 / 20)  # only the running request presses
+    ledger.pin("idle0", 30.0, now=0.0)
+    ledger.set_key("idle1", 1.0, PROTECTED)
+    assert ledger.pressure() == pytest.approx(12 / 20)
+    ledger.expire(30.0)  # the pin ran out: idle0's KV is cached again
+    assert ledger.pressure() == pytest.approx(8 / 20)
+    pool.free("r", running)
+    ledger.release("idle1", "session_end")
+    assert ledger.pressure() == 0.0
+
+
 def test_the_session_being_allocated_for_is_released_last():
     pool = RefPool(8)
     ledger = HoldLedger(pool, 8)
@@ -265,7 +283,7 @@ class LedgerMachine(RuleBasedStateMachine):
         refs = {b.bid: 0 for b in self.pool.blocks}
         for b in self._request_blocks():
             refs[b.bid] += 1
-        held = pinned = 0
+        held = pinned = soft = 0
         by_owner = {"t0": 0, "t1": 0}
         for sid in self.ledger.sessions():
             hold = self.ledger.get(sid)
@@ -274,9 +292,10 @@ class LedgerMachine(RuleBasedStateMachine):
                 refs[b.bid] += 1
             held += len(hold.blocks)
             pinned += len(hold.blocks) if hold.tier == PINNED else 0
+            soft += len(hold.blocks) if hold.tier == SOFT else 0
             by_owner[hold.owner] += len(hold.blocks) if hold.tier == PINNED else 0
         assert all(b.ref_cnt == refs[b.bid] for b in self.pool.blocks)
-        assert (self.ledger.held_blocks, self.ledger.pinned_blocks) == (held, pinned)
+        assert (self.ledger.held_blocks, self.ledger.pinned_blocks, self.ledger.soft_blocks) == (held, pinned, soft)
         assert pinned <= self.ledger.max_pin_blocks
         assert {o: self.ledger.pinned_of(o) for o in by_owner} == by_owner and by_owner["t0"] <= 5
         assert all(self.ledger.get(s).expires_at == math.inf for s in self.ledger.sessions()
