@@ -144,8 +144,9 @@ def ray_cluster(tmp_path_factory):
         deadline = time.monotonic() + float(os.environ.get("SAGA_TEST_READY_S", "900"))
         model = None
         while model is None:
-            if proc is not None and proc.poll() is not None:
-                raise RuntimeError(f"saga router exited with {proc.returncode}")
+            if proc is not None and proc.poll() is not None:  # the log's end in the one line a summary shows
+                tail = " | ".join(log_path.read_text(errors="replace").strip().splitlines()[-8:])
+                raise RuntimeError(f"saga router exited with {proc.returncode}: {tail}")
             if time.monotonic() > deadline:
                 raise TimeoutError("saga router not ready")
             # Our router's own word first: a free port picked here may have been
