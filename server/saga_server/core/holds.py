@@ -139,7 +139,8 @@ class HoldLedger:
         sessions' cached KV, given back the moment anything needs the room, as a
         stock engine's cached free blocks are (and counted free by it). Counting them
         would read a pool that merely remembers its sessions as one under pressure,
-        which every pool does once it has served its size in tokens."""
+        which every pool does once it has served its size in tokens. A block shared by
+        several holds counts once for each, so shared prefixes make it read low."""
         return min(1.0, max(0.0, 1.0 - (self.pool.num_free() + self.soft_blocks) / self.capacity_blocks))
 
     # -- changes -------------------------------------------------------------------
