@@ -7,6 +7,8 @@
 - `HintServiceSettings`: `saga hints`, the hint service on its own.
 - `ProxySettings`: `saga proxy`, and the same rules on the engine's own HTTP port
   (`proxy.engine_port`, in vLLM's API server process).
+- `RouterSettings`: `saga router`'s replicas and ingress, read in the Ray Serve
+  processes they run in (which inherit the environment `saga router` was started with).
 
 A command-line flag wins over its variable: the CLIs take their defaults from
 `from_env`. Each knob declares its variable, its default, its range and one line of
@@ -30,7 +32,7 @@ from .core.fairshare import FairShareConfig
 from .core.mechanisms import ENGINE_MECHANISMS, Mechanism, parse_mechanisms
 from .core.sessions import MAX_SESSIONS, SESSION_IDLE_S
 
-__all__ = ["EngineSettings", "HintServiceSettings", "ProxySettings", "Knob", "knob_table"]
+__all__ = ["EngineSettings", "HintServiceSettings", "ProxySettings", "RouterSettings", "Knob", "knob_table"]
 
 log = logging.getLogger("saga.settings")
 
@@ -186,6 +188,20 @@ class ProxySettings(_Settings):
         "\"Tenants and the prefix cache\")")
 
 
+@dataclass(frozen=True)
+class RouterSettings(_Settings):
+    """`saga router`'s knobs for its replicas and ingress (module docstring)."""
+
+    hint_host: str = _knob(
+        "SAGA_HINT_HOST", "127.0.0.1",
+        "the address each replica's in-engine hint service (and, with `--kv-transfer nixl`, its NIXL side "
+        "channel) listens on; where replicas span hosts, each host's own address, so the router can reach them")
+    ingress_retries: int = _knob(
+        "SAGA_INGRESS_RETRIES", 3,
+        "times the ingress sends a request again when its replica died before the first chunk of the answer "
+        "(a stream already under way is never replayed)", 0, 10)
+
+
 def knob_table(cls: type) -> str:
     """The settings as docs/OPERATING.md's markdown table (variable, default, meaning)."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
@@ -259,7 +275,7 @@ def _render(value: Any) -> str:
     return str(value)
 
 
-KINDS = {"engine": EngineSettings, "hints": HintServiceSettings, "proxy": ProxySettings}
+KINDS = {"engine": EngineSettings, "hints": HintServiceSettings, "proxy": ProxySettings, "router": RouterSettings}
 
 if __name__ == "__main__":  # python -m saga_server.settings KIND: the table docs/OPERATING.md holds
     import sys

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from saga_server.core.mechanisms import Mechanism, parse_mechanisms
-from saga_server.settings import KINDS, EngineSettings, HintServiceSettings, ProxySettings, knob_table
+from saga_server.settings import KINDS, EngineSettings, HintServiceSettings, ProxySettings, RouterSettings, knob_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,6 +30,13 @@ def test_every_knob_is_read_from_its_variable():
                                metrics_host="0.0.0.0", nixl_keep_pinning=True, nixl_progress_thread=False)
     assert {f.metadata["knob"].env for f in fields(EngineSettings)} == set(env)
     assert not s.on(Mechanism.ADMIT) and s.on(Mechanism.TTL)
+
+
+def test_the_routers_replicas_read_their_host_and_the_ingress_its_retries():
+    env = {"SAGA_HINT_HOST": "10.0.0.2", "SAGA_INGRESS_RETRIES": "5"}
+    assert RouterSettings.from_env(env) == RouterSettings(hint_host="10.0.0.2", ingress_retries=5)
+    assert {f.metadata["knob"].env for f in fields(RouterSettings)} == set(env)
+    assert RouterSettings.from_env({"SAGA_INGRESS_RETRIES": "11"}).ingress_retries == 3  # beyond its range
 
 
 @pytest.mark.parametrize("env, value", [

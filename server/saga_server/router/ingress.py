@@ -3,7 +3,7 @@
 Serve does not retry a request once it has been sent to a replica; if that
 replica dies (crash, OOM, node loss), the request fails. An agent's request that
 has produced no output yet can be replayed safely, so this ingress retries it
-(up to `SAGA_INGRESS_RETRIES`, default 3, with a short backoff) when the replica
+(up to `RouterSettings.ingress_retries`, with a short backoff) when the replica
 it went to died before the first response chunk: the SAGA request router then
 re-homes the session on a live replica, which re-prefills its prefix. A stream
 that already delivered chunks cannot be replayed without duplicating output; it
@@ -13,12 +13,14 @@ ends with the replica's error, as before.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import os
 from typing import Any, AsyncGenerator
 
 from ray.exceptions import RayActorError
 from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress
+
+from ..settings import RouterSettings
 
 log = logging.getLogger("ray.serve")
 
@@ -31,8 +33,12 @@ def replica_lost(exc: BaseException) -> bool:
 
 
 class SagaIngress(OpenAiIngress):
+    @functools.cached_property
+    def saga_settings(self) -> RouterSettings:
+        return RouterSettings.from_env(logger=log)
+
     async def _get_response(self, **kwargs: Any) -> AsyncGenerator[Any, None]:
-        retries = int(os.environ.get("SAGA_INGRESS_RETRIES", "3"))
+        retries = self.saga_settings.ingress_retries
         for attempt in range(retries + 1):
             started = False
             try:

@@ -25,7 +25,7 @@ from typing import Any
 from ray.serve.llm.deployment import LLMServer
 
 from ..serve_child import free_port
-from ..settings import EngineSettings
+from ..settings import EngineSettings, RouterSettings
 from .hints import HINT_KV_PREFIX
 from .report import REPORT_KEY, ReplicaReport, read_report
 
@@ -55,7 +55,7 @@ def _moves_kv_over_nixl(llm_config) -> bool:
 
 class SagaLLMServer(LLMServer):
     async def __init__(self, llm_config, *args, **kwargs):
-        host = os.environ.get("SAGA_HINT_HOST", "127.0.0.1")
+        host = RouterSettings.from_env(logger=log).hint_host
         self.saga_hint_addr = f"{host}:{free_port(host)}"
         os.environ.update(EngineSettings(hint_addr=self.saga_hint_addr).to_env())  # inherited by the EngineCore
         log.info("SAGA replica: hint service at %s", self.saga_hint_addr)

@@ -65,3 +65,11 @@ def test_a_wrapped_actor_death_counts_as_a_lost_replica():
     wrapped = RayTaskError("chat", "traceback", ActorDiedError())
     assert replica_lost(ActorDiedError()) and not replica_lost(ValueError())
     assert replica_lost(wrapped)
+
+
+def test_a_malformed_retry_count_keeps_the_default_and_says_so(monkeypatch, caplog):
+    ingress, calls = _ingress(monkeypatch, [[ActorDiedError()]] * 3 + [["whole answer"]])
+    monkeypatch.setenv("SAGA_INGRESS_RETRIES", "three")
+    with caplog.at_level("WARNING"):
+        assert asyncio.run(_collect(ingress)) == ["whole answer"]
+    assert len(calls) == 4 and "SAGA_INGRESS_RETRIES" in caplog.text
