@@ -8,7 +8,7 @@
 - `ProxySettings`: `saga proxy`, and the same rules on the engine's own HTTP port
   (`proxy.engine_port`, in vLLM's API server process).
 - `RouterSettings`: `saga router`'s replicas and ingress, read in the Ray Serve
-  processes they run in (which inherit the environment `saga router` was started with).
+  processes they run in, from their Ray node's environment.
 
 A command-line flag wins over its variable: the CLIs take their defaults from
 `from_env`. Each knob declares its variable, its default, its range and one line of
