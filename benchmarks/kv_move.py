@@ -27,7 +27,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from saga_server.bench.calibrate import cpu_description
+from saga_server.host_cpu import cpu_description
 from saga_server.router.kv_move import move_prefix
 
 from benchmarks.harness.serve import start_server

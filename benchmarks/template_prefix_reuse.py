@@ -22,6 +22,8 @@ import platform
 import urllib.request
 import uuid
 
+from saga_server.host_cpu import cpu_flags
+
 BLOCK = 32
 FILES = ["a.txt", "b.txt", "c.txt"]
 TOOLS = [{"type": "function", "function": {
@@ -37,12 +39,10 @@ def post(url: str, body: dict, session_id: str) -> dict:
         return json.loads(resp.read())
 
 
-def cpu_flags() -> str:
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return platform.processor()
-    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags)
+def simd_summary() -> str:
+    """The flags this benchmark's figures depend on, or the processor's name where unknown."""
+    flags = set(cpu_flags())
+    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags) or platform.processor()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     sid = f"template-{uuid.uuid4().hex[:8]}"
     messages = [{"role": "system", "content": "You are a coding agent. Read the files you need with read_file."},
                 {"role": "user", "content": f"Session {sid}: read every file of the project, one per step."}]
-    print(f"cpu: {cpu_flags()}  model: {model}  session: {sid}")
+    print(f"cpu: {simd_summary()}  model: {model}  session: {sid}")
     print(f"{'turn':>4} {'prompt':>7} {'cached':>7} {'reusable':>8} {'cached/prompt':>13} {'cached/reusable':>15}")
     prev = None
     tot_prompt = tot_cached = tot_reusable = 0

@@ -37,7 +37,7 @@ def write_results(path: Path | None, args, results: list[dict]) -> None:
     """The run's command, machine, arguments and per-mode results as JSON at `path`
     (if given; `scripts/results_page.py` draws them)."""
     if path:
-        from saga_server.bench.calibrate import cpu_description
+        from saga_server.host_cpu import cpu_description
 
         write_json(path, {"command": command_line(), "machine": cpu_description(),
                           "args": {k: str(v) for k, v in vars(args).items()}, "results": results})

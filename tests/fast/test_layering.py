@@ -72,7 +72,7 @@ ROOMS: dict[str, Room] = {
     "saga_server.bench": Room(
         "`saga bench`: the simulator's driver, no engine or transport either; `saga calibrate` "
         "starts its engine as a `saga serve` child",
-        saga=("saga_server.core", "saga_server.engines.sim", "saga_server.serve_child"),
+        saga=("saga_server.core", "saga_server.engines.sim", "saga_server.serve_child", "saga_server.host_cpu"),
         third_party=("matplotlib", "tqdm", "numpy"),
         never=("saga_server.engines.vllm", "saga_server.rpc", "saga_server.router", "saga_server.serve",
                "saga_server.proxy", "saga_proto", "grpc", "google.protobuf", "httpx") + HEAVY + FRAMEWORKS),
@@ -81,7 +81,7 @@ ROOMS: dict[str, Room] = {
         "it checks the keys, the identity headers and the record file before vLLM starts and prepares the model",
         saga=("saga_server.record", "saga_server.rpc.keys", "saga_server.rpc.reload", "saga_server.core.identity",
               "saga_server.core.mechanisms", "saga_server.serve_child", "saga_server.settings",
-              "saga_server.state_file"),
+              "saga_server.state_file", "saga_server.host_cpu"),
         third_party=("torch", "transformers"),
         never=("saga_server.engines", "saga_server.router", "saga_server.proxy", "saga_server.bench",
                "saga_server.rpc.service", "vllm", "ray") + FRAMEWORKS),
@@ -101,7 +101,7 @@ ROOMS: dict[str, Room] = {
         "routing, hints fanned out over the wire contract",
         saga=("saga_server.core.routing", "saga_server.core.cluster_share", "saga_server.rpc",
               "saga_server.serve.cli", "saga_server.serve.model", "saga_server.serve_child", "saga_server.settings",
-              "saga_proto", "saga_sdk"),
+              "saga_server.host_cpu", "saga_proto", "saga_sdk"),
         third_party=("ray", "httpx", "grpc", "prometheus_client"),
         never=("saga_server.engines.sim", "saga_server.proxy", "saga_server.bench", "saga_server.core.workflow",
                "vllm", "torch") + FRAMEWORKS),
@@ -122,6 +122,12 @@ ROOMS: dict[str, Room] = {
         never=("saga_server.engines", "saga_server.core", "saga_server.rpc", "saga_server.router",
                "saga_server.serve", "saga_server.proxy", "saga_server.bench", "saga_server.record",
                "prometheus_client", "grpc") + HEAVY + FRAMEWORKS),
+    "saga_server.host_cpu": Room(
+        "what the host CPU is and the dtype the default model is served in on it, for `saga serve`, `saga router`, "
+        "`saga calibrate` and the benchmarks: standard library only",
+        never=("saga_server.engines", "saga_server.core", "saga_server.rpc", "saga_server.router",
+               "saga_server.serve", "saga_server.proxy", "saga_server.bench", "saga_server.record", "grpc")
+        + HEAVY + FRAMEWORKS),
     "saga_server.serve_child": Room(
         "`saga serve` as a child process and free local ports, for `saga calibrate`, the benchmarks and the "
         "tests: standard library only",

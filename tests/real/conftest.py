@@ -143,7 +143,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for line in table.lines():
             terminalreporter.write_line(line)
         if os.environ.get("SAGA_CHAOS_TABLE"):  # for scripts/results_page.py --chaos
-            from saga_server.bench.calibrate import cpu_description
+            from saga_server.host_cpu import cpu_description
 
             cpu = cpu_description()
             Path(os.environ["SAGA_CHAOS_TABLE"]).write_text(

@@ -40,7 +40,6 @@ import argparse
 import concurrent.futures as cf
 import json
 import math
-import os
 import random
 import statistics
 import sys
@@ -49,9 +48,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from ..host_cpu import cpu_description
 from ..serve_child import ServeChild
 
-__all__ = ["main", "cpu_description", "fit", "predict"]
+__all__ = ["main", "fit", "predict"]
 
 PREFILL_POINTS = [(c, n) for c in (0, 1024, 2048) for n in (64, 256, 512, 1024, 2048, 3072) if c + n <= 3584]
 DECODE_POINTS = [(b, c) for b in (1, 2) for c in (64, 1024, 2048, 3072)]
@@ -59,23 +59,6 @@ DECODE_STEPS = 64
 ITL = "vllm:inter_token_latency_seconds"  # vLLM's histogram of the times between a request's tokens
 TIER_ROUNDS = 3  # evict-and-resume rounds that time the host tier
 TIER_PREFIX = 3000  # tokens of each resumed prefix
-
-
-def cpu_description() -> dict:
-    """The CPU's model name, core count and the SIMD flags the kernels depend on."""
-    model, flags = "", []
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and not model:
-                    model = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = value.split()
-    except OSError:
-        pass
-    simd = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4")))
-    return {"model": model, "cores": os.cpu_count(), "simd_flags": simd}
 
 
 class _Engine(ServeChild):

