@@ -11,9 +11,13 @@ import time
 
 from tests.support.own_engine import OwnEngine
 
-__all__ = ["BLOCK", "TIER_METRICS", "cached", "counting", "run"]
+__all__ = ["BLOCK", "BF16", "TIER_METRICS", "cached", "counting", "run"]
 
 BLOCK = 32  # tokens a KV block holds on the CPU engine
+# The tests size their tiers in GiB of bfloat16 blocks (720 KiB each); `saga serve` serves
+# the default model in float32 on an x86 CPU without AVX-512 (`saga_server.host_cpu`),
+# whose blocks are twice that, so these engines name the dtype.
+BF16 = ["--dtype", "bfloat16"]
 TIER_METRICS = ("vllm:external_prefix_cache_hits", "vllm:kv_offload_load_bytes", "vllm:kv_offload_store_bytes",
                 "saga_kv_tier", "saga_kv_disk")
 

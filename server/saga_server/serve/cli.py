@@ -68,6 +68,7 @@ import urllib.request
 
 from ..core.identity import SESSION_HEADERS_ENV, problem_with
 from ..core.mechanisms import ENGINE_MECHANISMS, parse_mechanisms
+from ..host_cpu import default_model_dtype
 from ..record import JsonlSink
 from ..record import options as record_options
 from ..rpc.keys import KEYS_FILE_ENV, SHARED_KEY_ENV, KeyRing, KeysFileError
@@ -75,7 +76,6 @@ from ..rpc.reload import RELOAD_DIR_ENV, forward_reload
 from ..serve_child import free_port
 from ..settings import EngineSettings
 from ..state_file import STATE_FILE_ENV, add_state_arguments, state_path_of
-from ..host_cpu import default_model_dtype
 from .model import ModelPrepError, resolve_model_dir
 
 __all__ = ["main", "build_command", "ServeConfig"]

@@ -27,11 +27,11 @@ import pytest
 from saga_server.serve.cli import host_tier_config
 from tests.support import slow_disk
 from tests.support.own_engine import OwnEngine
-from tests.support.tier_requests import BLOCK, cached, counting, run
+from tests.support.tier_requests import BF16, BLOCK, cached, counting, run
 
 READY_TIMEOUT_S = 600
 PREFIX_BLOCKS = 21  # a 700-token prefix
-ENGINE_ARGS = ["--num-gpu-blocks-override", "40", "--max-num-seqs", "2", "--max-model-len", "1024"]
+ENGINE_ARGS = ["--num-gpu-blocks-override", "40", "--max-num-seqs", "2", "--max-model-len", "1024", *BF16]
 SLOW_READ_S = 3.0
 
 

@@ -25,7 +25,7 @@ import pytest
 from saga_server.serve.cli import host_tier_config
 from tests.support import failing_tier
 from tests.support.own_engine import OwnEngine
-from tests.support.tier_requests import BLOCK, cached, counting, run
+from tests.support.tier_requests import BF16, BLOCK, cached, counting, run
 
 READY_TIMEOUT_S = 600
 
@@ -43,7 +43,7 @@ def engine(saga_server, tmp_path_factory, kill_file):
                                                  fail_loads_while=str(kill_file))
     own = OwnEngine("tier-faults", tmp_path_factory.mktemp("host-tier-faults-real"),
                     ["--num-gpu-blocks-override", "40", "--max-num-seqs", "2", "--max-model-len", "1024",
-                     "--kv-transfer-config", json.dumps(transfer)])
+                     "--kv-transfer-config", json.dumps(transfer), *BF16])
     try:
         own.wait_ready(READY_TIMEOUT_S)
         yield own

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.own_engine import OwnEngine
-from tests.support.tier_requests import BLOCK, cached, counting, run
+from tests.support.tier_requests import BF16, BLOCK, cached, counting, run
 
 READY_TIMEOUT_S = 600
 
@@ -26,7 +26,7 @@ READY_TIMEOUT_S = 600
 def engine(saga_server, tmp_path_factory):
     own = OwnEngine("tier", tmp_path_factory.mktemp("host-tier-real"),
                     ["--num-gpu-blocks-override", "40", "--max-num-seqs", "2", "--max-model-len", "1024",
-                     "--kv-offloading-size", "0.04"])
+                     "--kv-offloading-size", "0.04", *BF16])
     try:
         own.wait_ready(READY_TIMEOUT_S)
         yield own
