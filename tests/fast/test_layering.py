@@ -29,6 +29,9 @@ ENGINES_AND_FRONT_DOORS = ("saga_server.engines", "saga_server.rpc", "saga_serve
                            "saga_server.proxy", "saga_server.bench")
 FRAMEWORKS = ("langchain*", "langgraph", "autogen*", "agents", "openai")
 HEAVY = ("vllm", "torch", "ray")
+# A leaf module every process may load: standard library only, no SAGA room.
+LEAF_NEVER = ("saga_server.engines", "saga_server.core", "saga_server.rpc", "saga_server.router", "saga_server.serve",
+              "saga_server.proxy", "saga_server.bench", "saga_server.record", "grpc") + HEAVY + FRAMEWORKS
 
 
 @dataclass(frozen=True)
@@ -113,9 +116,7 @@ ROOMS: dict[str, Room] = {
         + FRAMEWORKS),
     "saga_server.state_file": Room(
         "what a process learnt, on disk across restarts: standard library only, handed the state to keep",
-        never=("saga_server.engines", "saga_server.core", "saga_server.rpc", "saga_server.router",
-               "saga_server.serve", "saga_server.proxy", "saga_server.bench", "saga_server.record", "grpc")
-        + HEAVY + FRAMEWORKS),
+        never=LEAF_NEVER),
     "saga_server.metrics_schema": Room(
         "every metric an engine reports, declared once (pure data): the engine's Prometheus objects, its "
         "GetStats counts and `saga status`'s lines are made from it; standard library only",
@@ -125,15 +126,11 @@ ROOMS: dict[str, Room] = {
     "saga_server.host_cpu": Room(
         "what the host CPU is and the dtype the default model is served in on it, for `saga serve`, `saga router`, "
         "`saga calibrate` and the benchmarks: standard library only",
-        never=("saga_server.engines", "saga_server.core", "saga_server.rpc", "saga_server.router",
-               "saga_server.serve", "saga_server.proxy", "saga_server.bench", "saga_server.record", "grpc")
-        + HEAVY + FRAMEWORKS),
+        never=LEAF_NEVER),
     "saga_server.serve_child": Room(
         "`saga serve` as a child process and free local ports, for `saga calibrate`, the benchmarks and the "
         "tests: standard library only",
-        never=("saga_server.engines", "saga_server.core", "saga_server.rpc", "saga_server.router",
-               "saga_server.serve", "saga_server.proxy", "saga_server.bench", "saga_server.record", "grpc")
-        + HEAVY + FRAMEWORKS),
+        never=LEAF_NEVER),
     "saga_server": Room(
         "`saga` and `saga status`: subcommands imported by name only when used, so `saga status` never "
         "pays for vLLM",
