@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from saga_server.host_cpu import cpu_description
+from ..host_cpu import cpu_description
 from .runner import BenchResult
 
 __all__ = ["write_report", "format_table"]
