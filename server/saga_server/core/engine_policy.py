@@ -12,7 +12,7 @@ The facts, in the order a request meets them, and what each does, in this order:
 
 | fact | what happens |
 |---|---|
-| `arrived(request)` | the table keeps it; the core learns a request of the session reached the engine (`WorkflowCore.on_request_arrival`) |
+| `arrived(request)` | the table keeps it; the core learns a request of the session reached the engine (`WorkflowCore.on_request_arrival`); its tenant becomes the one it counts for (`WorkflowCore.request_tenant`: a request that names none is its session's) |
 | `queued(key, need, at)` | admission learns its KV need (`SessionKvPolicy.arrived`); True: it may be scheduled, and the shaper counts it; False: it waits at the admission gate |
 | `admitted(key)` | a request that waited at the gate may be scheduled now: the shaper counts it (`tick` does this for the sessions its plan admits) |
 | `left(key)` / `joined(request)` | the request moves with its session to another engine: this one forgets it, that one keeps it until its KV lands (then `queued` or `admitted`) |
@@ -97,6 +97,10 @@ class EnginePolicy:
         if request.session_id is not None and self.core is not None:
             self.core.on_request_arrival(request.session_id, request.prompt_tokens, request.tenant,
                                          cache_ttl_s=request.cache_ttl_s)
+            # A request that names no tenant (or one its session's owner overrides)
+            # counts for its session's: the shaper's cross-tenant hold and the KV caps
+            # must see the tenants the hints declared, as fair share does.
+            request.tenant = self.core.request_tenant(request.session_id, request.tenant)
 
     def queued(self, key: Hashable, need_tokens: int, at: float, reusable_tokens: int | None = None) -> bool:
         """The request joins the engine's queue at `at`, needing `need_tokens` of KV

@@ -138,6 +138,14 @@ class WorkflowCore:
             s = self._sessions.get(session_id)
             return "" if s is None else s.tenant
 
+    def request_tenant(self, session_id: str, label: str = "") -> str:
+        """The tenant a request of this session counts for, whose `label` is the
+        tenant the request itself names ("" for none): the session owner's, else the
+        label, else the session's hinted tenant (`_tenant_for`). The one answer for
+        fair share, KV caps and deadline holds alike."""
+        with self._lock:
+            return _tenant_for(self._sessions.get(session_id), label)
+
     def stats(self) -> Mapping[str, float]:
         with self._lock:
             out = dict(self.table.stats())

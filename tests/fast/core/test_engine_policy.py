@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from saga_server.core import CoreConfig, ManualClock, SessionStart, WorkflowCore
 from saga_server.core.admission import AdmissionPlan, AdmissionState
-from saga_server.core.deadlines import AT_RISK, NORMAL, DeadlineShaper
+from saga_server.core.deadlines import AT_RISK, NORMAL, SLACK_RICH, DeadlineShaper
 from saga_server.core.engine_policy import EnginePolicy, LiveRequest
 from saga_server.core.holds import HoldLedger
 from saga_server.core.kv_policy import WorkflowRules
@@ -104,3 +104,20 @@ def test_a_request_moving_with_its_session_waits_for_its_kv_on_the_other_engine(
     assert "r" in target.requests and target.at_risk() == 0  # its KV is still on the way
     target.admitted("r")  # it landed: the request joins the queue there
     assert target.at_risk() == 1 and target.urgent("r")
+
+
+def test_a_request_that_names_no_tenant_counts_for_its_hinted_sessions_tenant():
+    # An at-risk browser session runs; a slack-rich coding session's request, of
+    # another tenant, must wait beside it. Neither request names its tenant (a plain
+    # OpenAI request with a session id): only the hints said whose they are.
+    clock = ManualClock(100.0)
+    core = WorkflowCore(CoreConfig(pin=PinConfig(min_tokens=10**9)), clock=clock)
+    shaper = DeadlineShaper(lambda sid: AT_RISK if sid == "browse" else SLACK_RICH, prefill_budget_tokens=BT)
+    e = EnginePolicy(HoldLedger(Pool(64), 64), WorkflowRules(core), block_tokens=BT, core=core, shaper=shaper)
+    core.accept(SessionStart("browse", clock(), tenant="browser"))
+    core.accept(SessionStart("code", clock(), tenant="coding"))
+    assert arrive(e, clock, "browse", "b")
+    e.scheduled("b", 0, 0, 2 * BT, clock())  # running, not waiting
+    assert arrive(e, clock, "code", "c")
+    assert e.requests["b"].tenant == "browser" and e.requests["c"].tenant == "coding"
+    assert not e.may_schedule("c")  # held while the other tenant's at-risk request runs
