@@ -98,8 +98,8 @@ class EnginePolicy:
             self.core.on_request_arrival(request.session_id, request.prompt_tokens, request.tenant,
                                          cache_ttl_s=request.cache_ttl_s)
             # A request that names no tenant (or one its session's owner overrides)
-            # counts for its session's: the shaper's cross-tenant hold and the KV caps
-            # must see the tenants the hints declared, as fair share does.
+            # counts for its session's: the shaper's cross-tenant hold must see the
+            # tenants the hints declared, as fair share does.
             request.tenant = self.core.request_tenant(request.session_id, request.tenant)
 
     def queued(self, key: Hashable, need_tokens: int, at: float, reusable_tokens: int | None = None) -> bool:

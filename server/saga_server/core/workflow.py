@@ -142,7 +142,7 @@ class WorkflowCore:
         """The tenant a request of this session counts for, whose `label` is the
         tenant the request itself names ("" for none): the session owner's, else the
         label, else the session's hinted tenant (`_tenant_for`). The one answer for
-        fair share, KV caps and deadline holds alike."""
+        fair share and deadline holds alike."""
         with self._lock:
             return _tenant_for(self._sessions.get(session_id), label)
 
