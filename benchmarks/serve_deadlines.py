@@ -157,9 +157,15 @@ def run_session(server, s: Session, tokens: TokenSource, hint_addr: str, priorit
         hints.close(2)
 
 
+def step_args(args) -> list[str]:
+    """vLLM's per-step token budget, where the run sets one (every server alike)."""
+    return ["--max-num-batched-tokens", str(args.max_num_batched_tokens)] if args.max_num_batched_tokens else []
+
+
 def replay(mode: str, plan: list[Session], tokens: TokenSource, args) -> dict:
     saga, extra = MODES[mode]
-    vllm_args = ["--num-gpu-blocks-override", str(args.kv_blocks), "--max-num-seqs", str(args.max_num_seqs), *extra]
+    vllm_args = ["--num-gpu-blocks-override", str(args.kv_blocks), "--max-num-seqs", str(args.max_num_seqs),
+                 *step_args(args), *extra]
     server = start_server(saga, vllm_args)
     hint_addr = server.hint_addr if saga else f"127.0.0.1:{free_port()}"  # stock: nobody listens
     runs = [Session(s.sid, s.tenant, s.calls, s.deadline_s) for s in plan]
@@ -198,6 +204,8 @@ def main() -> int:
     p.add_argument("--browser-factor", type=float, default=2.0)
     p.add_argument("--kv-blocks", type=int, default=2000, help="KV cache in blocks (roomy: deadlines, not KV)")
     p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens per engine step, in every mode and the probe (default: vLLM's own)")
     p.add_argument("--stagger-s", type=float, default=3.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--modes", default="no-saga,priority,saga", help=f"comma-separated, of {sorted(MODES)}")
@@ -207,7 +215,7 @@ def main() -> int:
 
     tokens = TokenSource(str(ensure_default_model()), args.seed)
     plan = sessions(args.coding, args.browser, args.seed)
-    probe = start_server(False, ["--num-gpu-blocks-override", str(args.kv_blocks)])
+    probe = start_server(False, ["--num-gpu-blocks-override", str(args.kv_blocks), *step_args(args)])
     try:
         rate, step_s = measure_engine(probe, tokens)
     finally:
