@@ -17,8 +17,9 @@ is a hit when alone). The same deadlines hold in every mode.
 
 Modes (`--modes`): `no-saga` (stock vLLM, FCFS), `priority` (stock vLLM with
 `--scheduling-policy priority`, the browser tenant's requests at priority 0 and the
-coding tenant's at 1) and `saga` (SAGA with both sessions' deadlines in their
-`session_start` hints). Reported per mode and tenant: the share of tasks within
+coding tenant's at 1), `saga` (SAGA with both sessions' deadlines in their
+`session_start` hints) and `saga-no-NAME` (SAGA with mechanism NAME off, as
+`saga serve --off NAME`: `saga-no-shape` runs it without deadline shaping). Reported per mode and tenant: the share of tasks within
 deadline, mean task time and the slack used (task time over deadline); goodput is
 tasks within deadline per hour of the mode's wall time.
 
@@ -157,13 +158,22 @@ def run_session(server, s: Session, tokens: TokenSource, hint_addr: str, priorit
         hints.close(2)
 
 
+def mode_args(mode: str) -> tuple[bool, list[str]]:
+    """(SAGA or stock, extra `saga serve` arguments) of a `--modes` entry."""
+    if mode.startswith("saga-no-"):
+        return True, ["--off", mode.removeprefix("saga-no-")]
+    if mode not in MODES:
+        raise SystemExit(f"unknown mode {mode!r}: one of {sorted(MODES)} or saga-no-NAME")
+    return MODES[mode]
+
+
 def step_args(args) -> list[str]:
     """vLLM's per-step token budget, where the run sets one (every server alike)."""
     return ["--max-num-batched-tokens", str(args.max_num_batched_tokens)] if args.max_num_batched_tokens else []
 
 
 def replay(mode: str, plan: list[Session], tokens: TokenSource, args) -> dict:
-    saga, extra = MODES[mode]
+    saga, extra = mode_args(mode)
     vllm_args = ["--num-gpu-blocks-override", str(args.kv_blocks), "--max-num-seqs", str(args.max_num_seqs),
                  *step_args(args), *extra]
     server = start_server(saga, vllm_args)
@@ -208,9 +218,12 @@ def main() -> int:
                    help="tokens per engine step, in every mode and the probe (default: vLLM's own)")
     p.add_argument("--stagger-s", type=float, default=3.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--modes", default="no-saga,priority,saga", help=f"comma-separated, of {sorted(MODES)}")
+    p.add_argument("--modes", default="no-saga,priority,saga", help=f"comma-separated, of {sorted(MODES)} and saga-no-NAME (SAGA with NAME off)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
+    modes = args.modes.split(",")
+    for mode in modes:
+        mode_args(mode)  # a misspelt mode fails now, not after the probe
     from saga_server.serve.model import ensure_default_model
 
     tokens = TokenSource(str(ensure_default_model()), args.seed)
@@ -227,7 +240,7 @@ def main() -> int:
           f"{len(plan)} sessions, deadlines {min(s.deadline_s for s in plan):.1f}-"
           f"{max(s.deadline_s for s in plan):.1f} s", flush=True)
     results = []
-    for mode in args.modes.split(","):
+    for mode in modes:
         row = replay(mode, plan, tokens, args)
         results.append(row)
         ten = row["tenants"]

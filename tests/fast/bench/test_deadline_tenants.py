@@ -32,3 +32,11 @@ def test_the_replay_fits_the_models_context_and_prices_new_tokens_only():
                                                 serve_deadlines.Call(1500, 1010, 20, 0.0)])
     # 1000 + 490 new tokens at 500/s, 30 decode steps of 0.1 s, 2 s of tools
     assert serve_deadlines.unloaded_s(s, 500.0, 0.1) == pytest.approx(2.98 + 3.0 + 2.0)
+
+
+def test_serve_deadlines_modes_name_the_servers_they_start():
+    assert serve_deadlines.mode_args("no-saga") == (False, [])
+    assert serve_deadlines.mode_args("priority") == (False, ["--scheduling-policy", "priority"])
+    assert serve_deadlines.mode_args("saga-no-shape") == (True, ["--off", "shape"])
+    with pytest.raises(SystemExit, match="unknown mode"):
+        serve_deadlines.mode_args("sagaa")
