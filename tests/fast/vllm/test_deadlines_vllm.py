@@ -88,24 +88,43 @@ def test_an_at_risk_decode_gets_steps_with_a_block_of_other_prefill(tiny_model):
 
 
 def test_the_thin_step_keeps_up_with_the_prefill_arriving(tiny_model):
-    """Half-second steps, and a 2,500-token prompt scheduled: the thin budget is the
-    larger of a block and twice the prefill arriving per step (`core.deadlines`)."""
+    """Half-second decode steps, and a 2,500-token prompt scheduled: the thin budget is
+    the larger of a block and twice the prefill arriving per step with no prefill
+    (`core.deadlines`)."""
     s = saga(tiny_model, max_batched=256)
     clock = s.saga.clock
     R = Requests(BS)
     tight = R.make(tokens(5000, 32), session_id="tight", max_tokens=40)
     s.add_request(tight)
-    step(s)
+    step(s)  # its prefill
+    for _ in range(2):  # two decodes alone, half a second each
+        clock.t += 0.5
+        step(s)
     plain = R.make(tokens(9000, 2500), session_id="plain", max_tokens=1)
     s.add_request(plain)
     clock.t += 0.5
-    assert step(s).num_scheduled_tokens[plain.request_id] == BS  # nothing measured yet: one block
+    assert step(s).num_scheduled_tokens[plain.request_id] == BS  # its prefill not counted yet: one block
     clock.t += 0.5
-    # prefill arrived: tight's 32 tokens half a second earlier, then plain's 2,500;
-    # the rate's window is 30 s
-    rate = (32 * math.exp(-0.5 / 30.0) + 2500) / 30.0
+    # prefill arrived: tight's 32 tokens 1.5 s before plain's 2,500; the rate's window is 30 s
+    rate = (32 * math.exp(-1.5 / 30.0) + 2500) / 30.0
     floor = math.ceil(DRAIN_FACTOR * rate * 0.5)
     assert step(s).num_scheduled_tokens[plain.request_id] == floor > BS
+
+
+def test_a_step_that_ran_a_prefill_chunk_is_not_a_decode_steps_time(tiny_model):
+    """Every step prefills and takes half a second; none has run without prefill, so
+    the thin steps beside the at-risk decode stay one block, not twice the prefill
+    arriving per half second (85 tokens here)."""
+    s = saga(tiny_model, max_batched=256)
+    R = Requests(BS)
+    tight = R.make(tokens(5000, 32), session_id="tight", max_tokens=40)
+    plain = R.make(tokens(9000, 2500), session_id="plain", max_tokens=1)
+    s.add_request(tight)
+    s.add_request(plain)
+    step(s)  # the at-risk prefill first in line: the whole budget, both prompts in it
+    for _ in range(3):
+        s.saga.clock.t += 0.5
+        assert step(s).num_scheduled_tokens[plain.request_id] == BS
 
 
 def test_a_slack_rich_request_offered_before_anyone_was_at_risk_is_taken_back(tiny_model):

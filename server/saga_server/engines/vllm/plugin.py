@@ -33,8 +33,10 @@ path):
   request of an at-risk session waits, requests of slack-rich sessions are held in
   the waiting queue (held back by `RankedRequestQueue`, taken back from it if they
   were offered before); while one waits or runs, a step whose first prefill in line
-  is not an at-risk request's gets a token budget of its decodes plus one block
-  (`step_token_budget`, which `SagaScheduler` applies to the step). vLLM schedules
+  is not an at-risk request's gets a token budget of its decodes plus the thin
+  prefill budget (`step_token_budget`, which `SagaScheduler` applies to the step): one
+  block, or twice the prefill arriving per step where that is more, a step priced
+  as the simulator prices it, by the steps that ran no prefill (`_StepPace`). vLLM schedules
   running requests' prefill in running order, so an at-risk prefill cannot overtake
   one already running: the budget is then left whole.
 - **Prefetch**: see `prefetch`.
@@ -382,7 +384,9 @@ class SagaPlugin:
             live = self.engine.requests.get(rid)
             if live is not None and (live.tenant or live.session_id):
                 self.engine.served(live.tenant, int(n), live.session_id or "")
-        self._pace.step(now, output.total_num_scheduled_tokens)
+        per_decode = _decode_tokens(self.scheduler)
+        self._pace.step(now, output.total_num_scheduled_tokens,
+                        all(n <= per_decode for n in output.num_scheduled_tokens.values()))
         for direction, n in (self._tier_blocks or {}).items():
             if n != self._tier_blocks_counted.get(direction, 0):
                 self.counters.count("kv_tier_blocks", direction, n - self._tier_blocks_counted.get(direction, 0))
@@ -457,10 +461,10 @@ class SagaPlugin:
         running_prefills = [r.request_id for r in sched.running if r.num_computed_tokens < r.num_prompt_tokens]
         in_line = running_prefills + [r.request_id for r in sched.waiting]
         first = next((rid for rid in in_line if engine.urgent(rid)), in_line[0] if in_line else None)
-        thin = engine.prefill_budget(first, self._pace.step_s)
+        thin = engine.prefill_budget(first, self._pace.decode_step_s)
         if not thin:
             return None
-        per_decode = 1 + sched.num_spec_tokens + sched.num_lookahead_tokens if sched.num_spec_tokens else 1
+        per_decode = _decode_tokens(sched)
         decodes = len(sched.running) - len(running_prefills)
         self.counters.count("deadline", "thin_step")
         return min(full, decodes * per_decode + thin)
@@ -562,23 +566,39 @@ class SagaPlugin:
 
 class _StepPace:
     """The engine's pace, measured between consecutive steps that scheduled work (EWMAs):
-    tokens processed per second (1,000 until the first measurement) and seconds a
-    step takes (0 until then). A step's time counts at most twice the estimate: a gap
-    can hold idle time (the engine waited for requests)."""
+    tokens processed per second (1,000 until the first measurement) and the seconds a
+    step that scheduled no prefill takes (`decode_step_s`, 0 until one was timed: the
+    deadline rule's step with no prefill, as the simulator prices it; a step that runs
+    a prefill chunk can take many times longer on an engine that prices every token).
+    A step's time counts at most twice the estimate: a gap can hold idle time (the
+    engine waited for requests)."""
 
-    __slots__ = ("tokens_per_s", "step_s", "_at")
+    __slots__ = ("tokens_per_s", "decode_step_s", "_at", "_decode_only")
 
     def __init__(self) -> None:
         self.tokens_per_s = 1000.0
-        self.step_s = 0.0
+        self.decode_step_s = 0.0
         self._at: float | None = None
+        self._decode_only = False
 
-    def step(self, now: float, tokens: int) -> None:
+    def step(self, now: float, tokens: int, decode_only: bool) -> None:
+        """A step scheduled `tokens` at `now`; `decode_only`: none of them prefill. The
+        time since the last call is the last step's run, so `decode_step_s` counts it
+        when that step was decode-only."""
         if self._at is not None and tokens and now > self._at:
             took = now - self._at
             self.tokens_per_s += 0.1 * (tokens / took - self.tokens_per_s)
-            self.step_s = took if not self.step_s else self.step_s + 0.1 * (min(took, 2 * self.step_s) - self.step_s)
+            if self._decode_only:
+                d = self.decode_step_s
+                self.decode_step_s = took if not d else d + 0.1 * (min(took, 2 * d) - d)
         self._at = now if tokens else None
+        self._decode_only = decode_only
+
+
+def _decode_tokens(scheduler) -> int:
+    """Tokens a decoding request schedules in one step (more with speculative decoding)."""
+    spec = getattr(scheduler, "num_spec_tokens", 0) or 0
+    return 1 + spec + scheduler.num_lookahead_tokens if spec else 1
 
 
 def _host_tier_tokens(scheduler, pool_tokens: int) -> int:
