@@ -19,9 +19,10 @@ Modes (`--modes`): `no-saga` (stock vLLM, FCFS), `priority` (stock vLLM with
 `--scheduling-policy priority`, the browser tenant's requests at priority 0 and the
 coding tenant's at 1), `saga` (SAGA with both sessions' deadlines in their
 `session_start` hints) and `saga-no-NAME` (SAGA with mechanism NAME off, as
-`saga serve --off NAME`: `saga-no-shape` runs it without deadline shaping). Reported per mode and tenant: the share of tasks within
-deadline, mean task time and the slack used (task time over deadline); goodput is
-tasks within deadline per hour of the mode's wall time.
+`saga serve --off NAME`: `saga-no-shape` runs it without deadline shaping).
+Reported per mode and tenant: the share of tasks within deadline, mean task time and
+the slack used (task time over deadline); goodput is tasks within deadline per hour
+of the mode's wall time.
 
 What it measured on this machine is in docs/RESEARCH.md ("Deadlines on the real engine").
 A CPU engine prices every prefilled token into the step (no prefill rides free on a
@@ -218,7 +219,8 @@ def main() -> int:
                    help="tokens per engine step, in every mode and the probe (default: vLLM's own)")
     p.add_argument("--stagger-s", type=float, default=3.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--modes", default="no-saga,priority,saga", help=f"comma-separated, of {sorted(MODES)} and saga-no-NAME (SAGA with NAME off)")
+    p.add_argument("--modes", default="no-saga,priority,saga",
+                   help=f"comma-separated, of {sorted(MODES)} and saga-no-NAME (SAGA with NAME off)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     modes = args.modes.split(",")
