@@ -22,7 +22,10 @@ coding tenant's at 1), `saga` (SAGA with both sessions' deadlines in their
 `saga serve --off NAME`: `saga-no-shape` runs it without deadline shaping).
 Reported per mode and tenant: the share of tasks within deadline, mean task time and
 the slack used (task time over deadline); goodput is tasks within deadline per hour
-of the mode's wall time.
+of the mode's wall time. Where tasks missed, where their time beyond the unloaded
+time went (`time_lost`): waiting for first tokens (queueing, or a prefill slower than
+alone), decoding (longer steps than alone) or elsewhere. Answers are streamed to
+time their first tokens, in every mode alike.
 
 What it measured on this machine is in docs/RESEARCH.md ("Deadlines on the real engine").
 A CPU engine prices every prefilled token into the step (no prefill rides free on a
@@ -76,6 +79,7 @@ class Session:
     end: float = 0.0
     error: str = ""
     latencies: list[float] = field(default_factory=list)
+    first_token_s: list[float] = field(default_factory=list)  # per call, from sending it
 
 
 def sessions(n_coding: int, n_browser: int, seed: int) -> list[Session]:
@@ -115,6 +119,19 @@ def unloaded_s(s: Session, prefill_rate: float, step_s: float) -> float:
     return sum((c.prompt - c.reused) / prefill_rate + c.output * step_s + c.tool_s for c in s.calls)
 
 
+def time_lost(s: Session, prefill_rate: float, step_s: float) -> dict[str, float]:
+    """Where a finished session's time beyond its unloaded time went, in seconds:
+    `first_token` (its calls waited in the queue, or their prefill ran slower than
+    alone), `decode` (their answers streamed slower than alone: longer steps) and
+    `other` (tools, hints and the client: the rest)."""
+    alone_first = sum((c.prompt - c.reused) / prefill_rate + step_s for c in s.calls)
+    alone_decode = sum((c.output - 1) * step_s for c in s.calls)
+    first = sum(s.first_token_s) - alone_first
+    decode = sum(s.latencies) - sum(s.first_token_s) - alone_decode
+    lost = (s.end - s.start) - unloaded_s(s, prefill_rate, step_s)
+    return {"first_token": first, "decode": decode, "other": lost - first - decode}
+
+
 def run_session(server, s: Session, tokens: TokenSource, hint_addr: str, priority: bool, seed: int,
                 delay: float) -> None:
     from saga_sdk import HintClient
@@ -137,14 +154,13 @@ def run_session(server, s: Session, tokens: TokenSource, hint_addr: str, priorit
                     "temperature": 0.0, "return_token_ids": True, "session_id": s.sid}
             if priority:
                 body["priority"] = PRIORITY[s.tenant]
-            t0 = time.monotonic()
-            out = server.post("/v1/completions", body)
-            s.latencies.append(time.monotonic() - t0)
-            answer = out["choices"][0].get("token_ids") or []
-            hints.llm_call_end(s.sid, step=i, prompt_tokens=out["usage"]["prompt_tokens"],
-                               output_tokens=out["usage"]["completion_tokens"])
+            out = server.stream_completion(body)
+            s.first_token_s.append(out.first_token_s)
+            s.latencies.append(out.total_s)
+            hints.llm_call_end(s.sid, step=i, prompt_tokens=out.usage["prompt_tokens"],
+                               output_tokens=out.usage["completion_tokens"])
             if s.tenant == "coding":
-                prompt = prompt + list(answer)
+                prompt = prompt + out.token_ids
             if i + 1 < len(s.calls):
                 name = "bash" if s.tenant == "coding" else "browser_action"
                 hints.tool_call_start(s.sid, name, call_id=str(i), category="run" if s.tenant == "coding" else "other")
@@ -173,7 +189,8 @@ def step_args(args) -> list[str]:
     return ["--max-num-batched-tokens", str(args.max_num_batched_tokens)] if args.max_num_batched_tokens else []
 
 
-def replay(mode: str, plan: list[Session], tokens: TokenSource, args) -> dict:
+def replay(mode: str, plan: list[Session], tokens: TokenSource, args, engine: tuple[float, float]) -> dict:
+    """One mode's run of `plan`; `engine`: the probe's (prefill tokens/s, decode step s)."""
     saga, extra = mode_args(mode)
     vllm_args = ["--num-gpu-blocks-override", str(args.kv_blocks), "--max-num-seqs", str(args.max_num_seqs),
                  *step_args(args), *extra]
@@ -197,10 +214,14 @@ def replay(mode: str, plan: list[Session], tokens: TokenSource, args) -> dict:
         tct = [s.end - s.start for s in mine]
         met = sum(t <= s.deadline_s for t, s in zip(tct, mine))
         met_all += met
+        missed = [time_lost(s, *engine) for t, s in zip(tct, mine) if t > s.deadline_s]
         row["tenants"][tenant] = {"sessions": len(mine), "within_deadline": met / len(mine) if mine else 0.0,
                                   "tct_mean_s": statistics.fmean(tct) if tct else float("nan"),
                                   "slack_used": statistics.fmean(t / s.deadline_s for t, s in zip(tct, mine))
-                                  if mine else float("nan")}
+                                  if mine else float("nan"),
+                                  "missed_time_lost_s": {part: statistics.fmean(m[part] for m in missed)
+                                                         for part in ("first_token", "decode", "other")}
+                                  if missed else {}}
     tct_all = [s.end - s.start for s in runs if not s.error]
     row["tct_mean_s"] = statistics.fmean(tct_all) if tct_all else float("nan")
     row["goodput_per_hour"] = met_all / wall * 3600
@@ -243,7 +264,7 @@ def main() -> int:
           f"{max(s.deadline_s for s in plan):.1f} s", flush=True)
     results = []
     for mode in modes:
-        row = replay(mode, plan, tokens, args)
+        row = replay(mode, plan, tokens, args, (rate, step_s))
         results.append(row)
         ten = row["tenants"]
         print(f"{mode:>9}: coding {ten['coding']['within_deadline']:.0%} within deadline "
@@ -252,6 +273,12 @@ def main() -> int:
               f"slack used {ten['browser']['slack_used']:.2f}); mean {row['tct_mean_s']:.1f} s, "
               f"goodput {row['goodput_per_hour']:.0f}/h, wall {row['wall_s']:.0f} s"
               + (f", {len(row['errors'])} errors" if row["errors"] else ""), flush=True)
+        for tenant, t in ten.items():
+            if t["missed_time_lost_s"]:
+                lost = t["missed_time_lost_s"]
+                print(f"{'':>11}{tenant}'s missed tasks lost, each on average: {lost['first_token']:.1f} s "
+                      f"to first tokens, {lost['decode']:.1f} s decoding, {lost['other']:.1f} s elsewhere",
+                      flush=True)
     write_results(args.json, args, results)
     return 0
 

@@ -7,9 +7,13 @@ with identical vLLM flags, so every ratio they print compares like with like.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from saga_server.serve_child import ServeChild, free_port
@@ -54,6 +58,38 @@ class Server(ServeChild):
 
     def rss_bytes(self) -> int:
         return tree_rss_bytes(self.proc.pid)
+
+    def stream_completion(self, body: dict, timeout: float | None = None) -> "Streamed":
+        """POST a completion with `stream` on; the answer's token ids (`return_token_ids`
+        in `body`) and usage, and when its first token and its end arrived."""
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        req = urllib.request.Request(self.base_url + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        t0 = time.monotonic()
+        first, token_ids, usage = None, [], {}
+        with urllib.request.urlopen(req, timeout=timeout or self.request_timeout_s) as resp:
+            for raw in resp:
+                line = raw.decode().strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[len("data:"):])
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or []:
+                    if choice.get("token_ids") or choice.get("text"):
+                        first = first if first is not None else time.monotonic() - t0
+                        token_ids.extend(choice.get("token_ids") or [])
+        total = time.monotonic() - t0
+        return Streamed(token_ids, usage, total if first is None else first, total)
+
+
+@dataclass(frozen=True, slots=True)
+class Streamed:
+    """A streamed completion: its answer, and seconds from sending it to its first
+    token (queueing and prefill) and to its end."""
+    token_ids: list[int]
+    usage: dict
+    first_token_s: float
+    total_s: float
 
 
 def start_server(saga: bool, vllm_args: list[str], *, fast_start: bool = True, timeout: float = 900,

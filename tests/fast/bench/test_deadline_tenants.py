@@ -40,3 +40,14 @@ def test_serve_deadlines_modes_name_the_servers_they_start():
     assert serve_deadlines.mode_args("saga-no-shape") == (True, ["--off", "shape"])
     with pytest.raises(SystemExit, match="unknown mode"):
         serve_deadlines.mode_args("sagaa")
+
+
+def test_a_missed_tasks_lost_time_splits_into_first_tokens_decoding_and_the_rest():
+    s = serve_deadlines.Session("x", "coding", [serve_deadlines.Call(1000, 0, 10, 2.0),
+                                                serve_deadlines.Call(1500, 1010, 20, 0.0)])
+    # alone: first tokens 2.98 + 2 x 0.1 s, the rest of the answers 28 x 0.1 s, tools 2 s: 7.98 s
+    s.first_token_s = [4.0, 2.0]  # 2.82 s more than alone
+    s.latencies = [5.5, 4.5]  # decoding 4.0 s against 2.8 s alone
+    s.start, s.end = 100.0, 100.0 + 7.98 + 2.82 + 1.2 + 0.5  # and 0.5 s beyond the tools' 2 s
+    lost = serve_deadlines.time_lost(s, 500.0, 0.1)
+    assert lost == pytest.approx({"first_token": 2.82, "decode": 1.2, "other": 0.5})
