@@ -22,10 +22,11 @@ coding tenant's at 1), `saga` (SAGA with both sessions' deadlines in their
 `saga serve --off NAME`: `saga-no-shape` runs it without deadline shaping).
 Reported per mode and tenant: the share of tasks within deadline, mean task time and
 the slack used (task time over deadline); goodput is tasks within deadline per hour
-of the mode's wall time. Where tasks missed, where their time beyond the unloaded
-time went (`time_lost`): waiting for first tokens (queueing, or a prefill slower than
-alone), decoding (longer steps than alone) or elsewhere. Answers are streamed to
-time their first tokens, in every mode alike.
+of the mode's wall time. Where a tenant's tasks' time beyond their unloaded time went
+(`time_lost`), over all its tasks and over those that missed: waiting for first
+tokens (queueing, or a prefill slower than alone), decoding (longer steps than
+alone) or elsewhere. Answers are streamed to time their first tokens, in every mode
+alike.
 
 What it measured on this machine is in docs/RESEARCH.md ("Deadlines on the real engine").
 A CPU engine prices every prefilled token into the step (no prefill rides free on a
@@ -175,6 +176,11 @@ def run_session(server, s: Session, tokens: TokenSource, hint_addr: str, priorit
         hints.close(2)
 
 
+def _mean_split(lost: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of `time_lost` splits, part by part ({}: none)."""
+    return {part: statistics.fmean(m[part] for m in lost) for part in lost[0]} if lost else {}
+
+
 def mode_args(mode: str) -> tuple[bool, list[str]]:
     """(SAGA or stock, extra `saga serve` arguments) of a `--modes` entry."""
     if mode.startswith("saga-no-"):
@@ -214,14 +220,13 @@ def replay(mode: str, plan: list[Session], tokens: TokenSource, args, engine: tu
         tct = [s.end - s.start for s in mine]
         met = sum(t <= s.deadline_s for t, s in zip(tct, mine))
         met_all += met
-        missed = [time_lost(s, *engine) for t, s in zip(tct, mine) if t > s.deadline_s]
+        lost = [time_lost(s, *engine) for s in mine]
+        missed = [m for m, t, s in zip(lost, tct, mine) if t > s.deadline_s]
         row["tenants"][tenant] = {"sessions": len(mine), "within_deadline": met / len(mine) if mine else 0.0,
                                   "tct_mean_s": statistics.fmean(tct) if tct else float("nan"),
                                   "slack_used": statistics.fmean(t / s.deadline_s for t, s in zip(tct, mine))
                                   if mine else float("nan"),
-                                  "missed_time_lost_s": {part: statistics.fmean(m[part] for m in missed)
-                                                         for part in ("first_token", "decode", "other")}
-                                  if missed else {}}
+                                  "time_lost_s": _mean_split(lost), "missed_time_lost_s": _mean_split(missed)}
     tct_all = [s.end - s.start for s in runs if not s.error]
     row["tct_mean_s"] = statistics.fmean(tct_all) if tct_all else float("nan")
     row["goodput_per_hour"] = met_all / wall * 3600
@@ -274,11 +279,11 @@ def main() -> int:
               f"goodput {row['goodput_per_hour']:.0f}/h, wall {row['wall_s']:.0f} s"
               + (f", {len(row['errors'])} errors" if row["errors"] else ""), flush=True)
         for tenant, t in ten.items():
-            if t["missed_time_lost_s"]:
-                lost = t["missed_time_lost_s"]
-                print(f"{'':>11}{tenant}'s missed tasks lost, each on average: {lost['first_token']:.1f} s "
-                      f"to first tokens, {lost['decode']:.1f} s decoding, {lost['other']:.1f} s elsewhere",
-                      flush=True)
+            for which, lost in (("tasks", t["time_lost_s"]), ("missed tasks", t["missed_time_lost_s"])):
+                if lost:
+                    print(f"{'':>11}{tenant}'s {which} lost, each on average: {lost['first_token']:.1f} s "
+                          f"to first tokens, {lost['decode']:.1f} s decoding, {lost['other']:.1f} s elsewhere",
+                          flush=True)
     write_results(args.json, args, results)
     return 0
 
