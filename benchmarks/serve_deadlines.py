@@ -83,36 +83,44 @@ class Session:
     first_token_s: list[float] = field(default_factory=list)  # per call, from sending it
 
 
-def sessions(n_coding: int, n_browser: int, seed: int) -> list[Session]:
+def tasks(n_coding: int, n_browser: int, seed: int) -> dict[str, list[dict]]:
+    """The replay's tasks (saga-trace/1 dicts) by tenant: the shapes above, each without
+    the calls that would not fit the model's context."""
     rng = random.Random(seed)
-    out = []
+    out: dict[str, list[dict]] = {}
     for tenant, n, make, shape in (("coding", n_coding, coding_task, CODING),
                                    ("browser", n_browser, browser_task, BROWSER)):
+        out[tenant] = []
         for i in range(n):
             raw = make(rng, shape, f"{tenant}-{i}")
-            calls = [Call(st["prompt_tokens"], st["reused_prefix_tokens"], st["output_tokens"],
-                          sum(t["duration_s"] for t in st["tools"]))
-                     for st in raw["steps"] if st["prompt_tokens"] + st["output_tokens"] <= MAX_PROMPT]
-            out.append(Session(f"{tenant}-{i}-{seed}", tenant, calls))
+            raw["steps"] = [st for st in raw["steps"] if st["prompt_tokens"] + st["output_tokens"] <= MAX_PROMPT]
+            out[tenant].append(raw)
     return out
 
 
-def measure_engine(server, tokens: TokenSource) -> tuple[float, float]:
-    """(prefill tokens per second, seconds per decode step) of a request alone."""
+def sessions(n_coding: int, n_browser: int, seed: int) -> list[Session]:
+    return [Session(f"{tenant}-{i}-{seed}", tenant,
+                    [Call(st["prompt_tokens"], st["reused_prefix_tokens"], st["output_tokens"],
+                          sum(t["duration_s"] for t in st["tools"])) for st in raw["steps"]])
+            for tenant, raws in tasks(n_coding, n_browser, seed).items() for i, raw in enumerate(raws)]
+
+
+def measure_engine(server, tokens: TokenSource, repeats: int = 3) -> tuple[float, float]:
+    """(prefill tokens per second, seconds per decode step) of a request alone, each
+    the median of `repeats` measurements: every deadline is priced by them, and one
+    measurement alone moves with whatever else the host runs."""
     rnd = random.Random(1)
-    prompt = tokens.take(1000, rnd)
 
     def timed(max_tokens: int) -> float:
+        prompt = tokens.take(1000, rnd)  # a fresh prompt: no hit
         t0 = time.monotonic()
         server.post("/v1/completions", {"model": server.model, "prompt": prompt, "max_tokens": max_tokens,
                                         "ignore_eos": True, "temperature": 0.0})
         return time.monotonic() - t0
 
     timed(1)  # warm
-    prompt = tokens.take(1000, rnd)  # a fresh prompt: no hit
-    prefill = timed(1)
-    prompt = tokens.take(1000, rnd)
-    whole = timed(33)
+    prefill = statistics.median(timed(1) for _ in range(repeats))
+    whole = statistics.median(timed(33) for _ in range(repeats))
     return 1000 / prefill, max(whole - prefill, 1e-3) / 32
 
 

@@ -51,3 +51,13 @@ def test_a_missed_tasks_lost_time_splits_into_first_tokens_decoding_and_the_rest
     s.start, s.end = 100.0, 100.0 + 7.98 + 2.82 + 1.2 + 0.5  # and 0.5 s beyond the tools' 2 s
     lost = serve_deadlines.time_lost(s, 500.0, 0.1)
     assert lost == pytest.approx({"first_token": 2.82, "decode": 1.2, "other": 0.5})
+
+
+def test_on_the_cpu_simulator_each_replayed_task_meets_its_deadline_alone_and_a_crowd_misses(tmp_path):
+    from benchmarks import sim_serve_deadlines
+
+    traces = sim_serve_deadlines.write_traces(tmp_path, 1)
+    alone = sim_serve_deadlines.run_one(("apc-lru", 1, 1, traces, 6, 0.0))
+    assert alone["slo"] == {"coding": 1.0, "browser": 1.0} and not alone["missed_split"]
+    crowded = sim_serve_deadlines.run_one(("apc-lru", 8, 1, traces, 6, 0.0))
+    assert crowded["slo"]["browser"] < 1.0 and crowded["missed_split"]["missed"] >= 1
