@@ -164,6 +164,8 @@ def run_session(server, s: Session, tokens: TokenSource, hint_addr: str, priorit
             if priority:
                 body["priority"] = PRIORITY[s.tenant]
             out = server.stream_completion(body)
+            if len(out.token_ids) != out.usage.get("completion_tokens"):  # the next prompt would lack it
+                raise RuntimeError(f"streamed {len(out.token_ids)} answer tokens, usage says {out.usage}")
             s.first_token_s.append(out.first_token_s)
             s.latencies.append(out.total_s)
             hints.llm_call_end(s.sid, step=i, prompt_tokens=out.usage["prompt_tokens"],

@@ -42,7 +42,7 @@ def test_serve_deadlines_modes_name_the_servers_they_start():
         serve_deadlines.mode_args("sagaa")
 
 
-def test_a_missed_tasks_lost_time_splits_into_first_tokens_decoding_and_the_rest():
+def test_a_tasks_lost_time_splits_into_first_tokens_decoding_and_the_rest():
     s = serve_deadlines.Session("x", "coding", [serve_deadlines.Call(1000, 0, 10, 2.0),
                                                 serve_deadlines.Call(1500, 1010, 20, 0.0)])
     # alone: first tokens 2.98 + 2 x 0.1 s, the rest of the answers 28 x 0.1 s, tools 2 s: 7.98 s
