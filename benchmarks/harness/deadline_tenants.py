@@ -13,6 +13,10 @@ unloaded time, the browser tenant taking three tasks in four.
   system prompt and the action history only; short answers (one action); page loads
   of about a second between calls.
 
+`replay_tasks` draws the same two tenants scaled to the default model's 4k context,
+for the real-engine replay (`serve_deadlines.py`) and its simulator twin
+(`sim_serve_deadlines.py`).
+
 Every number is an assumption of this generator (`ASSUMED`): these are development
 inputs of the shape such agents have, not fits to any recorded run, and claims are
 never tuned to them.
@@ -25,7 +29,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ASSUMED", "CodingShape", "BrowserShape", "coding_task", "browser_task", "generate"]
+__all__ = ["ASSUMED", "CodingShape", "BrowserShape", "coding_task", "browser_task", "generate", "REPLAY_CODING",
+           "REPLAY_BROWSER", "MAX_PROMPT", "replay_tasks"]
 
 ASSUMED = "no published figure: a stated assumption of this generator"
 _Z90 = 1.2815515655446004
@@ -113,3 +118,26 @@ def generate(n: int, seed: int = 0, coding: CodingShape = CodingShape(),
     rng = random.Random(seed)
     return ([coding_task(rng, coding, f"coding-{seed}-{i:05d}") for i in range(n)],
             [browser_task(rng, browser, f"browser-{seed}-{i:05d}") for i in range(n)])
+
+
+# The real-engine replay's shapes: the defaults scaled to a 4k context, every size about 1/8.
+REPLAY_CODING = CodingShape(steps_mean=6.0, prefix_tokens=700, task_tokens=100, append_mean_tokens=120.0,
+                            append_max_tokens=500, output_mean_tokens=40.0, tool_median_s=0.4, tool_p90_s=3.0)
+REPLAY_BROWSER = BrowserShape(steps_mean=5.0, prefix_tokens=300, page_mean_tokens=450.0, history_tokens_per_step=10,
+                              output_mean_tokens=12.0, page_load_median_s=0.8, page_load_p90_s=2.0)
+MAX_PROMPT = 3500  # prompt and answer tokens that fit the default model's context
+
+
+def replay_tasks(n_coding: int, n_browser: int, seed: int) -> dict[str, list[dict[str, Any]]]:
+    """The replay's tasks (saga-trace/1 dicts) by tenant, each without the calls that
+    would not fit the model's context; the same for the same seed."""
+    rng = random.Random(seed)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for tenant, n, make, shape in (("coding", n_coding, coding_task, REPLAY_CODING),
+                                   ("browser", n_browser, browser_task, REPLAY_BROWSER)):
+        out[tenant] = []
+        for i in range(n):
+            raw = make(rng, shape, f"{tenant}-{i}")
+            raw["steps"] = [st for st in raw["steps"] if st["prompt_tokens"] + st["output_tokens"] <= MAX_PROMPT]
+            out[tenant].append(raw)
+    return out

@@ -27,7 +27,7 @@ def test_coding_contexts_grow_and_browser_pages_are_fresh():
 def test_the_replay_fits_the_models_context_and_prices_new_tokens_only():
     plan = serve_deadlines.sessions(3, 4, seed=0)
     assert [s.tenant for s in plan].count("browser") == 4
-    assert all(c.prompt + c.output <= serve_deadlines.MAX_PROMPT for s in plan for c in s.calls)
+    assert all(c.prompt + c.output <= deadline_tenants.MAX_PROMPT for s in plan for c in s.calls)
     s = serve_deadlines.Session("x", "coding", [serve_deadlines.Call(1000, 0, 10, 2.0),
                                                 serve_deadlines.Call(1500, 1010, 20, 0.0)])
     # 1000 + 490 new tokens at 500/s, 30 decode steps of 0.1 s, 2 s of tools
